@@ -1,0 +1,159 @@
+"""Typed simulation configuration, units in the field names.
+
+`None` means "let nanoBragg's automatic rules decide" (documented in docs/physics.md). Scalar
+fields that may carry gradients accept a float or a 0-d torch tensor, so that
+`dataclasses.replace(config.detector, distance_mm=torch.tensor(100.0, requires_grad=True))`
+gives an image differentiable in that parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Scalar = float | torch.Tensor
+Vector3 = tuple[float, float, float]
+
+CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials", "custom")
+CRYSTAL_SHAPES = ("square", "round", "gauss", "tophat")
+PIVOTS = ("beam", "sample")
+
+
+@dataclass(frozen=True)
+class CrystalConfig:
+    """Unit cell, orientation, size, shape, mosaicity and rotation of the crystal."""
+
+    cell_A_deg: tuple[Scalar, Scalar, Scalar, Scalar, Scalar, Scalar] | None = None
+    """a, b, c (Å) and alpha, beta, gamma (degrees); zeros take nanoBragg's defaults."""
+    mosflm_matrix: tuple[float, ...] | None = None
+    """The nine numbers of a MOSFLM A matrix, row by row as in the file (columns a*, b*, c* times λ)."""
+    misset_deg: tuple[Scalar, Scalar, Scalar] | None = None
+    misset_random: bool = False
+    misset_seed: int | None = None
+    n_cells: tuple[int, int, int] = (1, 1, 1)
+    crystal_size_mm: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Crystal extent along a, b, c in mm; a non-zero value sets the cell count on that axis."""
+    shape: str = "square"
+    fudge: float = 1.0
+    mosaic_spread_deg: Scalar | None = None
+    mosaic_domains: int | None = None
+    mosaic_seed: int = 12345678
+    phi_start_deg: float = 0.0
+    osc_range_deg: float | None = None
+    phi_step_deg: float | None = None
+    phi_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class BeamConfig:
+    """Wavelengths, divergence, explicit sources, polarization and fluence of the incident beam."""
+
+    wavelength_A: Scalar = 1.0
+    dispersion_percent: float = 0.0
+    dispersion_steps: int | None = None
+    hdiv_range_mrad: float | None = None
+    vdiv_range_mrad: float | None = None
+    hdiv_step_mrad: float | None = None
+    vdiv_step_mrad: float | None = None
+    hdiv_steps: int | None = None
+    vdiv_steps: int | None = None
+    round_divergence: bool = True
+    sources: tuple[tuple[float, float, float, float, float], ...] | None = None
+    """Explicit sources: position x, y, z (m), weight, wavelength (m); NaN takes the default."""
+    kahn_polarization: float = 0.0
+    no_polarization: bool = False
+    fluence_photons_per_m2: float = 1.25932015286227e29
+    flux_photons_per_s: float = 0.0
+    exposure_s: float = 1.0
+    beamsize_mm: float = 0.1
+    water_thickness_um: float = 0.0
+    dmin_A: float = 0.0
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Detector size, placement, orientation, sensor and sampling."""
+
+    distance_mm: Scalar = 100.0
+    close_distance_mm: Scalar | None = None
+    detsize_f_mm: float = 102.4
+    detsize_s_mm: float = 102.4
+    pixels_f: int | None = None
+    pixels_s: int | None = None
+    pixel_size_mm: float = 0.1
+    convention: str = "mosflm"
+    pivot: str = "beam"
+    """Only used by the custom convention; the named conventions fix their own pivot."""
+    beam_x_mm: float | None = None
+    beam_y_mm: float | None = None
+    close_x_mm: float | None = None
+    close_y_mm: float | None = None
+    orgx_px: float | None = None
+    orgy_px: float | None = None
+    twotheta_deg: Scalar = 0.0
+    rotation_deg: tuple[Scalar, Scalar, Scalar] = (0.0, 0.0, 0.0)
+    """Rotations about x, then y, then z (nanoBragg's -detector_rotx/y/z)."""
+    fdet_vector: Vector3 | None = None
+    sdet_vector: Vector3 | None = None
+    odet_vector: Vector3 | None = None
+    beam_vector: Vector3 | None = None
+    polar_vector: Vector3 | None = None
+    spindle_axis: Vector3 | None = None
+    twotheta_axis: Vector3 | None = None
+    point_pixel: bool = False
+    curved: bool = False
+    sensor_thickness_um: float = 0.0
+    sensor_absorption_depth_um: float | None = None
+    """Attenuation depth; None uses nanoBragg's fallback, math.inf turns absorption off."""
+    sensor_layers: int | None = None
+    oversample: int | None = None
+    oversample_thick: bool = False
+    oversample_polar: bool = False
+    oversample_omega: bool = False
+    roi: tuple[int, int, int, int] | None = None
+    """xmin, xmax, ymin, ymax in pixels, inclusive, as nanoBragg's -roi."""
+    mask_file: str | None = None
+
+
+@dataclass(frozen=True)
+class StructureFactorConfig:
+    """Where structure factors come from and how they are looked up."""
+
+    hkl_file: str | None = None
+    default_F: float = 0.0
+    interpolate: bool | None = None
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Everything that determines the image."""
+
+    crystal: CrystalConfig = field(default_factory=CrystalConfig)
+    beam: BeamConfig = field(default_factory=BeamConfig)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    structure: StructureFactorConfig = field(default_factory=StructureFactorConfig)
+
+    def with_options(self, **options: Any) -> SimulationConfig:
+        """Return a copy with fields replaced by name, wherever they live (e.g. mosaic_spread_deg=0.2)."""
+        parts = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        remaining = dict(options)
+        for name, part in parts.items():
+            own = {k: remaining.pop(k) for k in list(remaining) if k in _field_names(part)}
+            if own:
+                parts[name] = dataclasses.replace(part, **own)
+        if remaining:
+            raise KeyError(f"unknown simulator option(s): {', '.join(sorted(remaining))}")
+        return SimulationConfig(**parts)
+
+
+def _field_names(instance: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(instance)}
+
+
+def option_names() -> set[str]:
+    """Every option name accepted by SimulationConfig.with_options."""
+    return set().union(*(_field_names(cls()) for cls in (CrystalConfig, BeamConfig, DetectorConfig,
+                                                         StructureFactorConfig)))

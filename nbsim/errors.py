@@ -1,0 +1,15 @@
+"""User-facing errors: one line, no traceback, non-zero exit."""
+
+
+class NbsimError(Exception):
+    """A problem with the user's input that the CLI reports as one line and exit status 2."""
+
+
+class InputFileError(NbsimError):
+    """A malformed or missing input file; the message names the file and, where known, the line."""
+
+    def __init__(self, path: str, message: str, line_number: int | None = None):
+        where = f"{path}:{line_number}" if line_number is not None else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line_number = line_number

@@ -1,0 +1,177 @@
+"""Step-ordered evaluation for nanoBragg behaviour that depends on the order of its loops.
+
+The fused kernel sums all steps at once. A few reference behaviours need the C's loop order
+(sensor layer → sub-pixel → source → phi → mosaic domain) instead:
+
+* `-oversample_thick/_polar/_omega` multiply the *running* sum by the factor after every step;
+* the first evaluation of each OpenMP thread uses the unrotated crystal at a phi step of exactly 0
+  (later ones reuse the previous orientation);
+* tricubic interpolation stops for the rest of the run at the first step too close to the HKL grid
+  edge, and that step takes default_F.
+
+This module evaluates tiles in that order: a Python loop over (sub-step, source) blocks, vectorised
+over pixels and crystal orientations. It is slower than the kernel and only used where needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kernel import (
+    KernelOptions,
+    KernelTensors,
+    PixelFrame,
+    StepTerms,
+    capture_fraction,
+    evaluated,
+    interpolation_outside,
+    pixel_frame,
+    pixel_polarization,
+    polarization_factor,
+    solid_angle,
+    step_terms,
+    structure_factor,
+)
+
+
+@dataclass(frozen=True)
+class OrderedOptions:
+    """What the step-ordered evaluation must reproduce for a tile."""
+
+    oversample_thick: bool = False
+    oversample_polar: bool = False
+    oversample_omega: bool = False
+    first_evaluation_cells: torch.Tensor | None = None
+    """Orientations for the tile's pixel (0, 0) at sub-step 0, source 0, phi step 0 (one per domain)."""
+    interpolation_switch: bool = False
+    """Interpolate until the first out-of-range step of the tile's pixel (0, 0), then look up nearest."""
+
+
+@dataclass
+class Trace:
+    """The last evaluated step of a pixel, as nanoBragg's -printout_pixel shows it."""
+
+    hkl: tuple[float, float, float]
+    hkl0: tuple[int, int, int]
+    f_cell: float
+    f_latt: float
+    intensity: float
+    polar: float
+    omega: float
+    capture: float
+
+
+def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
+                   options: KernelOptions, ordered: OrderedOptions) -> tuple[torch.Tensor, Trace]:
+    """Pixel values (R, C) evaluated in nanoBragg's loop order, and the trace of pixel (0, 0)."""
+    scale, background = t.scalars[3], t.scalars[4]
+    f = pixel_frame(rows, cols, t, options)
+    n_sub, n_src = f.sx.shape[2], f.sx.shape[3]
+    layer_of = torch.div(torch.arange(n_sub, device=rows.device), options.first_layer_substeps,
+                         rounding_mode="floor").to(f.dx.dtype)
+    omega_each = solid_angle(f.airpath, t, options)
+    capture_each = (capture_fraction(f.dx, f.dy, f.dz, layer_of, t) if options.use_sensor
+                    else torch.ones_like(omega_each))
+    polar_each = _polarization_each(f, t, options)
+    running = torch.full_like(omega_each[:, :, 0], float(background))
+    interpolating = ordered.interpolation_switch
+    last = None
+    for k in range(n_sub):
+        for s in range(n_src):
+            block = _block(f, k, s)
+            terms = step_terms(block, t, grid_shape, options)
+            if k == 0 and s == 0 and ordered.first_evaluation_cells is not None:
+                terms = _with_first_evaluation(terms, block, t, grid_shape, options, ordered.first_evaluation_cells)
+            mask = evaluated(terms, block, t)[:, :, 0, 0, :]
+            f_cell = terms.f_cell[:, :, 0, 0, :]
+            if interpolating:
+                f_cell, interpolating = _switching_lookup(terms, mask, t, grid_shape)
+            term = f_cell * f_cell * terms.f_latt[:, :, 0, 0, :] ** 2
+            factor = torch.ones_like(running)
+            if ordered.oversample_thick:
+                factor = factor * capture_each[:, :, k]
+            if ordered.oversample_polar:
+                factor = factor * polar_each[:, :, k, s]
+            if ordered.oversample_omega:
+                factor = factor * omega_each[:, :, k]
+            running = _accumulate(running, term, mask, factor)
+            last = (terms, f_cell)
+    capture = capture_each[:, :, -1] if ordered.oversample_thick else _last_layer_capture(capture_each, options)
+    polar = polar_each[:, :, -1, -1] if ordered.oversample_polar else pixel_polarization(f, t, options)
+    omega = omega_each[:, :, -1] if ordered.oversample_omega else omega_each[:, :, 0]
+    result = running
+    for applied_per_step, value in ((ordered.oversample_thick, capture), (ordered.oversample_polar, polar),
+                                    (ordered.oversample_omega, omega)):
+        if not applied_per_step:
+            result = result * value
+    return scale * result, _trace(*last, running, polar, omega, capture)
+
+
+def _block(f: PixelFrame, k: int, s: int) -> PixelFrame:
+    valid = f.valid[:, :, k:k + 1, s:s + 1] if f.valid is not None else None
+    return PixelFrame(f.dx[:, :, k:k + 1], f.dy[:, :, k:k + 1], f.dz[:, :, k:k + 1], f.airpath[:, :, k:k + 1],
+                      f.sx[:, :, k:k + 1, s:s + 1], f.sy[:, :, k:k + 1, s:s + 1], f.sz[:, :, k:k + 1, s:s + 1],
+                      valid)
+
+
+def _accumulate(running: torch.Tensor, term: torch.Tensor, mask: torch.Tensor, factor: torch.Tensor):
+    """I ← (I + term)·factor for each evaluated step in order, in closed form over the block."""
+    weights = mask.to(term.dtype)
+    remaining = torch.flip(torch.cumsum(torch.flip(weights, [-1]), -1), [-1])
+    factor = factor.unsqueeze(-1)
+    return running * factor[..., 0] ** weights.sum(-1) + (term * weights * factor ** remaining).sum(-1)
+
+
+def _with_first_evaluation(terms: StepTerms, block: PixelFrame, t: KernelTensors,
+                           grid_shape: tuple[int, int, int], options: KernelOptions,
+                           first_cells: torch.Tensor) -> StepTerms:
+    """Replace, for pixel (0, 0) only, the first phi step's orientations by `first_cells`."""
+    first = step_terms(block, t._replace(cells=first_cells), grid_shape, options)
+    domains = first_cells.shape[0]
+    fields = []
+    for current, replacement in zip(terms, first, strict=True):
+        patched = current.clone()
+        patched[0, 0, :, :, :domains] = replacement[0, 0]
+        fields.append(patched)
+    return StepTerms(*fields)
+
+
+def _switching_lookup(terms: StepTerms, mask: torch.Tensor, t: KernelTensors,
+                      grid_shape: tuple[int, int, int]) -> tuple[torch.Tensor, bool]:
+    """Interpolated F up to the first out-of-range evaluated step, default_F there, nearest after."""
+    default_F = t.scalars[8]
+    interpolated = terms.f_cell[:, :, 0, 0, :]
+    nearest = structure_factor(terms.h, terms.k, terms.l, terms.h0, terms.k0, terms.l0, t.grid, t.grid_min,
+                               t.grid_max, grid_shape, default_F, "nearest")[:, :, 0, 0, :]
+    outside = interpolation_outside(terms, t)[:, :, 0, 0, :] & mask
+    if not bool(outside.any()):
+        return interpolated, True
+    position = torch.arange(outside.shape[-1], device=outside.device)
+    first = torch.where(outside, position, outside.shape[-1]).amin(-1, keepdim=True)
+    f_cell = torch.where(position < first, interpolated, torch.where(position == first, default_F, nearest))
+    return f_cell, False
+
+
+def _polarization_each(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
+    if options.polarization == "none":
+        return torch.ones_like(f.sx)
+    ix, iy, iz = (t.incident[:, j].view(1, 1, 1, -1) for j in range(3))
+    return polarization_factor(f.dx.unsqueeze(-1), f.dy.unsqueeze(-1), f.dz.unsqueeze(-1), ix, iy, iz,
+                               t.frame[5], t.scalars[5])
+
+
+def _last_layer_capture(capture_each: torch.Tensor, options: KernelOptions) -> torch.Tensor:
+    if not options.use_sensor:
+        return torch.ones_like(capture_each[:, :, 0])
+    return capture_each[:, :, (options.sensor_layers - 1) * options.first_layer_substeps]
+
+
+def _trace(terms: StepTerms, f_cell: torch.Tensor, running: torch.Tensor, polar: torch.Tensor,
+           omega: torch.Tensor, capture: torch.Tensor) -> Trace:
+    return Trace(hkl=tuple(float(v[0, 0, 0, 0, -1]) for v in (terms.h, terms.k, terms.l)),
+                 hkl0=tuple(int(v[0, 0, 0, 0, -1]) for v in (terms.h0, terms.k0, terms.l0)),
+                 f_cell=float(f_cell[0, 0, -1]), f_latt=float(terms.f_latt[0, 0, 0, 0, -1]),
+                 intensity=float(running[0, 0]), polar=float(polar[0, 0]), omega=float(omega[0, 0]),
+                 capture=float(capture[0, 0]))

@@ -1,0 +1,172 @@
+"""Detector geometry: conventions, beam centre, pivots, rotations and the position of the first pixel.
+
+All lengths here are metres and all angles radians, as inside nanoBragg; the derived values
+(Fbeam, Sbeam, Fclose, Sclose, close distance, ORGX/ORGY, the DIALS origin) are recomputed from the
+final geometry exactly as the reference prints and writes them into image headers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import CONVENTIONS, DetectorConfig, Scalar
+from .errors import NbsimError
+from .vectors import cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
+
+
+# beam, fast, slow, normal, two-theta axis, polarization, spindle for each convention.
+_CONVENTION_VECTORS = {
+    "mosflm": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 0, -1), (0, 0, 1), (0, 0, 1)),
+    "denzo": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 0, -1), (0, 0, 1), (0, 0, 1)),
+    "adxv": ((0, 0, 1), (1, 0, 0), (0, -1, 0), (0, 0, 1), (-1, 0, 0), (1, 0, 0), (1, 0, 0)),
+    "xds": ((0, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 0), (1, 0, 0), (1, 0, 0)),
+    "dials": ((0, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 0), (0, 1, 0), (0, 1, 0)),
+    "custom": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 1)),
+}
+_CONVENTION_PIVOT = {"mosflm": "beam", "denzo": "beam", "adxv": "beam", "xds": "sample", "dials": "sample"}
+
+
+@dataclass
+class DetectorGeometry:
+    """Final detector frame and the derived beam-centre values (metres, unit vectors)."""
+
+    fdet: torch.Tensor
+    sdet: torch.Tensor
+    odet: torch.Tensor
+    pix0_m: torch.Tensor
+    beam: torch.Tensor
+    polar: torch.Tensor
+    spindle: torch.Tensor
+    vertical: torch.Tensor
+    pixels_f: int
+    pixels_s: int
+    pixel_size_m: float
+    detsize_f_m: float
+    detsize_s_m: float
+    distance_m: torch.Tensor
+    close_distance_m: torch.Tensor
+    beam_x_m: float
+    beam_y_m: float
+    close_x_m: float
+    close_y_m: float
+    fbeam_m: float
+    sbeam_m: float
+    fclose_m: float
+    sclose_m: float
+    orgx_px: float
+    orgy_px: float
+    dials_origin_mm: tuple[float, float, float]
+    twotheta_rad: float
+    pivot: str
+    convention: str
+
+
+def pixel_counts(config: DetectorConfig) -> tuple[int, int, float, float]:
+    """Pixels along fast and slow, and the detector size (m) they imply; -detpixels wins over -detsize."""
+    pixel = _m(config.pixel_size_mm)
+    if pixel <= 0:
+        raise NbsimError(f"pixel size must be positive (got {config.pixel_size_mm:g} mm)")
+    detsize_f = _m(config.detsize_f_mm) if not config.pixels_f else pixel * config.pixels_f
+    detsize_s = _m(config.detsize_s_mm) if not config.pixels_s else pixel * config.pixels_s
+    pixels_f = math.ceil(detsize_f / pixel - 0.5)
+    pixels_s = math.ceil(detsize_s / pixel - 0.5)
+    if pixels_f <= 0 or pixels_s <= 0:
+        raise NbsimError(f"the detector has no pixels ({pixels_f} x {pixels_s}); check -detpixels/-detsize/-pixel")
+    return pixels_f, pixels_s, detsize_f, detsize_s
+
+
+def _m(millimetres: float) -> float:
+    """mm → m the way nanoBragg converts (a division, so values round exactly as in the C)."""
+    return millimetres / 1000.0
+
+
+def _vec(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _scalar(value: Scalar) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=torch.float64)
+
+
+def build_geometry(config: DetectorConfig) -> DetectorGeometry:
+    """The detector frame and pix0 after conventions, pivots and rotations (nanoBragg's setup)."""
+    if config.convention not in CONVENTIONS:
+        raise NbsimError(f"unknown detector convention '{config.convention}'")
+    pixels_f, pixels_s, detsize_f, detsize_s = pixel_counts(config)
+    pixel = _m(config.pixel_size_mm)
+    nan = math.nan
+    fclose = (config.orgx_px - 0.5) * pixel if config.orgx_px is not None else detsize_f / 2.0
+    sclose = (config.orgy_px - 0.5) * pixel if config.orgy_px is not None else detsize_s / 2.0
+    close_x = _m(config.close_x_mm) if config.close_x_mm is not None else fclose
+    close_y = _m(config.close_y_mm) if config.close_y_mm is not None else sclose
+    beam_x = _m(config.beam_x_mm) if config.beam_x_mm is not None else nan
+    beam_y = _m(config.beam_y_mm) if config.beam_y_mm is not None else nan
+
+    convention = config.convention
+    vectors = [_vec(v) for v in _CONVENTION_VECTORS[convention]]
+    if convention == "custom":
+        given = (config.beam_vector, config.fdet_vector, config.sdet_vector, config.odet_vector,
+                 config.twotheta_axis, config.polar_vector, config.spindle_axis)
+        vectors = [_vec(g) if g is not None else v for g, v in zip(given, vectors, strict=True)]
+        pivot = config.pivot
+    else:
+        pivot = _CONVENTION_PIVOT[convention]
+    beam, fdet, sdet, odet, twotheta_axis, polar, spindle = vectors
+
+    if convention == "adxv":
+        beam_x = (detsize_f + pixel) / 2.0 if math.isnan(beam_x) else beam_x
+        beam_y = (detsize_s - pixel) / 2.0 if math.isnan(beam_y) else beam_y
+        fbeam, sbeam = beam_x, detsize_s - beam_y
+    elif convention in ("mosflm", "denzo"):
+        beam_x = (detsize_s + pixel) / 2.0 if math.isnan(beam_x) else beam_x
+        beam_y = (detsize_f + pixel) / 2.0 if math.isnan(beam_y) else beam_y
+        shift = 0.5 * pixel if convention == "mosflm" else 0.0
+        fbeam, sbeam = beam_y + shift, beam_x + shift
+    else:
+        beam_x = close_x if math.isnan(beam_x) else beam_x
+        beam_y = close_y if math.isnan(beam_y) else beam_y
+        fbeam, sbeam = beam_x, beam_y
+        if convention == "custom":
+            fclose, sclose = beam_x, beam_y
+
+    beam, fdet, sdet, polar, spindle = (unit(v) for v in (beam, fdet, sdet, polar, spindle))
+    odet_length = norm(odet)
+    odet = unit(cross(fdet, sdet)) if float(odet_length) != 1.0 else odet / odet_length
+    vertical = unit(cross(beam, polar))
+
+    rotation = radians(torch.stack([_scalar(a) for a in config.rotation_deg]))
+    twotheta = radians(_scalar(config.twotheta_deg))
+    ratio = dot(beam, rotate_xyz(odet, rotation))
+    if float(ratio) == 0.0:
+        ratio = torch.full_like(ratio, 2.2250738585072014e-308)
+    distance = _scalar(config.distance_mm) / 1000.0
+    close_distance = (torch.abs(ratio * distance) if config.close_distance_mm is None
+                      else _scalar(config.close_distance_mm) / 1000.0)
+    distance = close_distance / ratio
+
+    if pivot == "sample":
+        pix0 = -fclose * fdet - sclose * sdet + close_distance * odet
+        pix0 = rotate_about_axis(rotate_xyz(pix0, rotation), twotheta_axis, twotheta)
+    fdet, sdet, odet = (rotate_about_axis(rotate_xyz(v, rotation), twotheta_axis, twotheta)
+                        for v in (fdet, sdet, odet))
+    if pivot == "beam":
+        pix0 = -fbeam * fdet - sbeam * sdet + distance * beam
+
+    fclose_t = -dot(pix0, fdet)
+    sclose_t = -dot(pix0, sdet)
+    close_distance = dot(pix0, odet)
+    beam_hit = close_distance / ratio * beam - pix0
+    distance = close_distance / ratio
+    dials_origin = (1000.0 * float(pix0[2]), 1000.0 * float(pix0[1]), -1000.0 * float(pix0[0]))
+    return DetectorGeometry(
+        fdet=fdet, sdet=sdet, odet=odet, pix0_m=pix0, beam=beam, polar=polar, spindle=spindle,
+        vertical=vertical, pixels_f=pixels_f, pixels_s=pixels_s, pixel_size_m=pixel,
+        detsize_f_m=detsize_f, detsize_s_m=detsize_s, distance_m=distance, close_distance_m=close_distance,
+        beam_x_m=beam_x, beam_y_m=beam_y, close_x_m=close_x, close_y_m=close_y,
+        fbeam_m=float(dot(fdet, beam_hit)), sbeam_m=float(dot(sdet, beam_hit)),
+        fclose_m=float(fclose_t), sclose_m=float(sclose_t),
+        orgx_px=float(fclose_t) / pixel + 0.5, orgy_px=float(sclose_t) / pixel + 0.5,
+        dials_origin_mm=dials_origin, twotheta_rad=float(twotheta), pivot=pivot, convention=convention)

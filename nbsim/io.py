@@ -1,0 +1,128 @@
+"""Image files: raw float32, SMV (ADSC) 16-bit with nanoBragg's header, PGM; all written atomically."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputFileError, NbsimError
+
+SMV_HEADER_BYTES = 512
+_C_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def atomic_write(path: str | Path, payload: bytes) -> None:
+    """Write via a temporary file in the same folder and rename, so no reader sees a partial file."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise NbsimError(f"cannot write {path}: folder {directory} does not exist")
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_float_image(path: str | Path, image: np.ndarray) -> None:
+    """Raw native-endian float32, slow-major, like nanoBragg's -floatfile."""
+    atomic_write(path, np.ascontiguousarray(image, dtype=np.float32).tobytes())
+
+
+def byte_order() -> str:
+    return "little_endian" if sys.byteorder == "little" else "big_endian"
+
+
+def format_g(value: float) -> str:
+    """C's %g."""
+    return f"{value:g}"
+
+
+def smv_header_text(fields: list[tuple[str, str]]) -> bytes:
+    """A nanoBragg-style 512-byte SMV header: `{`, KEY=value; lines, `}`, form feed, space padding."""
+    lines = ["{", "HEADER_BYTES=512;", "DIM=2;", f"BYTE_ORDER={byte_order()};", "TYPE=unsigned_short;"]
+    lines += [f"{key}={value}" if key == "DIALS_ORIGIN" else f"{key}={value};" for key, value in fields]
+    text = ("\n".join(lines) + "\n}\f").encode("ascii")
+    if len(text) > SMV_HEADER_BYTES:
+        raise NbsimError("SMV header longer than 512 bytes")
+    return text + b" " * (SMV_HEADER_BYTES - len(text))
+
+
+def write_smv(path: str | Path, image: np.ndarray, fields: list[tuple[str, str]]) -> None:
+    """unsigned 16-bit SMV image with the given header keys after SIZE1/SIZE2 are prepended."""
+    slow, fast = image.shape
+    header = smv_header_text([("SIZE1", str(fast)), ("SIZE2", str(slow)), *fields])
+    atomic_write(path, header + np.ascontiguousarray(image, dtype=np.uint16).tobytes())
+
+
+def write_pgm(path: str | Path, image: np.ndarray, scale: float) -> None:
+    """8-bit binary PGM (P5) with a comment giving the scale, like nanoBragg's -pgmfile."""
+    slow, fast = image.shape
+    header = f"P5\n{fast} {slow}\n# pixels scaled by {scale:g}\n255\n".encode("ascii")
+    atomic_write(path, header + np.ascontiguousarray(image, dtype=np.uint8).tobytes())
+
+
+@dataclass
+class SMVHeader:
+    text: str
+    size: int
+
+    def last_value(self, keyword: str) -> float | None:
+        """The number after '=' following the last occurrence of keyword (nanoBragg's ValueOf)."""
+        position = self.text.rfind(keyword)
+        if position < 0:
+            return None
+        equals = self.text.find("=", position + len(keyword))
+        if equals < 0:
+            return 0.0
+        match = _C_FLOAT_PREFIX.match(self.text[equals + 1:])
+        return float(match.group(0)) if match else 0.0
+
+    def byte_order(self) -> str:
+        found = re.findall(r"BYTE_ORDER=(\w+)", self.text)
+        return found[-1] if found else byte_order()
+
+
+def read_smv_header(path: Path) -> SMVHeader:
+    """Parse the header of an SMV file; a one-line error if it is missing or not SMV."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(SMV_HEADER_BYTES)
+    except FileNotFoundError:
+        raise InputFileError(str(path), "no such file") from None
+    except OSError as error:
+        raise InputFileError(str(path), error.strerror or "cannot be read") from None
+    if not head.startswith(b"{\nHEADER_BYT") or len(head) < SMV_HEADER_BYTES:
+        raise InputFileError(str(path), "not an SMV (ADSC) image")
+    text = head.decode("ascii", errors="replace")
+    size = SMVHeader(text, SMV_HEADER_BYTES).last_value("HEADER_BYTES")
+    if size is None or size < SMV_HEADER_BYTES or size != int(size):
+        raise InputFileError(str(path), "SMV header has a bad HEADER_BYTES")
+    if size > SMV_HEADER_BYTES:
+        with open(path, "rb") as stream:
+            text = stream.read(int(size)).decode("ascii", errors="replace")
+    return SMVHeader(text.split("}")[0], int(size))
+
+
+def read_smv(path: Path) -> tuple[SMVHeader, np.ndarray]:
+    """Header and (slow, fast) uint16 pixels of an SMV image."""
+    header = read_smv_header(path)
+    width, height = header.last_value("SIZE1"), header.last_value("SIZE2")
+    if not width or not height or width < 1 or height < 1:
+        raise InputFileError(str(path), "SMV header has no valid SIZE1/SIZE2")
+    width, height = int(width), int(height)
+    raw = Path(path).read_bytes()[header.size:]
+    if len(raw) < 2 * width * height:
+        raise InputFileError(str(path), f"truncated: {len(raw)} bytes of pixels, expected {2 * width * height}")
+    dtype = np.dtype("<u2") if header.byte_order() == "little_endian" else np.dtype(">u2")
+    data = np.frombuffer(raw[:2 * width * height], dtype=dtype).reshape(height, width)
+    return header, data.astype(np.uint16)

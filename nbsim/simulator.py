@@ -1,0 +1,424 @@
+"""Assemble the setup (geometry, crystal, sources, structure factors) and render the image in tiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import crystal as crystal_mod
+from .beam import Sources, build_sources
+from .config import CRYSTAL_SHAPES, SimulationConfig
+from .errors import NbsimError
+from .geometry import DetectorGeometry, build_geometry
+from .exact import OrderedOptions, Trace, render_ordered
+from .kernel import KernelOptions, KernelTensors, interpolation_out_of_range, pixel_kernel
+from .random import Ran1
+from .structure_factors import HKLGrid, build_grid, read_hkl
+from .vectors import norm
+
+R_E_SQR_M2 = 7.94079248018965e-30
+AVOGADRO = 6.02214179e23
+WATER_F = 2.57
+WATER_MW = 18.0
+DEFAULT_TILE_ELEMENTS = 1 << 22
+
+
+@dataclass
+class SensorLayers:
+    thickness_m: float
+    step_m: float
+    layers: int
+    mu_per_m: float
+
+
+def sensor_layers(thickness_um: float, absorption_depth_um: float | None, layers: int | None) -> SensorLayers:
+    """Sensor thickness, layer step and count, and μ, after nanoBragg's rules."""
+    thick = thickness_um * 1e-6
+    mu = -1.0 if absorption_depth_um is None else (
+        0.0 if math.isinf(absorption_depth_um) or absorption_depth_um == 0 else 1.0 / (absorption_depth_um * 1e-6))
+    steps = -1 if layers is None else layers
+    step = -1.0
+    if steps <= 0:
+        if thick >= 0.0:
+            steps, step = 2, thick / 2.0
+    elif thick >= 0.0:
+        steps = max(steps, 2)
+        step = thick / (steps - 1)
+    if thick > 0.0 and mu < 0.0:
+        mu = 1.0 / thick
+    if thick <= 0.0 or step <= 0.0 or steps <= 0:
+        return SensorLayers(0.0, 0.0, 1, mu)
+    return SensorLayers(thick, step, steps, mu)
+
+
+@dataclass
+class Setup:
+    """Everything resolved from a configuration, before any pixel is rendered."""
+
+    config: SimulationConfig
+    geometry: DetectorGeometry
+    lattice: crystal_mod.Lattice
+    n_cells: tuple[int, int, int]
+    phi: crystal_mod.PhiSampling
+    mosaic: crystal_mod.MosaicDomains
+    cells_A: torch.Tensor
+    sources: Sources
+    grid: HKLGrid | None
+    lookup: str
+    oversample: int
+    recommended_oversample: int
+    sensor: SensorLayers
+    fluence: float
+    background: float
+    steps: int
+    roi: tuple[int, int, int, int]
+    mask: np.ndarray | None
+    first_evaluation_cells_A: torch.Tensor | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.geometry.pixels_s, self.geometry.pixels_f
+
+
+def resolve(config: SimulationConfig) -> Setup:
+    """Apply nanoBragg's defaults and derive geometry, lattice, sources and the structure-factor grid."""
+    _validate(config)
+    generator = Ran1()
+    warnings: list[str] = []
+    geometry = build_geometry(config.detector)
+    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator)
+    n_cells = crystal_mod.cell_counts(config.crystal, lattice)
+    phi = crystal_mod.phi_sampling(config.crystal)
+    mosaic = crystal_mod.mosaic_domains(config.crystal, generator)
+    cells = crystal_mod.oriented_cells(lattice, phi, geometry.spindle, mosaic)
+    first_cells = None
+    if crystal_mod.effective_phi_rad(phi)[0] != phi.angles_rad()[0]:
+        unrotated = crystal_mod.PhiSampling(start_rad=0.0, step_rad=0.0, steps=1, osc_rad=0.0)
+        first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
+    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
+
+    crystal_size_m = max(float(length) * n for length, n in
+                         zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
+    reciprocal_pixel_m = (float(config.beam.wavelength_A) / 1e10 * float(geometry.distance_m)
+                          / geometry.pixel_size_m)
+    # The ratio is often an exact integer in theory; a relative 1e-9 guard keeps rounding noise (which
+    # differs between builds of the C, e.g. with FMA) from adding a whole extra sub-pixel.
+    ratio = 3.0 * crystal_size_m / reciprocal_pixel_m
+    recommended = max(math.ceil(ratio - 1e-9 * max(1.0, ratio)), 1)
+    oversample = config.detector.oversample if config.detector.oversample and config.detector.oversample > 0 \
+        else recommended
+    if oversample < recommended:
+        warnings.append(f"maximum dimension of sample is {crystal_size_m * 1e10:g} A but reciprocal pixel size is "
+                        f"{reciprocal_pixel_m * 1e10:g} A: recommend -oversample {recommended}")
+
+    grid, lookup = _structure_factors(config, n_cells)
+    beam = config.beam
+    fluence = beam.fluence_photons_per_m2
+    if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:
+        fluence = beam.flux_photons_per_s * beam.exposure_s / (beam.beamsize_mm * 1e-3) ** 2
+    water_m = beam.water_thickness_um * 1e-6
+    background = WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m ** 3 * 1e6 * AVOGADRO / WATER_MW
+    steps = sources.count * mosaic.count * phi.steps * oversample * oversample
+    roi = _roi(config.detector.roi, geometry)
+    mask = _read_mask(config.detector.mask_file, geometry) if config.detector.mask_file else None
+    return Setup(config=config, geometry=geometry, lattice=lattice, n_cells=n_cells, phi=phi, mosaic=mosaic,
+                 cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
+                 recommended_oversample=recommended,
+                 sensor=sensor_layers(config.detector.sensor_thickness_um,
+                                      config.detector.sensor_absorption_depth_um, config.detector.sensor_layers),
+                 fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
+                 first_evaluation_cells_A=first_cells, warnings=warnings)
+
+
+def _validate(config: SimulationConfig) -> None:
+    wavelength = float(config.beam.wavelength_A)
+    if not wavelength > 0:
+        raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
+    if config.crystal.shape not in CRYSTAL_SHAPES:
+        raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
+    if config.structure.hkl_file is None and config.structure.default_F == 0.0:
+        raise NbsimError("no structure factors: give -hkl FILE or a non-zero -default_F")
+    if config.detector.oversample is not None and config.detector.oversample < 0:
+        raise NbsimError("-oversample must not be negative")
+    if any(n < 0 for n in config.crystal.n_cells):
+        raise NbsimError("cell counts (-N, -Na, -Nb, -Nc) must not be negative")
+    if config.beam.flux_photons_per_s != 0.0 and config.beam.beamsize_mm <= 0:
+        raise NbsimError("-beamsize must be positive when -flux is given")
+
+
+def _structure_factors(config: SimulationConfig, n_cells: tuple[int, int, int]) -> tuple[HKLGrid | None, str]:
+    structure = config.structure
+    if structure.hkl_file is None:
+        return None, "default"
+    grid = build_grid(read_hkl(structure.hkl_file), structure.default_F)
+    interpolate = structure.interpolate
+    if interpolate is None:
+        interpolate = min(n_cells) <= 2
+    return grid, ("interpolate" if interpolate else "nearest")
+
+
+def _roi(roi: tuple[int, int, int, int] | None, geometry: DetectorGeometry) -> tuple[int, int, int, int]:
+    """Inclusive pixel bounds (xmin, xmax, ymin, ymax) clipped to the detector."""
+    xmin, xmax, ymin, ymax = roi if roi is not None else (0, geometry.pixels_f, 0, geometry.pixels_s)
+    xmin, ymin = max(xmin, 0), max(ymin, 0)
+    xmax, ymax = min(xmax, geometry.pixels_f - 1), min(ymax, geometry.pixels_s - 1)
+    if xmin > xmax or ymin > ymax:
+        raise NbsimError(f"the region of interest {roi} contains no pixel of the "
+                         f"{geometry.pixels_f}x{geometry.pixels_s} detector")
+    return xmin, xmax, ymin, ymax
+
+
+def _read_mask(path: str, geometry: DetectorGeometry) -> np.ndarray:
+    from .io import read_smv
+
+    header, data = read_smv(Path(path))
+    if data.shape != (geometry.pixels_s, geometry.pixels_f):
+        raise NbsimError(f"{path}: mask is {data.shape[1]}x{data.shape[0]} pixels but the detector is "
+                         f"{geometry.pixels_f}x{geometry.pixels_s}")
+    return data != 0
+
+
+@dataclass
+class KernelSetup:
+    """The setup as kernel inputs on one device and dtype, plus the compile-time choices."""
+
+    tensors: KernelTensors
+    grid_shape: tuple[int, int, int]
+    options: KernelOptions
+    first_evaluation_cells: torch.Tensor | None
+
+
+def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) -> KernelSetup:
+    """Cast the (float64, possibly differentiable) setup to the compute device and dtype."""
+    device = torch.device(device)
+    g = setup.geometry
+    config = setup.config
+
+    def to(value) -> torch.Tensor:
+        return torch.as_tensor(value, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    subpixel = g.pixel_size_m / setup.oversample
+    sub_index = torch.arange(setup.oversample, dtype=torch.float64)
+    sub_s, sub_f = torch.meshgrid(sub_index, sub_index, indexing="ij")
+    layers = setup.sensor.layers
+    offsets = torch.stack([
+        (subpixel * (sub_f.reshape(-1) + 0.5)).repeat(layers),
+        (subpixel * (sub_s.reshape(-1) + 0.5)).repeat(layers),
+        torch.arange(layers, dtype=torch.float64).repeat_interleave(setup.oversample ** 2) * setup.sensor.step_m,
+    ])
+    if setup.grid is not None:
+        grid = setup.grid.flat(dtype, device)
+        grid_min, grid_max, grid_shape = setup.grid.index_min, setup.grid.index_max, setup.grid.shape
+    else:
+        grid = torch.zeros(1, dtype=dtype, device=device)
+        grid_min, grid_max, grid_shape = (0, 0, 0), (0, 0, 0), (1, 1, 1)
+    beam, detector = config.beam, config.detector
+    scalars = torch.stack([to(v) for v in (
+        g.pixel_size_m, g.distance_m, g.close_distance_m, R_E_SQR_M2 * setup.fluence / setup.steps,
+        setup.background, beam.kahn_polarization, setup.sensor.mu_per_m * setup.sensor.step_m, beam.dmin_A,
+        config.structure.default_F, config.crystal.fudge)])
+    tensors = KernelTensors(
+        frame=to(torch.stack([g.pix0_m, g.fdet, g.sdet, g.odet, g.beam, g.polar])), offsets=to(offsets),
+        incident=to(setup.sources.incident), inv_wavelength=to(1.0 / setup.sources.wavelength_A),
+        cells=to(setup.cells_A), grid=grid, grid_min=to(grid_min), grid_max=to(grid_max),
+        n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A), scalars=scalars)
+    options = KernelOptions(
+        shape=config.crystal.shape, lookup=setup.lookup, point_pixel=detector.point_pixel, curved=detector.curved,
+        polarization="none" if beam.no_polarization else "kahn", use_dmin=beam.dmin_A > 0,
+        sensor_layers=layers, use_sensor=setup.sensor.thickness_m > 0, first_layer_substeps=setup.oversample ** 2,
+        square_axes=tuple(n > 1 for n in setup.n_cells))
+    first = to(setup.first_evaluation_cells_A) if setup.first_evaluation_cells_A is not None else None
+    return KernelSetup(tensors=tensors, grid_shape=grid_shape, options=options, first_evaluation_cells=first)
+
+
+@functools.cache
+def _compiled(function, options: KernelOptions, grid_shape: tuple[int, int, int]):
+    """One compiled kernel per function and option set; shapes are dynamic so detector sizes share it."""
+    return torch.compile(functools.partial(function, grid_shape=grid_shape, options=options), dynamic=True)
+
+
+def _kernel(function, options: KernelOptions, grid_shape: tuple[int, int, int], compile: bool):
+    if compile:
+        return _compiled(function, options, grid_shape)
+    return functools.partial(function, grid_shape=grid_shape, options=options)
+
+
+def openmp_row_chunks(rows: int, threads: int) -> list[tuple[int, int]]:
+    """Row ranges of each thread under OpenMP's static schedule (libgomp's split)."""
+    base, extra = divmod(rows, threads)
+    chunks, start = [], 0
+    for thread in range(threads):
+        size = base + (1 if thread < extra else 0)
+        chunks.append((start, start + size))
+        start += size
+    return [c for c in chunks if c[1] > c[0]]
+
+
+class Renderer:
+    """Renders a resolved setup on one device and dtype; reusable for repeated (timed) calls."""
+
+    def __init__(self, setup: Setup, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 compile: bool = True, tile_elements: int = DEFAULT_TILE_ELEMENTS, reference_threads: int = 2):
+        self.setup = setup
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.compile = compile
+        self.tile_elements = tile_elements
+        self.reference_threads = reference_threads
+        self.inputs = kernel_inputs(setup, self.device, dtype)
+        detector = setup.config.detector
+        self.step_ordered = detector.oversample_thick or detector.oversample_polar or detector.oversample_omega
+        xmin, xmax, ymin, ymax = setup.roi
+        self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
+        self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
+
+    def __call__(self) -> torch.Tensor:
+        """The (slow, fast) image: zero outside the ROI and on masked pixels."""
+        setup = self.setup
+        xmin, xmax, ymin, ymax = setup.roi
+        lookup = self.inputs.options.lookup
+        switch = None
+        if lookup == "interpolate":
+            switch = self._interpolation_switch()
+            if switch is not None:
+                lookup = "nearest"
+        region = self._render_rows(ymin, ymax + 1, lookup)
+        fixed: dict[tuple[int, int], OrderedOptions] = {}
+        if switch is not None:
+            interpolated_until, trigger = switch
+            for start, count in interpolated_until:
+                rows_needed = -(-count // len(self.cols))
+                if count:
+                    block = self._render_rows(start, start + rows_needed, "interpolate")
+                    flat_region = region[start - ymin:start - ymin + rows_needed].reshape(-1)
+                    positions = self._unmasked_positions(start, rows_needed)[:count]
+                    flat_region[positions] = block.reshape(-1)[positions]
+            fixed[trigger] = OrderedOptions(interpolation_switch=True)
+        if self.inputs.first_evaluation_cells is not None:
+            for pixel in self._thread_first_pixels():
+                base = fixed.get(pixel, OrderedOptions())
+                fixed[pixel] = dataclasses.replace(base, first_evaluation_cells=self.inputs.first_evaluation_cells)
+        for (row, col), ordered in fixed.items():
+            ordered = dataclasses.replace(ordered, **self._ordered_flags())
+            value, _ = self._ordered(row, col, ordered)
+            region[row - ymin, col - xmin] = value
+        if self.mask is not None:
+            region = region * torch.as_tensor(self.mask, device=self.device, dtype=self.dtype)
+        return torch.nn.functional.pad(region, (xmin, setup.geometry.pixels_f - 1 - xmax,
+                                                ymin, setup.geometry.pixels_s - 1 - ymax))
+
+    def trace(self, row: int, col: int) -> tuple[float, Trace]:
+        """Value and last-step trace of one pixel (for -printout_pixel)."""
+        return self._ordered(row, col, OrderedOptions(**self._ordered_flags()))
+
+    def _ordered_flags(self) -> dict[str, bool]:
+        detector = self.setup.config.detector
+        return dict(oversample_thick=detector.oversample_thick, oversample_polar=detector.oversample_polar,
+                    oversample_omega=detector.oversample_omega)
+
+    def _ordered(self, row: int, col: int, ordered: OrderedOptions) -> tuple[torch.Tensor, Trace]:
+        rows = torch.tensor([row], device=self.device, dtype=self.dtype)
+        cols = torch.tensor([col], device=self.device, dtype=self.dtype)
+        value, trace = render_ordered(rows, cols, self.inputs.tensors, self.inputs.grid_shape, self.inputs.options,
+                                      ordered)
+        return value[0, 0], trace
+
+    def _render_rows(self, start: int, stop: int, lookup: str) -> torch.Tensor:
+        """Rows [start, stop) of the ROI, tile by tile, with the given structure-factor lookup."""
+        options = dataclasses.replace(self.inputs.options, lookup=lookup)
+        steps = self.inputs.tensors.offsets.shape[1] * self.inputs.tensors.incident.shape[0] \
+            * self.inputs.tensors.cells.shape[0]
+        fused = self.compile and not self.step_ordered
+        per_row = len(self.cols) * (1 if fused else steps)
+        rows_per_tile = max(1, self.tile_elements // max(1, per_row))
+        tiles = []
+        for first in range(start, stop, rows_per_tile):
+            rows = torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
+            if self.step_ordered:
+                tile, _ = render_ordered(rows, self.cols, self.inputs.tensors, self.inputs.grid_shape, options,
+                                         OrderedOptions(**self._ordered_flags()))
+            else:
+                kernel = _kernel(pixel_kernel, options, self.inputs.grid_shape, self.compile)
+                tile = kernel(rows, self.cols, self.inputs.tensors)
+            tiles.append(tile)
+        return torch.cat(tiles, dim=0)
+
+    def _unmasked_positions(self, start: int, rows: int) -> np.ndarray:
+        """Flat ROI positions (row-major) of the unmasked pixels in `rows` rows from `start`."""
+        ymin = self.setup.roi[2]
+        if self.mask is None:
+            return np.arange(rows * len(self.cols))
+        return np.flatnonzero(self.mask[start - ymin:start - ymin + rows])
+
+    def _thread_chunks(self) -> list[tuple[int, int]]:
+        """Each reference thread's rows, intersected with the ROI."""
+        _, _, ymin, ymax = self.setup.roi
+        chunks = []
+        for first, stop in openmp_row_chunks(self.setup.geometry.pixels_s, self.reference_threads):
+            first, stop = max(first, ymin), min(stop, ymax + 1)
+            if first < stop:
+                chunks.append((first, stop))
+        return chunks
+
+    def _thread_first_pixels(self) -> list[tuple[int, int]]:
+        """The first pixel each reference OpenMP thread renders (where the phi-step quirk bites)."""
+        xmin = self.setup.roi[0]
+        pixels = []
+        for first, stop in self._thread_chunks():
+            positions = self._unmasked_positions(first, stop - first)
+            if len(positions):
+                row, col = divmod(int(positions[0]), len(self.cols))
+                pixels.append((first + row, xmin + col))
+        return pixels
+
+    def _interpolation_switch(self):
+        """Where nanoBragg stops interpolating, modelling its threads as advancing in step.
+
+        Returns None when no step leaves the grid; otherwise, per thread, (first row, number of
+        pixels still interpolated) and the pixel whose step triggers the switch.
+        """
+        _, _, ymin, ymax = self.setup.roi
+        kernel = _kernel(interpolation_out_of_range, self.inputs.options, self.inputs.grid_shape, self.compile)
+        steps = self.inputs.tensors.offsets.shape[1] * self.inputs.tensors.incident.shape[0] \
+            * self.inputs.tensors.cells.shape[0]
+        rows_per_tile = max(1, self.tile_elements // max(1, len(self.cols) * (1 if self.compile else steps)))
+        flags = []
+        for first in range(ymin, ymax + 1, rows_per_tile):
+            rows = torch.arange(first, min(first + rows_per_tile, ymax + 1), device=self.device, dtype=self.dtype)
+            flags.append(kernel(rows, self.cols, self.inputs.tensors))
+        outside = torch.cat(flags).cpu().numpy()
+        if self.mask is not None:
+            outside &= self.mask
+        if not outside.any():
+            return None
+        chunks = self._thread_chunks()
+        firsts = []
+        for first, stop in chunks:
+            sequence = outside[first - ymin:stop - ymin][self._mask_rows(first, stop)]
+            firsts.append(int(np.argmax(sequence)) if sequence.any() else None)
+        switch_at = min(v for v in firsts if v is not None)
+        trigger_thread = firsts.index(switch_at)
+        first, stop = chunks[trigger_thread]
+        position = self._unmasked_positions(first, stop - first)[switch_at]
+        row, col = divmod(int(position), len(self.cols))
+        trigger = (first + row, self.setup.roi[0] + col)
+        return [(first, switch_at) for first, _ in chunks], trigger
+
+    def _mask_rows(self, first: int, stop: int) -> np.ndarray:
+        ymin = self.setup.roi[2]
+        if self.mask is None:
+            return np.ones((stop - first, len(self.cols)), dtype=bool)
+        return self.mask[first - ymin:stop - ymin]
+
+
+def simulate(config: SimulationConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+             compile: bool = False) -> torch.Tensor:
+    """Render the image nanoBragg would produce for `config`, as a (slow, fast) tensor."""
+    return Renderer(resolve(config), device=device, dtype=dtype, compile=compile)()

@@ -1,0 +1,62 @@
+"""Structure factors: HKL text files, the dense lookup grid, and tricubic interpolation weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import InputFileError
+from .textfiles import numeric_rows
+
+
+@dataclass
+class HKLGrid:
+    """F on the box of indices spanned by the file: unlisted points hold default_F (or 0)."""
+
+    values: np.ndarray  # (h, k, l) float64
+    index_min: tuple[int, int, int]
+    entries: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.values.shape
+
+    @property
+    def index_max(self) -> tuple[int, int, int]:
+        return tuple(m + n - 1 for m, n in zip(self.index_min, self.shape, strict=True))
+
+    def flat(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.as_tensor(self.values.reshape(-1), dtype=dtype, device=device)
+
+
+def read_hkl(path: str | Path) -> np.ndarray:
+    """Rows of h, k, l, F from a text file; indices must be integers, F a finite number."""
+    rows = numeric_rows(path, 4, 4)
+    if not rows:
+        raise InputFileError(str(path), "no reflections in file")
+    for line_number, (h, k, l, _) in rows:
+        if h != round(h) or k != round(k) or l != round(l):
+            raise InputFileError(str(path), f"Miller indices must be integers (got {h:g} {k:g} {l:g})",
+                                 line_number)
+    return np.array([values for _, values in rows], dtype=np.float64)
+
+
+def build_grid(reflections: np.ndarray, default_F: float) -> HKLGrid:
+    """Dense grid over [min, max] of each index; later duplicates win, as in nanoBragg."""
+    indices = reflections[:, :3].astype(np.int64)
+    index_min = indices.min(axis=0)
+    shape = indices.max(axis=0) - index_min + 1
+    values = np.full(tuple(shape), default_F, dtype=np.float64)
+    offsets = indices - index_min
+    values[offsets[:, 0], offsets[:, 1], offsets[:, 2]] = reflections[:, 3]
+    return HKLGrid(values=values, index_min=tuple(int(v) for v in index_min), entries=len(reflections))
+
+
+def lagrange_weights(fraction: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Cubic Lagrange weights for nodes floor-1, floor, floor+1, floor+2 at x = floor + fraction."""
+    u = fraction
+    return (-u * (u - 1) * (u - 2) / 6, (u + 1) * (u - 1) * (u - 2) / 2,
+            -(u + 1) * u * (u - 2) / 2, (u + 1) * u * (u - 1) / 6)

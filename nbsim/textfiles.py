@@ -1,0 +1,53 @@
+"""Strict readers for the small numeric text files nanoBragg takes (matrix, sources)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from .errors import InputFileError
+
+_SEPARATORS = re.compile(r"[ \t,;:!]+")
+
+
+def read_text(path: str | Path) -> str:
+    """Whole file as text, with a one-line error when it is missing or unreadable."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise InputFileError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(str(path), "is a directory, not a file") from None
+    except UnicodeDecodeError:
+        raise InputFileError(str(path), "not a text file") from None
+    except OSError as error:
+        raise InputFileError(str(path), error.strerror or "cannot be read") from None
+
+
+def parse_number(token: str, path: str | Path, line_number: int) -> float:
+    """A finite float, or an error naming the file, line and token."""
+    try:
+        value = float(token)
+    except ValueError:
+        raise InputFileError(str(path), f"'{token}' is not a number", line_number) from None
+    if not math.isfinite(value):
+        raise InputFileError(str(path), f"'{token}' is not a finite number", line_number)
+    return value
+
+
+def numeric_rows(path: str | Path, min_columns: int, max_columns: int) -> list[tuple[int, list[float]]]:
+    """Non-blank lines split on nanoBragg's separators, each checked for its column count.
+
+    Returns (line number, values) pairs; the line numbers are 1-based, for error messages.
+    """
+    rows = []
+    for line_number, line in enumerate(read_text(path).splitlines(), start=1):
+        tokens = [t for t in _SEPARATORS.split(line.strip()) if t]
+        if not tokens:
+            continue
+        if not min_columns <= len(tokens) <= max_columns:
+            expected = str(min_columns) if min_columns == max_columns else f"{min_columns} to {max_columns}"
+            raise InputFileError(str(path), f"expected {expected} numbers, found {len(tokens)}", line_number)
+        rows.append((line_number, [parse_number(t, path, line_number) for t in tokens]))
+    return rows
