@@ -238,10 +238,17 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     return KernelSetup(tensors=tensors, grid_shape=grid_shape, options=options, first_evaluation_cells=first)
 
 
+# Inductor normally stores an intermediate that many expressions read; for this kernel recomputing it
+# inside the single fused loop is far cheaper than a round trip through memory.
+INDUCTOR_OPTIONS = {"realize_reads_threshold": 1 << 20, "realize_opcount_threshold": 1 << 20,
+                    "realize_acc_reads_threshold": 1 << 20}
+
+
 @functools.cache
 def _compiled(function, options: KernelOptions, grid_shape: tuple[int, int, int]):
     """One compiled kernel per function and option set; shapes are dynamic so detector sizes share it."""
-    return torch.compile(functools.partial(function, grid_shape=grid_shape, options=options), dynamic=True)
+    return torch.compile(functools.partial(function, grid_shape=grid_shape, options=options), dynamic=True,
+                         options=INDUCTOR_OPTIONS)
 
 
 def _kernel(function, options: KernelOptions, grid_shape: tuple[int, int, int], compile: bool):
