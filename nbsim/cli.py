@@ -1,0 +1,214 @@
+"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim bench`."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__
+from .cache import configure_compile_cache
+from .errors import NbsimError
+from .io import write_float_image, write_pgm, write_smv
+from .nanobragg_args import FLAGS, RunOptions, parse
+from .outputs import integer_image, noise_image, pgm_image, smv_fields, statistics
+from .simulator import Renderer, Setup, resolve
+from .vectors import DEGREES_PER_RADIAN
+
+USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile on|off]
+       nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off]
+                   [--floatfile F] [--c-binary PATH] -- <nanoBragg options>
+
+nbsim renders the image nanoBragg renders for the same options and writes the same files
+(-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given).
+Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
+Options: """
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one-line errors and a non-zero status instead of tracebacks."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or bool(os.environ.get("NBSIM_DEBUG"))
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        if argv and argv[0] == "bench":
+            from .bench import main as bench_main
+
+            return bench_main(argv[1:])
+        if argv and argv[0] in ("--version", "-version"):
+            print(f"nbsim {__version__}")
+            return 0
+        if not argv or argv[0] in ("-h", "--help", "-help"):
+            print(USAGE + " ".join(sorted(FLAGS)))
+            return 0 if argv else 2
+        return simulate_command(argv)
+    except NbsimError as error:
+        if debug:
+            traceback.print_exc()
+        print(f"nbsim: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nbsim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the CLI's last line of defence
+        if debug:
+            traceback.print_exc()
+        print(f"nbsim: internal error: {type(error).__name__}: {error} (rerun with --debug for details)",
+              file=sys.stderr)
+        return 1
+
+
+def resolve_device(name: str) -> torch.device:
+    """A torch device, or a one-line error when the requested accelerator is not there."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NbsimError(f"device '{name}' requested but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise NbsimError(f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return device
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float64": torch.float64}[name]
+
+
+def _check_output_paths(run: RunOptions) -> None:
+    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
+        if path is None:
+            continue
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise NbsimError(f"cannot write {path}: folder {parent} does not exist")
+        if Path(path).is_dir():
+            raise NbsimError(f"cannot write {path}: it is a folder")
+
+
+def simulate_command(argv: list[str]) -> int:
+    config, run = parse(argv)
+    device = resolve_device(run.device)
+    dtype = resolve_dtype(run.dtype)
+    _check_output_paths(run)
+    setup = resolve(config)
+    for line in run.notes + setup.warnings:
+        print(f"WARNING: {line}")
+    for line in describe(setup):
+        print(line)
+    if run.compile:
+        configure_compile_cache()
+    renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
+    image = renderer().detach().to("cpu", torch.float32).numpy()
+    if not np.isfinite(image).all():
+        raise NbsimError("the simulation produced non-finite pixel values; check the geometry")
+    stats = statistics(image, setup)
+    wavelength_A = float(config.beam.wavelength_A)
+    fields = smv_fields(setup.geometry, setup, wavelength_A)
+    if run.printout_pixel is not None:
+        _print_trace(renderer, setup, *run.printout_pixel)
+    if run.floatfile:
+        print(f"writing {run.floatfile} as {image.size} 4-byte floats")
+        write_float_image(run.floatfile, image)
+    print(f"max_I = {stats.max_I:g}  at {stats.max_position_m[0]:g} {stats.max_position_m[1]:g}")
+    print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
+    scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
+    print(f"intfile_scale = {scale:g}")
+    if run.intfile:
+        print(f"writing {run.intfile} as 2-byte integers")
+        write_smv(run.intfile, integer_image(image, setup, scale, run.adc), fields)
+    if run.pgmfile:
+        pgm_scale = run.pgm_scale if run.pgm_scale > 0 else (250.0 / (5.0 * stats.rmsd) if stats.rmsd > 0 else scale)
+        print(f"pgm_scale = {pgm_scale:g}")
+        print(f"writing {run.pgmfile} as 1-byte integers")
+        write_pgm(run.pgmfile, pgm_image(image, setup, pgm_scale), pgm_scale)
+    if run.noisefile:
+        noisy, overloads, photons = noise_image(image, setup, run.adc, run.seed)
+        print(f"{photons:.0f} photons on noise image ({overloads} overloads)")
+        print(f"writing {run.noisefile} as 2-byte integers")
+        write_smv(run.noisefile, noisy, fields)
+    return 0
+
+
+def describe(setup: Setup) -> list[str]:
+    """The setup summary nanoBragg prints before rendering (same quantities, similar wording)."""
+    g = setup.geometry
+    config = setup.config
+    lattice = setup.lattice
+    cell = lattice.cell_parameters()
+    reciprocal = lattice.reciprocal_parameters()
+    real = lattice.real_A.detach().numpy()
+    recip = lattice.reciprocal_per_A.detach().numpy()
+    sources = setup.sources
+    shape_names = {"square": "parallelpiped", "round": "ellipsoidal", "gauss": "gaussian", "tophat": "tophat-spot"}
+    lines = [f"nbsim {__version__}: nanoBragg-compatible diffraction simulator",
+             f"{g.convention} convention selected.",
+             "pivoting detector around " + ("sample" if g.pivot == "sample" else "direct beam spot"),
+             "Unit Cell: " + " ".join(f"{v:g}" for v in cell),
+             "Recp Cell: " + " ".join(f"{v:g}" for v in reciprocal),
+             f"volume = {float(lattice.volume_A3):g} A^3",
+             "real-space cell vectors (Angstrom):", "     a           b           c"]
+    lines += [f"{axis}: " + " ".join(f"{v:11.8f}" for v in real[:, j]) for j, axis in enumerate("XYZ")]
+    lines += ["reciprocal-space cell vectors (Angstrom^-1):", "     a_star      b_star      c_star"]
+    lines += [f"{axis}: " + " ".join(f"{v:11.8f}" for v in recip[:, j]) for j, axis in enumerate("XYZ")]
+    if lattice.misset_rad is not None and config.crystal.misset_random:
+        lines.append("random orientation misset angles: "
+                     + " ".join(f"{v * DEGREES_PER_RADIAN:f}" for v in lattice.misset_rad) + " deg")
+    lines.append(f"  created a total of {sources.count} sources:")
+    lines += [f"{p[0]:g} {p[1]:g} {p[2]:g}   {w:g} {float(lam) * 1e-10:g}"
+              for p, w, lam in zip(sources.positions_m, sources.weights, sources.wavelength_A.detach(), strict=True)]
+    lines += [
+        f"  created a total of {setup.mosaic.count} mosaic domains",
+        f"  {setup.grid.entries if setup.grid else 0} initialized hkls (all others ={config.structure.default_F:g})",
+        f"  {shape_names[config.crystal.shape]} xtal: {setup.n_cells[0]}x{setup.n_cells[1]}x{setup.n_cells[2]} cells",
+        f"  structure factors: {setup.lookup}",
+        f"  wave={float(config.beam.wavelength_A) * 1e-10:g} meters +/- {sources.dispersion.range * 100:g}% in "
+        f"{sources.dispersion.steps} steps",
+        "  polarization effect disabled" if config.beam.no_polarization
+        else f"  Kahn polarization factor: {config.beam.kahn_polarization:f}",
+        f"  incident fluence: {setup.fluence:g} photons/m^2",
+        f"  distance={float(g.distance_m):g} detsize={g.detsize_f_m:g}x{g.detsize_s_m:g}  pixel={g.pixel_size_m:g} "
+        f"meters ({g.pixels_f}x{g.pixels_s} pixels)",
+        f"  sensor is {setup.sensor.thickness_m:g} m thick in {setup.sensor.layers} layers with mu= "
+        f"{setup.sensor.mu_per_m:g}",
+        f"  Xbeam={g.beam_x_m:g} Ybeam={g.beam_y_m:g}",
+        f"  Fbeam={g.fbeam_m:g} Sbeam={g.sbeam_m:g}",
+        f"  Xclose={g.close_x_m:g} Yclose={g.close_y_m:g}",
+        f"  Fclose={g.fclose_m:g} Sclose={g.sclose_m:g}",
+        "  DIRECTION_OF_DETECTOR_X-AXIS= " + " ".join(f"{float(v):g}" for v in g.fdet),
+        "  DIRECTION_OF_DETECTOR_Y-AXIS= " + " ".join(f"{float(v):g}" for v in g.sdet),
+        "  DIRECTION_OF_DETECTOR_Z-AXIS= " + " ".join(f"{float(v):g}" for v in g.odet),
+        "  INCIDENT_BEAM_DIRECTION= " + " ".join(f"{float(v):g}" for v in g.beam),
+        "  spindle ROTATION_AXIS= " + " ".join(f"{float(v):g}" for v in g.spindle),
+        "  dials origin= " + " ".join(f"{v:g}" for v in g.dials_origin_mm),
+        "  roi: {} < x < {} && {} < y < {}".format(*setup.roi),
+        f"  {sources.divergence_points} divergence steps",
+        f"  {sources.count} sources",
+        f"  {setup.mosaic.count} mosaic domains over mosaic spread of "
+        f"{float(setup.mosaic.spread_rad) * DEGREES_PER_RADIAN:g} degrees",
+        f"  {setup.phi.steps} phi steps from {setup.phi.start_rad * DEGREES_PER_RADIAN:g} to "
+        f"{(setup.phi.start_rad + setup.phi.osc_rad) * DEGREES_PER_RADIAN:g} degrees",
+        f"  {setup.oversample}x{setup.oversample} pixel oversample steps",
+        f"  {setup.steps} steps per pixel",
+    ]
+    return lines
+
+
+def _print_trace(renderer: Renderer, setup: Setup, fast: int, slow: int) -> None:
+    if not (0 <= fast < setup.geometry.pixels_f and 0 <= slow < setup.geometry.pixels_s):
+        raise NbsimError(f"-printout_pixel {fast} {slow} is outside the {setup.geometry.pixels_f}x"
+                         f"{setup.geometry.pixels_s} detector")
+    value, trace = renderer.trace(slow, fast)
+    print(f"{fast:4d} {slow:4d} :")
+    print("hkl= {:f} {:f} {:f}  hkl0= {:d} {:d} {:d}".format(*trace.hkl, *trace.hkl0))
+    print(f" F_cell={trace.f_cell:g}  F_latt={trace.f_latt:g}   I = {trace.intensity:g}")
+    print(f"I/steps {trace.intensity / setup.steps:15.10g}")
+    print(f"polar   {trace.polar:15.10g}")
+    print(f"omega   {trace.omega:15.10g}")
+    print(f"capfrac {trace.capture:15.10g}")
+    print(f"pixel   {float(value):15.10g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
