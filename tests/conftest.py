@@ -1,0 +1,80 @@
+"""Shared fixtures: where the nanoBragg reference outputs live, and how to read them."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(os.environ.get("NBSIM_GOLDEN", REPO_ROOT.parent / "shared" / "golden"))
+
+
+@dataclass
+class GoldenCase:
+    name: str
+    folder: Path
+    args: list[str]
+    shape: tuple[int, int]
+
+    def float_image(self) -> np.ndarray:
+        return np.fromfile(self.folder / "float.bin", dtype=np.float32).reshape(self.shape)
+
+    def int_image(self) -> np.ndarray:
+        return np.fromfile(self.folder / "int.img", dtype=np.uint16, offset=512).reshape(self.shape)
+
+    def header(self) -> dict[str, str]:
+        text = (self.folder / "int.img").read_bytes()[:512].decode("ascii", "replace").split("}")[0]
+        return dict(line.rstrip(";").split("=", 1) for line in text.splitlines() if "=" in line)
+
+    def log(self) -> str:
+        return (self.folder / "log.txt").read_text()
+
+
+def golden_case_names() -> list[str]:
+    if not GOLDEN.is_dir():
+        return []
+    return sorted(p.name for p in GOLDEN.iterdir() if (p / "meta.json").is_file())
+
+
+def load_case(name: str) -> GoldenCase:
+    meta = json.loads((GOLDEN / name / "meta.json").read_text())
+    return GoldenCase(name=name, folder=GOLDEN / name, args=meta["args"].split(),
+                      shape=tuple(meta["shape_slow_fast"]))
+
+
+requires_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"nanoBragg golden outputs not found at {GOLDEN} "
+                                                                   "(set NBSIM_GOLDEN to their folder)")
+
+# Cases that take more than a few seconds in eager mode on two cores.
+SLOW_CASES = {"mosaic_phi", "divergence_dispersion", "thickness", "source_file", "seed_bench_1024"}
+
+
+def case_params(names: list[str] | None = None):
+    """pytest params for golden cases, slow ones marked, or one skipped param when the folder is absent."""
+    names = golden_case_names() if names is None else names
+    if not names:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"nanoBragg golden outputs not found at {GOLDEN}"))]
+    return [pytest.param(n, id=n, marks=[pytest.mark.slow] if n in SLOW_CASES else []) for n in names]
+
+
+@pytest.fixture
+def in_golden_dir(monkeypatch):
+    """Run with the golden folder as working directory (case arguments name files relative to it)."""
+    monkeypatch.chdir(GOLDEN)
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1])
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    """A persistent Inductor cache for the session (shared across tests that compile)."""
+    folder = Path(os.environ.get("NBSIM_TEST_CACHE_DIR", tmp_path_factory.mktemp("inductor")))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
+    return folder
