@@ -17,6 +17,11 @@ import torch
 Scalar = float | torch.Tensor
 Vector3 = tuple[float, float, float]
 
+def scalar_value(value: Scalar) -> float:
+    """The plain float of a scalar that may be a tensor carrying gradients (for decisions, not maths)."""
+    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
 CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials", "custom")
 CRYSTAL_SHAPES = ("square", "round", "gauss", "tophat")
 PIVOTS = ("beam", "sample")

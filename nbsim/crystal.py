@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import CrystalConfig, Scalar
+from .config import CrystalConfig, Scalar, scalar_value
 from .errors import InputFileError, NbsimError
 from .random import Ran1, cap_rotation, matrix_to_misset_rad
 from .textfiles import parse_number, read_text
@@ -48,8 +48,8 @@ def _cell_parameters(vectors: torch.Tensor, dual: torch.Tensor, volume: torch.Te
     dual_lengths = norm(dual).detach()
     angles = []
     for i, (j, k) in enumerate(((1, 2), (0, 2), (0, 1))):
-        sin_angle = min(1.0, max(-1.0, float(dual_lengths[i] * volume / lengths[j] / lengths[k])))
-        cos_angle = float(dot(vectors[j], vectors[k]) / lengths[j] / lengths[k])
+        sin_angle = min(1.0, max(-1.0, scalar_value(dual_lengths[i] * volume / lengths[j] / lengths[k])))
+        cos_angle = scalar_value(dot(vectors[j], vectors[k]) / lengths[j] / lengths[k])
         cos_angle = 1.0 if cos_angle * cos_angle > 1.0 else cos_angle
         angles.append(math.degrees(math.atan2(sin_angle, cos_angle)))
     return (*[float(v) for v in lengths], *angles)
@@ -68,8 +68,8 @@ def reciprocal_from_cell(cell_A_deg: tuple[Scalar, ...]) -> tuple[torch.Tensor, 
     skew = torch.abs(torch.sin(half_sum) * torch.sin(half_sum - alpha) * torch.sin(half_sum - beta)
                      * torch.sin(half_sum - gamma))
     volume = 2.0 * a * b * c * torch.sqrt(skew)
-    if float(volume) <= 0.0:
-        raise NbsimError(f"impossible unit cell: volume {float(volume):g} A^3")
+    if scalar_value(volume) <= 0.0:
+        raise NbsimError(f"impossible unit cell: volume {scalar_value(volume):g} A^3")
     a_star = b * c * torch.sin(alpha) / volume
     b_star = c * a * torch.sin(beta) / volume
     c_star = a * b * torch.sin(gamma) / volume
@@ -102,7 +102,7 @@ def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) 
         raise NbsimError("no crystal: give -cell a b c alpha beta gamma or -mat with a MOSFLM matrix")
     reciprocal = cell_lengths = cell_volume = None
     if config.cell_A_deg is not None:
-        if float(_as_tensor(config.cell_A_deg[0])) <= 0:
+        if scalar_value(config.cell_A_deg[0]) <= 0:
             raise NbsimError("cell length a must be positive")
         reciprocal, cell_lengths, cell_volume = reciprocal_from_cell(config.cell_A_deg)
     if config.mosflm_matrix is not None:
@@ -218,7 +218,7 @@ class MosaicDomains:
 
     def matrices(self) -> torch.Tensor:
         """Rotation matrices (domains, 3, 3), differentiable in the spread."""
-        if float(self.spread_rad) <= 0.0:
+        if scalar_value(self.spread_rad) <= 0.0:
             return torch.eye(3, dtype=torch.float64).expand(self.count, 3, 3)
         mats = [torch.eye(3, dtype=torch.float64)]
         for axis, fraction in zip(self.axes[1:], self.angle_fractions[1:], strict=True):
@@ -235,7 +235,7 @@ def _axis_angle_tensor(axis: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
 def mosaic_domains(config: CrystalConfig, generator: Ran1) -> MosaicDomains:
     """Spread and domain count with nanoBragg's defaults, orientations drawn as the C draws them."""
     spread = radians(_as_tensor(-1.0 if config.mosaic_spread_deg is None else config.mosaic_spread_deg))
-    spread_value = float(spread)
+    spread_value = scalar_value(spread)
     count = -1 if config.mosaic_domains is None else config.mosaic_domains
     if count <= 0:
         count = 10 if spread_value > 0.0 else 1

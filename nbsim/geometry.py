@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import CONVENTIONS, DetectorConfig, Scalar
+from .config import CONVENTIONS, DetectorConfig, Scalar, scalar_value
 from .errors import NbsimError
 from .vectors import cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
 
@@ -134,13 +134,13 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
 
     beam, fdet, sdet, polar, spindle = (unit(v) for v in (beam, fdet, sdet, polar, spindle))
     odet_length = norm(odet)
-    odet = unit(cross(fdet, sdet)) if float(odet_length) != 1.0 else odet / odet_length
+    odet = unit(cross(fdet, sdet)) if scalar_value(odet_length) != 1.0 else odet / odet_length
     vertical = unit(cross(beam, polar))
 
     rotation = radians(torch.stack([_scalar(a) for a in config.rotation_deg]))
     twotheta = radians(_scalar(config.twotheta_deg))
     ratio = dot(beam, rotate_xyz(odet, rotation))
-    if float(ratio) == 0.0:
+    if scalar_value(ratio) == 0.0:
         ratio = torch.full_like(ratio, 2.2250738585072014e-308)
     distance = _scalar(config.distance_mm) / 1000.0
     close_distance = (torch.abs(ratio * distance) if config.close_distance_mm is None
@@ -160,13 +160,14 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
     close_distance = dot(pix0, odet)
     beam_hit = close_distance / ratio * beam - pix0
     distance = close_distance / ratio
-    dials_origin = (1000.0 * float(pix0[2]), 1000.0 * float(pix0[1]), -1000.0 * float(pix0[0]))
+    origin = pix0.detach()
+    dials_origin = (1000.0 * float(origin[2]), 1000.0 * float(origin[1]), -1000.0 * float(origin[0]))
     return DetectorGeometry(
         fdet=fdet, sdet=sdet, odet=odet, pix0_m=pix0, beam=beam, polar=polar, spindle=spindle,
         vertical=vertical, pixels_f=pixels_f, pixels_s=pixels_s, pixel_size_m=pixel,
         detsize_f_m=detsize_f, detsize_s_m=detsize_s, distance_m=distance, close_distance_m=close_distance,
         beam_x_m=beam_x, beam_y_m=beam_y, close_x_m=close_x, close_y_m=close_y,
-        fbeam_m=float(dot(fdet, beam_hit)), sbeam_m=float(dot(sdet, beam_hit)),
-        fclose_m=float(fclose_t), sclose_m=float(sclose_t),
-        orgx_px=float(fclose_t) / pixel + 0.5, orgy_px=float(sclose_t) / pixel + 0.5,
-        dials_origin_mm=dials_origin, twotheta_rad=float(twotheta), pivot=pivot, convention=convention)
+        fbeam_m=float(dot(fdet, beam_hit).detach()), sbeam_m=float(dot(sdet, beam_hit).detach()),
+        fclose_m=float(fclose_t.detach()), sclose_m=float(sclose_t.detach()),
+        orgx_px=float(fclose_t.detach()) / pixel + 0.5, orgy_px=float(sclose_t.detach()) / pixel + 0.5,
+        dials_origin_mm=dials_origin, twotheta_rad=float(twotheta.detach()), pivot=pivot, convention=convention)

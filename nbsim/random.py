@@ -55,19 +55,19 @@ class Ran1:
 def cap_rotation(generator: Ran1, idum: int, cap_rad: float) -> tuple[np.ndarray, float, np.ndarray, int]:
     """A random rotation within a spherical cap (nanoBragg's mosaic_rotation_umat).
 
-    Returns the unit rotation axis, the rotation angle divided by `cap_rad` (so that the angle can be
-    rebuilt from a differentiable spread), the 3×3 matrix, and the updated seed.
+    Returns the unit rotation axis, the fraction of the cap it turns by (so that a differentiable
+    spread can rebuild the angle as spread·fraction; the C rounds that product to single precision,
+    a 1e-7 relative difference), the 3×3 matrix, and the updated seed.
     """
     r1, idum = generator.draw(idum)
     r2, idum = generator.draw(idum)
     r3, idum = generator.draw(idum)
     r1, r2, r3 = 2.0 * r1 - 1.0, 2.0 * r2 - 1.0, 2.0 * r3 - 1.0
     xy_radius = math.sqrt(1.0 - r2 * r2)
-    cap32 = np.float32(cap_rad)
-    angle = float(cap32 * np.power(np.float32(1.0 - r3 * r3), np.float32(1.0 / 3.0)))
+    fraction = np.power(np.float32(1.0 - r3 * r3), np.float32(1.0 / 3.0))
+    angle = float(np.float32(cap_rad) * fraction)
     axis = np.array([xy_radius * math.sin(math.pi * r1), xy_radius * math.cos(math.pi * r1), r2])
-    fraction = angle / cap_rad if cap_rad != 0 else 0.0
-    return axis, fraction, axis_angle_matrix(axis, angle), idum
+    return axis, float(fraction), axis_angle_matrix(axis, angle), idum
 
 
 def axis_angle_matrix(axis: np.ndarray, angle_rad: float) -> np.ndarray:

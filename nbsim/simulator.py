@@ -13,7 +13,7 @@ import torch
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
-from .config import CRYSTAL_SHAPES, SimulationConfig
+from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
 from .geometry import DetectorGeometry, build_geometry
 from .exact import OrderedOptions, Trace, render_ordered
@@ -106,7 +106,7 @@ def resolve(config: SimulationConfig) -> Setup:
 
     crystal_size_m = max(float(length) * n for length, n in
                          zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
-    reciprocal_pixel_m = (float(config.beam.wavelength_A) / 1e10 * float(geometry.distance_m)
+    reciprocal_pixel_m = (scalar_value(config.beam.wavelength_A) / 1e10 * scalar_value(geometry.distance_m)
                           / geometry.pixel_size_m)
     # The ratio is often an exact integer in theory; a relative 1e-9 guard keeps rounding noise (which
     # differs between builds of the C, e.g. with FMA) from adding a whole extra sub-pixel.
@@ -138,7 +138,7 @@ def resolve(config: SimulationConfig) -> Setup:
 
 
 def _validate(config: SimulationConfig) -> None:
-    wavelength = float(config.beam.wavelength_A)
+    wavelength = scalar_value(config.beam.wavelength_A)
     if not wavelength > 0:
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
     if config.crystal.shape not in CRYSTAL_SHAPES:
