@@ -61,6 +61,25 @@ _flags((INT, INT, INT, INT), "-roi")
 _flags((INT, INT), "-printout_pixel")
 _flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile")
 _VARIABLE = ("-cell", "-misset")
+MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
+                    "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
+                    "-wavelength", "-energy", "-beamsize", "-exposure"}
+MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-mosaicity", "-mosaic_spread",
+                        "-mosaic_domains", "-mosaic_dom", "-phisteps", "-dispersion", "-dispsteps", "-divergence",
+                        "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
+                        "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
+                        "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
+                        "-osc", "-phistep"}
+CONFLICTS = (
+    {"-interpolate", "-nointerpolate"},
+    {"-square_xtal", "-round_xtal", "-gauss_xtal", "-tophat_spots", "-binary_spots"},
+    {"-round_div", "-square_div"},
+    {"-nonoise", "-noisefile", "-noiseimage"},
+    {"-nopgm", "-pgmfile", "-pgmimage", "-pgmscale"},
+    {"-nopolar", "-polar"},
+    {"-lambda", "-wave", "-wavelength", "-energy"},
+    {"-fluence", "-flux"},
+)
 NBSIM_ONLY = ("-device", "-dtype", "-compile")
 NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol", "-4stol", "-Q", "-stolout",
              "-dump", "-coherent", "-printout", "-noprogress", "-progress")
@@ -116,7 +135,18 @@ def validate(argv: list[str]) -> None:
             raise NbsimError(f"{flag} needs {len(kinds)} value(s), got {len(values)}")
         for kind, value in zip(kinds, values, strict=True):
             _check_value(flag, kind, value)
+        if kinds and kinds[0] in (NUM, INT):
+            number = float(values[0])
+            if flag in MUST_BE_POSITIVE and not number > 0:
+                raise NbsimError(f"{flag} must be positive (got {values[0]})")
+            if flag in MUST_NOT_BE_NEGATIVE and number < 0:
+                raise NbsimError(f"{flag} must not be negative (got {values[0]})")
         i += 1 + len(kinds)
+    flags = {a for a in argv if a in FLAGS or a in _VARIABLE}
+    for group in CONFLICTS:
+        clash = sorted(group & flags)
+        if len(clash) > 1:
+            raise NbsimError(f"conflicting options {' and '.join(clash)}: give only one")
 
 
 def _check_value(flag: str, kind: str, value: str) -> None:
@@ -210,6 +240,10 @@ def _vector(name: str):
         state["convention"] = "custom"
         state["vectors"][name] = tuple(c_atof(a) for a in args[:3])
     return action
+
+
+def _energy_to_wavelength(energy_eV: float) -> float:
+    return 12398.42 / energy_eV if energy_eV != 0 else math.inf
 
 
 def _cell(state: CState, args: list[str]) -> None:
@@ -336,7 +370,7 @@ RULES: list[Rule] = [
     (_sub("-oversample"), 1, _set("oversample", c_atoi), False),
     (_sub("-roi"), 4, _roi, False),
     (_any("-lambda", "-wave"), 1, _set("lambda_A"), False),
-    (_sub("-energy"), 1, lambda s, a: s.__setitem__("lambda_A", 12398.42 / c_atof(a[0])), False),
+    (_sub("-energy"), 1, lambda s, a: s.__setitem__("lambda_A", _energy_to_wavelength(c_atof(a[0]))), False),
     (_sub("-fluence"), 1, _set("fluence"), False),
     (_sub("-flux"), 1, _set("flux"), False),
     (_sub("-exposure"), 1, _set("exposure"), False),

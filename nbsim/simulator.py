@@ -139,7 +139,7 @@ def resolve(config: SimulationConfig) -> Setup:
 
 def _validate(config: SimulationConfig) -> None:
     wavelength = scalar_value(config.beam.wavelength_A)
-    if not wavelength > 0:
+    if not (wavelength > 0 and math.isfinite(wavelength)):
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
     if config.crystal.shape not in CRYSTAL_SHAPES:
         raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")

@@ -1,0 +1,137 @@
+"""Bad input: a one-line error naming the problem, exit status 2, no traceback, no output files."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from nbsim.cli import main
+
+GOOD = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 2 -distance 100 -detpixels 8 -compile off".split()
+SMALL_HKL = "0 0 0 10\n1 0 0 20\n0 1 0 30\n"
+
+
+def _write(folder: Path, name: str, text: str | bytes) -> str:
+    path = folder / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def _smv(folder: Path, name: str, width: int, height: int) -> str:
+    header = f"{{\nHEADER_BYTES=512;\nDIM=2;\nBYTE_ORDER=little_endian;\nTYPE=unsigned_short;\nSIZE1={width};\n" \
+             f"SIZE2={height};\nPIXEL_SIZE=0.1;\n}}\f"
+    payload = header.encode().ljust(512, b" ") + struct.pack(f"<{width * height}H", *([1] * (width * height)))
+    return _write(folder, name, payload)
+
+
+def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
+    """name → (arguments, text the message must contain)."""
+    def hkl(name: str, text: str) -> str:
+        return _write(folder, f"{name}.hkl", text)
+
+    without_lambda = [a for a in GOOD if a not in ("-lambda", "6.2")]
+    cases = {
+        "unknown flag": (GOOD + ["-bogus"], "unknown option '-bogus'"),
+        "stray value": (GOOD + ["42"], "unknown option '42'"),
+        "missing value": (GOOD + ["-distance"], "-distance needs 1 value"),
+        "non-numeric value": (GOOD + ["-distance", "far"], "-distance expects a number"),
+        "non-integer count": (GOOD + ["-detpixels", "10.5"], "-detpixels expects an integer"),
+        "zero pixels": (GOOD + ["-detpixels", "0"], "-detpixels must be positive"),
+        "negative pixel size": (GOOD + ["-pixel", "-0.1"], "-pixel must be positive"),
+        "zero wavelength": (GOOD + ["-lambda", "0"], "-lambda must be positive"),
+        "negative wavelength": (without_lambda + ["-lambda", "-1"], "-lambda must be positive"),
+        "two wavelengths": (GOOD + ["-energy", "12000"], "conflicting options -energy and -lambda"),
+        "zero energy": (without_lambda + ["-energy", "0"], "-energy must be positive"),
+        "negative mosaic": (GOOD + ["-mosaic", "-1"], "-mosaic must not be negative"),
+        "conflicting interpolation": (GOOD + ["-interpolate", "-nointerpolate"], "conflicting options"),
+        "conflicting shapes": (GOOD + ["-round_xtal", "-gauss_xtal"], "conflicting options"),
+        "bad dtype": (GOOD + ["-dtype", "float16"], "-dtype expects one of float32, float64"),
+        "bad pivot": (GOOD + ["-pivot", "sideways"], "-pivot expects one of beam, sample"),
+        "misset with two angles": (GOOD + ["-misset", "10", "20"], "-misset needs 3 value"),
+        "cell not numeric": (["-cell", "big"] + GOOD[3:], "-cell needs numbers"),
+        "no crystal": (GOOD[:2] + GOOD[9:], "no crystal"),
+        "no structure factors": (GOOD[2:], "no structure factors"),
+        "roi outside detector": (GOOD + ["-roi", "50", "60", "50", "60"], "region of interest"),
+        "missing hkl file": (GOOD + ["-hkl", str(folder / "absent.hkl")], "absent.hkl: no such file"),
+        "hkl with three columns": (GOOD + ["-hkl", hkl("three", SMALL_HKL + "1 1 1\n")], "three.hkl:4: expected 4 numbers"),
+        "hkl non-integer index": (GOOD + ["-hkl", hkl("fraction", SMALL_HKL + "1.5 0 0 3\n")], "fraction.hkl:4: Miller indices"),
+        "hkl non-numeric F": (GOOD + ["-hkl", hkl("text", "1 2 3 abc\n")], "text.hkl:1: 'abc' is not a number"),
+        "hkl empty": (GOOD + ["-hkl", hkl("empty", "\n\n")], "no reflections"),
+        "hkl truncated": (GOOD + ["-hkl", hkl("truncated", SMALL_HKL + "2 0")], "truncated.hkl:4: expected 4 numbers"),
+        "missing matrix": (GOOD + ["-mat", str(folder / "absent.mat")], "absent.mat: no such file"),
+        "matrix too short": (GOOD + ["-mat", _write(folder, "short.mat", "1 0 0\n0 1 0\n")], "needs 9 numbers"),
+        "matrix not numeric": (GOOD + ["-mat", _write(folder, "text.mat", "a b c\n0 1 0\n0 0 1\n")],
+                               "text.mat:1: 'a' is not a number"),
+        "singular matrix": (GOOD + ["-mat", _write(folder, "zero.mat", "0 0 0\n0 0 0\n0 0 0\n")], "singular"),
+        "missing source file": (GOOD + ["-sourcefile", str(folder / "absent.txt")], "absent.txt: no such file"),
+        "source file not numeric": (GOOD + ["-sourcefile", _write(folder, "src.txt", "-10 0 0 1 1e-10\nsun\n")],
+                                    "src.txt:2: 'sun' is not a number"),
+        "source file too many columns": (GOOD + ["-sourcefile", _write(folder, "six.txt", "1 2 3 4 5 6\n")],
+                                         "six.txt:1: expected 1 to 5 numbers"),
+        "mask of the wrong size": (GOOD + ["-mask", _smv(folder, "mask.img", 4, 4), "-detpixels", "8"],
+                                   "mask is 4x4 pixels but the detector is 8x8"),
+        "mask not SMV": (GOOD + ["-mask", _write(folder, "mask.txt", "hello")], "not an SMV"),
+        "output folder missing": (GOOD + ["-floatfile", str(folder / "nowhere" / "f.bin")], "does not exist"),
+    }
+    if not torch.cuda.is_available():
+        cases["cuda without a GPU"] = (GOOD + ["-device", "cuda"], "CUDA is not available")
+    return cases
+
+
+CASE_NAMES = sorted(_cases(Path(tempfile.mkdtemp(prefix="nbsim-case-names-"))).keys())
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_bad_input_gives_one_line_error(name, tmp_path, capsys, monkeypatch):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    arguments, expected = _cases(inputs)[name]
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    status = main(arguments)
+    captured = capsys.readouterr()
+    assert status == 2
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("nbsim: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in captured.err + captured.out
+    assert list(work.iterdir()) == [], "no output may be written when the input is bad"
+
+
+def test_catalogue_is_large_enough():
+    assert len(CASE_NAMES) >= 25
+
+
+def _run_cli(*arguments: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nbsim.cli", *arguments], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_installed_command_reports_one_line(tmp_path):
+    result = _run_cli(*GOOD, "-bogus", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["nbsim: error: unknown option '-bogus'; see nbsim -h"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = _run_cli(*GOOD, "-hkl", "absent.hkl", cwd=tmp_path, env={"NBSIM_DEBUG": "1"})
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr
+
+
+def test_good_input_writes_every_default_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(GOOD + ["-seed", "5"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["floatimage.bin", "image.pgm", "intimage.img",
+                                                           "noiseimage.img"]
+    assert "max_I =" in capsys.readouterr().out
