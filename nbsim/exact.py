@@ -68,22 +68,25 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
     """Pixel values (R, C) evaluated in nanoBragg's loop order, and the trace of pixel (0, 0)."""
     scale, background = t.scalars[3], t.scalars[4]
     f = pixel_frame(rows, cols, t, options)
-    n_sub, n_src = f.sx.shape[2], f.sx.shape[3]
+    n_sub, n_src = f.cos2theta.shape[2], f.cos2theta.shape[3]
     layer_of = torch.div(torch.arange(n_sub, device=rows.device), options.first_layer_substeps,
-                         rounding_mode="floor").to(f.dx.dtype)
-    omega_each = solid_angle(f.airpath, t, options)
-    capture_each = (capture_fraction(f.dx, f.dy, f.dz, layer_of, t) if options.use_sensor
+                         rounding_mode="floor").to(f.x.dtype)
+    omega_each = solid_angle(f.inverse_path, t, options)
+    capture_each = (capture_fraction(f, layer_of, t, options) if options.use_sensor
                     else torch.ones_like(omega_each))
-    polar_each = _polarization_each(f, t, options)
+    polar_each = (torch.ones_like(f.cos2theta) if options.polarization == "none"
+                  else polarization_factor(f, t, options))
     running = torch.full_like(omega_each[:, :, 0], float(background))
     interpolating = ordered.interpolation_switch
     last = None
     for k in range(n_sub):
         for s in range(n_src):
             block = _block(f, k, s)
-            terms = step_terms(block, t, grid_shape, options)
+            source = t._replace(incident=t.incident[s:s + 1], inv_wavelength=t.inv_wavelength[s:s + 1])
+            terms = step_terms(block, source, grid_shape, options)
             if k == 0 and s == 0 and ordered.first_evaluation_cells is not None:
-                terms = _with_first_evaluation(terms, block, t, grid_shape, options, ordered.first_evaluation_cells)
+                terms = _with_first_evaluation(terms, block, source, grid_shape, options,
+                                               ordered.first_evaluation_cells)
             mask = evaluated(terms, block, t)[:, :, 0, 0, :]
             f_cell = terms.f_cell[:, :, 0, 0, :]
             if interpolating:
@@ -110,10 +113,11 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
 
 
 def _block(f: PixelFrame, k: int, s: int) -> PixelFrame:
-    valid = f.valid[:, :, k:k + 1, s:s + 1] if f.valid is not None else None
-    return PixelFrame(f.dx[:, :, k:k + 1], f.dy[:, :, k:k + 1], f.dz[:, :, k:k + 1], f.airpath[:, :, k:k + 1],
-                      f.sx[:, :, k:k + 1, s:s + 1], f.sy[:, :, k:k + 1, s:s + 1], f.sz[:, :, k:k + 1, s:s + 1],
-                      valid)
+    """The frame restricted to sub-step k and source s."""
+    return f._replace(x=f.x[:, :, k:k + 1], y=f.y[:, :, k:k + 1], z=f.z[:, :, k:k + 1],
+                      inverse_path=f.inverse_path[:, :, k:k + 1], origins=f.origins[k:k + 1],
+                      cos2theta=f.cos2theta[:, :, k:k + 1, s:s + 1],
+                      valid=f.valid[:, :, k:k + 1, s:s + 1] if f.valid is not None else None)
 
 
 def _accumulate(running: torch.Tensor, term: torch.Tensor, mask: torch.Tensor, factor: torch.Tensor):
@@ -152,14 +156,6 @@ def _switching_lookup(terms: StepTerms, mask: torch.Tensor, t: KernelTensors,
     first = torch.where(outside, position, outside.shape[-1]).amin(-1, keepdim=True)
     f_cell = torch.where(position < first, interpolated, torch.where(position == first, default_F, nearest))
     return f_cell, False
-
-
-def _polarization_each(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
-    if options.polarization == "none":
-        return torch.ones_like(f.sx)
-    ix, iy, iz = (t.incident[:, j].view(1, 1, 1, -1) for j in range(3))
-    return polarization_factor(f.dx.unsqueeze(-1), f.dy.unsqueeze(-1), f.dz.unsqueeze(-1), ix, iy, iz,
-                               t.frame[5], t.scalars[5])
 
 
 def _last_layer_capture(capture_each: torch.Tensor, options: KernelOptions) -> torch.Tensor:

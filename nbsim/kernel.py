@@ -1,9 +1,15 @@
 """The per-pixel physics as one pure tensor function, written so that torch.compile fuses it.
 
 Every quantity is an explicit per-component expression broadcast over
-(rows, cols, sub-pixels×layers, sources, crystal orientations); the sum over the last three axes is
-the final reduction, so Inductor emits one loop nest and never materialises the step product.
-The same function runs eagerly (the `-compile off` path) on small tiles.
+(rows, cols, sub-steps, sources, crystal orientations) — sub-steps are sub-pixels × sensor layers,
+orientations are phi steps × mosaic domains — and the sum over the last three axes is the final
+reduction, so Inductor emits one loop nest and never materialises the step product. The same
+function runs eagerly (the `-compile off` path) on small tiles.
+
+On a flat detector a pixel position is p = P_k + F·f̂ + S·ŝ (P_k: sub-step origin, F/S: pixel
+offsets), so any projection v·p is linear in F and S: a·d, i·d, ô·d come from a few per-orientation
+constants instead of a 3-vector per step. That keeps the per-step work to a handful of fused
+multiply-adds.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class KernelOptions:
     lookup: str = "default"  # "default" (no grid), "nearest" or "interpolate"
     point_pixel: bool = False
     curved: bool = False
-    polarization: str = "kahn"  # "none" or "kahn"
+    polarization: str = "kahn"  # "none" (-nopolar), "unpolarized" (K = 0) or "kahn"
     use_dmin: bool = False
     sensor_layers: int = 1
     use_sensor: bool = False
@@ -37,12 +43,40 @@ class KernelOptions:
     square_axes: tuple[bool, bool, bool] = (True, True, True)
 
 
-def _sincg(fraction: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """sin(Nπh)/sin(πh) from the fractional index h − h0 (exact at integers, accurate in float32)."""
-    x = math.pi * fraction
+# Taylor coefficients of sin(πx)/x in powers of x². On |x| ≤ ½ the truncation error after n terms is
+# about (π/2)^(2n+1)/(2n+1)!: 6 terms give 6e-8 (float32), 10 terms 4e-17 (float64). A polynomial on
+# a reduced argument is far cheaper than a general sin and needs no range reduction of its own.
+_SIN_PI_COEFFICIENTS = tuple((-1) ** j * math.pi ** (2 * j + 1) / math.factorial(2 * j + 1) for j in range(10))
+
+
+def sin_pi(x: torch.Tensor) -> torch.Tensor:
+    """sin(πx) for |x| ≤ ½, by Horner's rule in x² (as many terms as the dtype can use)."""
+    coefficients = _SIN_PI_COEFFICIENTS[:6] if x.dtype in (torch.float32, torch.float16, torch.bfloat16) \
+        else _SIN_PI_COEFFICIENTS
+    x2 = x * x
+    total = torch.full_like(x, coefficients[-1])
+    for coefficient in reversed(coefficients[:-1]):
+        total = total * x2 + coefficient
+    return total * x
+
+
+def _sincg_parts(fraction: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerator and denominator of |sin(Nπh)/sin(πh)| from the fractional index δ = h − h0.
+
+    With integer h0 the ratio is ±sin(Nπδ)/sin(πδ); intensities use its square, so the sign is
+    dropped. Nδ is reduced again to its nearest integer, so both sines are evaluated on |x| ≤ ½:
+    exact at the nodes (N/1) and accurate in float32 where sin(πh) of a large h would not be.
+    """
+    scaled = n * fraction
     at_node = fraction == 0
-    denominator = torch.where(at_node, torch.ones_like(x), torch.sin(x))
-    return torch.where(at_node, n * torch.ones_like(x), torch.sin(n * x) / denominator)
+    numerator = torch.where(at_node, n * torch.ones_like(fraction), sin_pi(scaled - torch.round(scaled)))
+    denominator = torch.where(at_node, torch.ones_like(fraction), sin_pi(fraction))
+    return numerator, denominator
+
+
+def _sincg(fraction: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    numerator, denominator = _sincg_parts(fraction, n)
+    return numerator / denominator
 
 
 def _sinc3(x: torch.Tensor) -> torch.Tensor:
@@ -90,11 +124,12 @@ def lattice_factor(dh: torch.Tensor, dk: torch.Tensor, dl: torch.Tensor, n_cells
     """F_latt from the distance (dh, dk, dl) to the nearest node, for the crystal shape in options."""
     na, nb, nc = n_cells[0], n_cells[1], n_cells[2]
     if options.shape == "square":
-        factor = torch.ones_like(dh)
+        numerator, denominator = torch.ones_like(dh), torch.ones_like(dh)
         for use, fraction, n in zip(options.square_axes, (dh, dk, dl), (na, nb, nc), strict=True):
             if use:
-                factor = factor * _sincg(fraction, n)
-        return factor
+                top, bottom = _sincg_parts(fraction, n)
+                numerator, denominator = numerator * top, denominator * bottom
+        return numerator / denominator
     volume = na * nb * nc
     if options.shape == "round":
         hrad_sqr = dh * dh * na * na + dk * dk * nb * nb + dl * dl * nc * nc
@@ -106,66 +141,6 @@ def lattice_factor(dh: torch.Tensor, dk: torch.Tensor, dl: torch.Tensor, n_cells
     if options.shape == "gauss":
         return volume * torch.exp(-(rad_star_sqr / GAUSS_WIDTH * fudge))
     return volume * (rad_star_sqr * fudge < TOPHAT_RADIUS_SQR).to(dh.dtype)
-
-
-def _rotate_components(x, y, z, axis: torch.Tensor, angle: torch.Tensor):
-    """Component-wise Rodrigues rotation (used by the curved detector)."""
-    cos_a, sin_a = torch.cos(angle), torch.sin(angle)
-    along = (axis[0] * x + axis[1] * y + axis[2] * z) * (1.0 - cos_a)
-    return (axis[0] * along + x * cos_a + (axis[1] * z - axis[2] * y) * sin_a,
-            axis[1] * along + y * cos_a + (axis[2] * x - axis[0] * z) * sin_a,
-            axis[2] * along + z * cos_a + (axis[0] * y - axis[1] * x) * sin_a)
-
-
-def diffracted_directions(rows: torch.Tensor, cols: torch.Tensor, frame: torch.Tensor, offsets: torch.Tensor,
-                          pixel_size: torch.Tensor, distance: torch.Tensor, options: KernelOptions):
-    """Unit diffracted vectors and path lengths for every (row, col, sub-step), each (R, C, K).
-
-    frame rows: pix0, fdet, sdet, odet, beam (metres, unit vectors); offsets rows: fast and slow
-    sub-pixel offsets and layer depth (metres) for each of the K sub-steps.
-    """
-    pix0, fdet, sdet, odet, beam = frame[0], frame[1], frame[2], frame[3], frame[4]
-    f_pos = cols.view(1, -1, 1) * pixel_size + offsets[0].view(1, 1, -1)
-    s_pos = rows.view(-1, 1, 1) * pixel_size + offsets[1].view(1, 1, -1)
-    depth = offsets[2].view(1, 1, -1)
-    x = pix0[0] + f_pos * fdet[0] + s_pos * sdet[0] + depth * odet[0]
-    y = pix0[1] + f_pos * fdet[1] + s_pos * sdet[1] + depth * odet[1]
-    z = pix0[2] + f_pos * fdet[2] + s_pos * sdet[2] + depth * odet[2]
-    if options.curved:
-        bx, by, bz = distance * beam[0], distance * beam[1], distance * beam[2]
-        bx, by, bz = _rotate_components(bx, by, bz, sdet, y / distance)
-        x, y, z = _rotate_components(bx, by, bz, fdet, z / distance)
-    airpath = torch.sqrt(x * x + y * y + z * z)
-    return x / airpath, y / airpath, z / airpath, airpath
-
-
-def polarization_factor(dx, dy, dz, ix, iy, iz, axis: torch.Tensor, kahn: torch.Tensor) -> torch.Tensor:
-    """Kahn polarization factor ½(1 + cos²2θ − K·cos2ψ·sin²2θ) for incident i and diffracted d.
-
-    ψ is the angle of d projected on the plane of E = i × (axis × i) and B = axis × i; cos 2ψ is
-    taken from those projections directly, and a degenerate frame gives ψ = 0 as in nanoBragg.
-    """
-    cos2theta = ix * dx + iy * dy + iz * dz
-    cos2theta_sqr = cos2theta * cos2theta
-    bx = axis[1] * iz - axis[2] * iy
-    by = axis[2] * ix - axis[0] * iz
-    bz = axis[0] * iy - axis[1] * ix
-    ex = iy * bz - iz * by
-    ey = iz * bx - ix * bz
-    ez = ix * by - iy * bx
-    b_out = _safe_ratio(dx * bx + dy * by + dz * bz, torch.sqrt(bx * bx + by * by + bz * bz))
-    e_out = _safe_ratio(dx * ex + dy * ey + dz * ez, torch.sqrt(ex * ex + ey * ey + ez * ez))
-    radius_sqr = e_out * e_out + b_out * b_out
-    cos2psi = torch.where(radius_sqr > 0, _safe_ratio(e_out * e_out - b_out * b_out, radius_sqr),
-                          torch.ones_like(radius_sqr))
-    return 0.5 * (1.0 + cos2theta_sqr - kahn * cos2psi * (1.0 - cos2theta_sqr))
-
-
-def _safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-    """numerator/denominator, and 0 where the denominator is 0 (gradient-safe)."""
-    nonzero = denominator != 0
-    return torch.where(nonzero, numerator / torch.where(nonzero, denominator, torch.ones_like(denominator)),
-                       torch.zeros_like(numerator))
 
 
 class KernelTensors(NamedTuple):
@@ -190,57 +165,129 @@ class KernelTensors(NamedTuple):
 
 
 class PixelFrame(NamedTuple):
-    """Per (pixel, sub-step) directions and per (pixel, sub-step, source) scattering vectors."""
+    """Per (pixel, sub-step) positions, and what projecting onto them needs.
 
-    dx: torch.Tensor
-    dy: torch.Tensor
-    dz: torch.Tensor
-    airpath: torch.Tensor
-    sx: torch.Tensor
-    sy: torch.Tensor
-    sz: torch.Tensor
+    x, y, z and inverse_path are (R, C, K); fast/slow are the pixel offsets (1, C, 1) and (R, 1, 1);
+    origins are the sub-step origins P_k (K, 3); cos2theta and valid are (R, C, K, S).
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    z: torch.Tensor
+    inverse_path: torch.Tensor
+    fast: torch.Tensor
+    slow: torch.Tensor
+    origins: torch.Tensor
+    cos2theta: torch.Tensor | None
     valid: torch.Tensor | None
 
 
+def _rotate_components(x, y, z, axis: torch.Tensor, angle: torch.Tensor):
+    """Component-wise Rodrigues rotation (used by the curved detector)."""
+    cos_a, sin_a = torch.cos(angle), torch.sin(angle)
+    along = (axis[0] * x + axis[1] * y + axis[2] * z) * (1.0 - cos_a)
+    return (axis[0] * along + x * cos_a + (axis[1] * z - axis[2] * y) * sin_a,
+            axis[1] * along + y * cos_a + (axis[2] * x - axis[0] * z) * sin_a,
+            axis[2] * along + z * cos_a + (axis[0] * y - axis[1] * x) * sin_a)
+
+
+def project(f: PixelFrame, vectors: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
+    """v·p for every (pixel, sub-step) and each of the V vectors (V, 3): shape (R, C, K, V)."""
+    if options.curved:
+        return (f.x.unsqueeze(-1) * vectors[:, 0] + f.y.unsqueeze(-1) * vectors[:, 1]
+                + f.z.unsqueeze(-1) * vectors[:, 2])
+    fdet, sdet = t.frame[1], t.frame[2]
+    along_origin = (f.origins.unsqueeze(1) * vectors.unsqueeze(0)).sum(-1)
+    along_fast = vectors[:, 0] * fdet[0] + vectors[:, 1] * fdet[1] + vectors[:, 2] * fdet[2]
+    along_slow = vectors[:, 0] * sdet[0] + vectors[:, 1] * sdet[1] + vectors[:, 2] * sdet[2]
+    return along_origin + f.fast.unsqueeze(-1) * along_fast + f.slow.unsqueeze(-1) * along_slow
+
+
 def pixel_frame(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, options: KernelOptions) -> PixelFrame:
-    """Diffracted directions (R, C, K) and scattering vectors S = (d − i)/λ in Å⁻¹ (R, C, K, S)."""
+    """Positions of every (pixel, sub-step), 1/|p|, and cos 2θ for every source."""
     pixel_size, distance, dmin = t.scalars[0], t.scalars[1], t.scalars[7]
-    dx, dy, dz, airpath = diffracted_directions(rows, cols, t.frame, t.offsets, pixel_size, distance, options)
-    ix, iy, iz = (t.incident[:, j].view(1, 1, 1, -1) for j in range(3))
-    inv_lam = t.inv_wavelength.view(1, 1, 1, -1)
-    sx = (dx.unsqueeze(-1) - ix) * inv_lam
-    sy = (dy.unsqueeze(-1) - iy) * inv_lam
-    sz = (dz.unsqueeze(-1) - iz) * inv_lam
-    valid = _dmin_valid(sx, sy, sz, dmin) if options.use_dmin else None
-    return PixelFrame(dx, dy, dz, airpath, sx, sy, sz, valid)
+    pix0, fdet, sdet, odet, beam = t.frame[0], t.frame[1], t.frame[2], t.frame[3], t.frame[4]
+    origins = (pix0 + t.offsets[0].unsqueeze(-1) * fdet + t.offsets[1].unsqueeze(-1) * sdet
+               + t.offsets[2].unsqueeze(-1) * odet)
+    fast = (cols * pixel_size).view(1, -1, 1)
+    slow = (rows * pixel_size).view(-1, 1, 1)
+    x = origins[:, 0] + fast * fdet[0] + slow * sdet[0]
+    y = origins[:, 1] + fast * fdet[1] + slow * sdet[1]
+    z = origins[:, 2] + fast * fdet[2] + slow * sdet[2]
+    if options.curved:
+        bx, by, bz = distance * beam[0], distance * beam[1], distance * beam[2]
+        bx, by, bz = _rotate_components(bx, by, bz, sdet, y / distance)
+        x, y, z = _rotate_components(bx, by, bz, fdet, z / distance)
+    inverse_path = torch.rsqrt(x * x + y * y + z * z)
+    frame = PixelFrame(x, y, z, inverse_path, fast, slow, origins, cos2theta=None, valid=None)
+    cos2theta = project(frame, t.incident, t, options) * inverse_path.unsqueeze(-1)
+    valid = _dmin_valid(cos2theta, t.inv_wavelength, dmin) if options.use_dmin else None
+    return frame._replace(cos2theta=cos2theta, valid=valid)
 
 
-def solid_angle(airpath: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
-    """Pixel solid angle ω = pixel²/R²·close/R (or 1/R² for -point_pixel)."""
+def solid_angle(inverse_path: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
+    """Pixel solid angle ω = pixel²/R²·close/R (or 1/R² for -point_pixel), from 1/R."""
     pixel_size, close_distance = t.scalars[0], t.scalars[2]
+    inverse_sqr = inverse_path * inverse_path
     if options.point_pixel:
-        return 1.0 / (airpath * airpath)
-    return pixel_size * pixel_size / (airpath * airpath) * close_distance / airpath
+        return inverse_sqr
+    return pixel_size * pixel_size * close_distance * inverse_sqr * inverse_path
 
 
-def capture_fraction(dx, dy, dz, layer: torch.Tensor | float, t: KernelTensors) -> torch.Tensor:
-    """Fraction of photons absorbed in sensor layer `layer` along direction d."""
-    odet, mu_step = t.frame[3], t.scalars[6]
-    parallax = dx * odet[0] + dy * odet[1] + dz * odet[2]
+def capture_fraction(f: PixelFrame, layer: torch.Tensor | float, t: KernelTensors,
+                     options: KernelOptions) -> torch.Tensor:
+    """Fraction of photons absorbed in sensor layer `layer`, for every (pixel, sub-step): (R, C, K)."""
+    mu_step = t.scalars[6]
+    parallax = project(f, t.frame[3:4], t, options)[..., 0] * f.inverse_path
     return torch.exp(-layer * mu_step / parallax) - torch.exp(-(layer + 1.0) * mu_step / parallax)
+
+
+def polarization_frames(t: KernelTensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per source, unit B = axis × i and E = i × B (zero when the axis is along the beam)."""
+    axis = t.frame[5].expand_as(t.incident)
+    b = torch.linalg.cross(axis, t.incident, dim=-1)
+    b = b * _safe_ratio(torch.ones_like(b[:, :1]), torch.sqrt((b * b).sum(-1, keepdim=True)))
+    e = torch.linalg.cross(t.incident, b, dim=-1)
+    e = e * _safe_ratio(torch.ones_like(e[:, :1]), torch.sqrt((e * e).sum(-1, keepdim=True)))
+    return e, b
+
+
+def polarization_factor(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
+    """Kahn factor ½(1 + cos²2θ − K·cos2ψ·sin²2θ) for every (pixel, sub-step, source): (R, C, K, S).
+
+    ψ is the angle of d in the plane of E and B; cos 2ψ = (E² − B²)/(E² + B²) from the projections of
+    d, and 1 where both vanish (nanoBragg's atan2(0, 0) = 0). "unpolarized" (K = 0) skips that term.
+    """
+    cos2theta_sqr = f.cos2theta * f.cos2theta
+    if options.polarization == "unpolarized":
+        return 0.5 * (1.0 + cos2theta_sqr)
+    e_vectors, b_vectors = polarization_frames(t)
+    inverse_path = f.inverse_path.unsqueeze(-1)
+    e_out = project(f, e_vectors, t, options) * inverse_path
+    b_out = project(f, b_vectors, t, options) * inverse_path
+    radius_sqr = e_out * e_out + b_out * b_out
+    cos2psi = torch.where(radius_sqr > 0, _safe_ratio(e_out * e_out - b_out * b_out, radius_sqr),
+                          torch.ones_like(radius_sqr))
+    return 0.5 * (1.0 + cos2theta_sqr - t.scalars[5] * cos2psi * (1.0 - cos2theta_sqr))
+
+
+def _safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """numerator/denominator, and 0 where the denominator is 0 (gradient-safe)."""
+    nonzero = denominator != 0
+    return torch.where(nonzero, numerator / torch.where(nonzero, denominator, torch.ones_like(denominator)),
+                       torch.zeros_like(numerator))
 
 
 def pixel_polarization(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     """Polarization factor of the first evaluated (sub-step, source) of each pixel, (R, C)."""
-    kahn = t.scalars[5]
     if options.polarization == "none":
-        return torch.ones_like(f.dx[:, :, 0])
+        return torch.ones_like(f.inverse_path[:, :, 0])
     if f.valid is None:
-        return polarization_factor(f.dx[:, :, 0], f.dy[:, :, 0], f.dz[:, :, 0], t.incident[0, 0],
-                                   t.incident[0, 1], t.incident[0, 2], t.frame[5], kahn)
-    ix, iy, iz = (t.incident[:, j].view(1, 1, 1, -1) for j in range(3))
-    polar_all = polarization_factor(f.dx.unsqueeze(-1), f.dy.unsqueeze(-1), f.dz.unsqueeze(-1), ix, iy, iz,
-                                    t.frame[5], kahn)
+        first = f._replace(x=f.x[:, :, :1], y=f.y[:, :, :1], z=f.z[:, :, :1],
+                           inverse_path=f.inverse_path[:, :, :1], origins=f.origins[:1],
+                           cos2theta=f.cos2theta[:, :, :1, :1])
+        return polarization_factor(first, t._replace(incident=t.incident[:1]), options)[:, :, 0, 0]
+    polar_all = polarization_factor(f, t, options)
     n_sub, n_src = f.valid.shape[2], f.valid.shape[3]
     order = torch.arange(n_sub * n_src, device=f.valid.device).view(1, 1, n_sub, n_src)
     first = torch.where(f.valid, order, n_sub * n_src).amin(dim=(2, 3), keepdim=True)
@@ -260,15 +307,23 @@ class StepTerms(NamedTuple):
     f_cell: torch.Tensor
 
 
+def miller_indices(f: PixelFrame, t: KernelTensors, options: KernelOptions):
+    """h = a·(d − i)/λ, with a·d = (a·p)/|p| from the linear projection: three (R, C, K, S, O) tensors."""
+    scale = (f.inverse_path.unsqueeze(-1) * t.inv_wavelength).unsqueeze(-1)
+    indices = []
+    for v in range(3):
+        axis = t.cells[:, v, :]
+        along_pixel = project(f, axis, t, options).unsqueeze(3)
+        along_beam = (t.incident @ axis.T) * t.inv_wavelength.unsqueeze(-1)
+        indices.append(along_pixel * scale - along_beam)
+    return indices
+
+
 def step_terms(f: PixelFrame, t: KernelTensors, grid_shape: tuple[int, int, int], options: KernelOptions,
                lookup: str | None = None) -> StepTerms:
-    """Miller indices as explicit component products, lattice factor and structure factor per step."""
+    """Miller indices, lattice factor and structure factor for every step."""
     default_F, fudge = t.scalars[8], t.scalars[9]
-    sx, sy, sz = f.sx.unsqueeze(-1), f.sy.unsqueeze(-1), f.sz.unsqueeze(-1)
-    a, b, c = (t.cells[:, v, :] for v in range(3))
-    h = sx * a[:, 0] + sy * a[:, 1] + sz * a[:, 2]
-    k = sx * b[:, 0] + sy * b[:, 1] + sz * b[:, 2]
-    l = sx * c[:, 0] + sy * c[:, 1] + sz * c[:, 2]
+    h, k, l = miller_indices(f, t, options)
     h0, k0, l0 = torch.ceil(h - 0.5), torch.ceil(k - 0.5), torch.ceil(l - 0.5)
     f_latt = lattice_factor(h - h0, k - k0, l - l0, t.n_cells, t.reciprocal, fudge, options)
     f_cell = structure_factor(h, k, l, h0, k0, l0, t.grid, t.grid_min, t.grid_max, grid_shape, default_F,
@@ -281,11 +336,13 @@ def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_
     """Final pixel values (R, C) for a tile: r_e²·fluence·(I_bg + ΣF²·F_latt²)/steps·capture·polar·ω."""
     scale, background = t.scalars[3], t.scalars[4]
     f = pixel_frame(rows, cols, t, options)
-    omega = solid_angle(f.airpath[:, :, 0], t, options)
+    omega = solid_angle(f.inverse_path[:, :, 0], t, options)
     if options.use_sensor:
         k_last = (options.sensor_layers - 1) * options.first_layer_substeps
-        capture = capture_fraction(f.dx[:, :, k_last], f.dy[:, :, k_last], f.dz[:, :, k_last],
-                                   float(options.sensor_layers - 1), t)
+        last = f._replace(x=f.x[:, :, k_last:k_last + 1], y=f.y[:, :, k_last:k_last + 1],
+                          z=f.z[:, :, k_last:k_last + 1], inverse_path=f.inverse_path[:, :, k_last:k_last + 1],
+                          origins=f.origins[k_last:k_last + 1])
+        capture = capture_fraction(last, float(options.sensor_layers - 1), t, options)[:, :, 0]
     else:
         capture = torch.ones_like(omega)
     polar = pixel_polarization(f, t, options)
@@ -323,7 +380,7 @@ def evaluated(terms: StepTerms, f: PixelFrame, t: KernelTensors) -> torch.Tensor
     return mask
 
 
-def _dmin_valid(sx: torch.Tensor, sy: torch.Tensor, sz: torch.Tensor, dmin: torch.Tensor) -> torch.Tensor:
-    """Sources kept by -dmin: those with d = 1/(2·stol) at least dmin (or stol = 0)."""
-    stol = 0.5 * torch.sqrt(sx * sx + sy * sy + sz * sz)
+def _dmin_valid(cos2theta: torch.Tensor, inv_wavelength: torch.Tensor, dmin: torch.Tensor) -> torch.Tensor:
+    """Sources kept by -dmin: d = 1/(2·stol) at least dmin, stol = ½|d − i|/λ (or stol = 0)."""
+    stol = 0.5 * inv_wavelength * torch.sqrt(torch.clamp(2.0 - 2.0 * cos2theta, min=0.0))
     return (stol <= 0) | (dmin <= 0.5 / torch.where(stol > 0, stol, torch.ones_like(stol)))

@@ -231,7 +231,7 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A), scalars=scalars)
     options = KernelOptions(
         shape=config.crystal.shape, lookup=setup.lookup, point_pixel=detector.point_pixel, curved=detector.curved,
-        polarization="none" if beam.no_polarization else "kahn", use_dmin=beam.dmin_A > 0,
+        polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"), use_dmin=beam.dmin_A > 0,
         sensor_layers=layers, use_sensor=setup.sensor.thickness_m > 0, first_layer_substeps=setup.oversample ** 2,
         square_axes=tuple(n > 1 for n in setup.n_cells))
     first = to(setup.first_evaluation_cells_A) if setup.first_evaluation_cells_A is not None else None
