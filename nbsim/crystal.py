@@ -21,7 +21,6 @@ from .textfiles import parse_number, read_text
 from .vectors import cross, dot, norm, radians, rotate_about_axis, rotate_xyz
 
 
-
 @dataclass
 class Lattice:
     """Real (Å) and reciprocal (Å⁻¹) cell vectors as rows of 3×3 tensors, before any phi or mosaic."""

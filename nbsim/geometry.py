@@ -16,7 +16,6 @@ from .config import CONVENTIONS, DetectorConfig, Scalar, scalar_value
 from .errors import NbsimError
 from .vectors import cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
 
-
 # beam, fast, slow, normal, two-theta axis, polarization, spindle for each convention.
 _CONVENTION_VECTORS = {
     "mosflm": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 0, -1), (0, 0, 1), (0, 0, 1)),

@@ -15,8 +15,8 @@ from . import crystal as crystal_mod
 from .beam import Sources, build_sources
 from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
-from .geometry import DetectorGeometry, build_geometry
 from .exact import OrderedOptions, Trace, render_ordered
+from .geometry import DetectorGeometry, build_geometry
 from .kernel import KernelOptions, KernelTensors, interpolation_out_of_range, pixel_kernel
 from .random import Ran1
 from .structure_factors import HKLGrid, build_grid, read_hkl
@@ -238,17 +238,21 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     return KernelSetup(tensors=tensors, grid_shape=grid_shape, options=options, first_evaluation_cells=first)
 
 
-# Inductor normally stores an intermediate that many expressions read; for this kernel recomputing it
-# inside the single fused loop is far cheaper than a round trip through memory.
-INDUCTOR_OPTIONS = {"realize_reads_threshold": 1 << 20, "realize_opcount_threshold": 1 << 20,
-                    "realize_acc_reads_threshold": 1 << 20}
-
-
 @functools.cache
 def _compiled(function, options: KernelOptions, grid_shape: tuple[int, int, int]):
-    """One compiled kernel per function and option set; shapes are dynamic so detector sizes share it."""
-    return torch.compile(functools.partial(function, grid_shape=grid_shape, options=options), dynamic=True,
-                         options=INDUCTOR_OPTIONS)
+    """One compiled kernel per function and option set; shapes are dynamic so detector sizes share it.
+
+    Python floats in the kernel are constants (physics parameters arrive as tensors), so Dynamo
+    specialises on them: no graph inputs for literals and no re-tracing to turn them into tensors.
+    """
+    compiled = torch.compile(functools.partial(function, grid_shape=grid_shape, options=options), dynamic=True)
+
+    @functools.wraps(function)
+    def call(*args):
+        with torch._dynamo.config.patch(specialize_float=True):
+            return compiled(*args)
+
+    return call
 
 
 def _kernel(function, options: KernelOptions, grid_shape: tuple[int, int, int], compile: bool):

@@ -14,7 +14,7 @@ import torch
 
 from nbsim.cli import main
 
-GOOD = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 2 -distance 100 -detpixels 8 -compile off".split()
+GOOD = ["-default_F", "100", "-cell", "100", "100", "100", "90", "90", "90", "-lambda", "6.2", "-N", "2", "-distance", "100", "-detpixels", "8", "-compile", "off"]
 SMALL_HKL = "0 0 0 10\n1 0 0 20\n0 1 0 30\n"
 
 

@@ -9,8 +9,7 @@ import torch
 
 import nbsim
 
-BASE = ("-default_F 100 -cell 70 80 90 80 85 95 -N 3 -lambda 1.2 -distance 80 -detpixels 3 -pixel 8 "
-        "-Xbeam 20 -Ybeam 15 -oversample 1").split()
+BASE = ["-default_F", "100", "-cell", "70", "80", "90", "80", "85", "95", "-N", "3", "-lambda", "1.2", "-distance", "80", "-detpixels", "3", "-pixel", "8", "-Xbeam", "20", "-Ybeam", "15", "-oversample", "1"]
 
 
 def _image(config: nbsim.SimulationConfig) -> torch.Tensor:

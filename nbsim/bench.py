@@ -1,0 +1,235 @@
+"""Benchmark harness: time nbsim (cold and warm) and, optionally, the nanoBragg C binary, side by side.
+
+`nbsim bench [options] -- <nanoBragg args>` prints a human summary and, as its last stdout line, one
+JSON object (see `BenchResult`). The same functions time the points of the Snakemake sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__
+from .cache import cache_state, configure_compile_cache
+from .errors import NbsimError
+from .io import write_float_image
+from .nanobragg_args import FLAGS, PATH, parse
+from .simulator import Renderer, resolve
+
+
+@dataclass
+class BenchResult:
+    """Timings (seconds) of one simulation, with what is needed to compare and reproduce them."""
+
+    cold_s: float
+    warm_median_s: float
+    warm_min_s: float
+    warm_max_s: float
+    warm_times_s: list[float]
+    repeats: int
+    warmup: int
+    device: str
+    dtype: str
+    compile: bool
+    pixels: int
+    steps: int
+    peak_rss_mb: float
+    threads: int
+    compile_cache: str
+    torch_version: str
+    nbsim_version: str
+    cpu: str
+    host: str
+    slurm_job_id: str | None
+    gpu: str | None = None
+    c_median_s: float | None = None
+    c_times_s: list[float] = field(default_factory=list)
+    speedup: float | None = None
+    correlation: float | None = None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compile: bool, warmup: int,
+               repeats: int) -> tuple[np.ndarray, BenchResult]:
+    """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too."""
+    if compile:
+        cache_folder = configure_compile_cache()
+        cache = cache_state(cache_folder)
+    else:
+        cache = "unused"
+    start = time.perf_counter()
+    config, _ = parse(argv)
+    setup = resolve(config)
+    renderer = Renderer(setup, device=device, dtype=dtype, compile=compile)
+    image = renderer()
+    _synchronize(device)
+    cold = time.perf_counter() - start
+    for _ in range(warmup):
+        renderer()
+    _synchronize(device)
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        renderer()
+        _synchronize(device)
+        times.append(time.perf_counter() - begin)
+    result = BenchResult(
+        cold_s=cold, warm_median_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times),
+        warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=str(dtype).replace("torch.", ""),
+        compile=compile, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps, peak_rss_mb=peak_rss_mb(),
+        threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,
+        nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+        gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    return image.detach().to("cpu", torch.float32).numpy(), result
+
+
+def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:
+    """The arguments with every file value (after -hkl, -mat, ... ) made absolute against `base`."""
+    result = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if FLAGS.get(arg) == (PATH,) and not Path(argv[i + 1]).is_absolute():
+            result[i + 1] = str((base / argv[i + 1]).resolve())
+    return result
+
+
+def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
+                    timeout_s: float = 3600.0) -> tuple[np.ndarray, list[float]]:
+    """Run the C binary (argument list, no shell) in a clean folder; whole-process wall times and image."""
+    path = shutil.which(binary) or binary
+    if not Path(path).is_file():
+        raise NbsimError(f"C reference binary {binary} not found")
+    if not os.access(path, os.X_OK):
+        raise NbsimError(f"C reference binary {binary} is not executable")
+    argv = absolute_file_arguments(argv, Path.cwd())
+    times = []
+    with tempfile.TemporaryDirectory(prefix="nbsim-c-") as folder:
+        floatfile = Path(folder) / "c_float.bin"
+        command = [path, *argv, "-floatfile", str(floatfile), "-nonoise", "-nopgm", "-intfile",
+                   str(Path(folder) / "c_int.img")]
+        for run in range(warmup + repeats):
+            for stale in Path(folder).iterdir():
+                stale.unlink()
+            begin = time.perf_counter()
+            try:
+                completed = subprocess.run(command, cwd=folder, capture_output=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise NbsimError(f"C reference {binary} did not finish within {timeout_s:g} s") from None
+            elapsed = time.perf_counter() - begin
+            if completed.returncode != 0:
+                tail = completed.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+                raise NbsimError(f"C reference {binary} failed with status {completed.returncode}: {tail[0]}")
+            if run >= warmup:
+                times.append(elapsed)
+        if not floatfile.is_file():
+            raise NbsimError(f"C reference {binary} wrote no float image")
+        image = np.fromfile(floatfile, dtype=np.float32)
+    return image, times
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    if a.std() == 0 or b.std() == 0:
+        return 1.0 if np.array_equal(a, b) else math.nan
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+class _ArgumentError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so errors become nbsim's one-line errors."""
+
+    def error(self, message: str):
+        raise _ArgumentError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="nbsim bench", description="Time nbsim (and optionally the C nanoBragg).")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--compile", default="on", choices=("on", "off"))
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for nbsim (default: torch's)")
+    parser.add_argument("--floatfile", default=None, help="also write nbsim's image (raw float32)")
+    parser.add_argument("--c-binary", default=None, help="path of a nanoBragg binary to time the same way")
+    parser.add_argument("--json", default=None, help="also write the JSON result to this file")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then nanoBragg arguments")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from .cli import resolve_device, resolve_dtype
+
+    try:
+        options = _parser().parse_args(argv)
+    except _ArgumentError as error:
+        raise NbsimError(f"bench: {error}") from None
+    nanobragg_args = options.args[1:] if options.args[:1] == ["--"] else options.args
+    if not nanobragg_args:
+        raise NbsimError("bench: give the nanoBragg arguments after --")
+    if options.repeats < 1 or options.warmup < 0:
+        raise NbsimError("bench: --repeats must be at least 1 and --warmup not negative")
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    device = resolve_device(options.device)
+    image, result = time_nbsim(nanobragg_args, device, resolve_dtype(options.dtype), options.compile == "on",
+                               options.warmup, options.repeats)
+    if options.floatfile:
+        write_float_image(options.floatfile, image)
+    print(f"nbsim {result.device} {result.dtype} compile={options.compile}: cold {result.cold_s:.3f} s, "
+          f"warm median {result.warm_median_s:.4f} s (min {result.warm_min_s:.4f}, max {result.warm_max_s:.4f}) "
+          f"over {result.repeats} runs, {result.pixels} pixels x {result.steps} steps, "
+          f"peak RSS {result.peak_rss_mb:.0f} MB")
+    if options.c_binary:
+        c_image, c_times = run_c_reference(options.c_binary, nanobragg_args, options.warmup, options.repeats)
+        result.c_times_s = c_times
+        result.c_median_s = statistics.median(c_times)
+        result.speedup = result.c_median_s / result.warm_median_s
+        result.correlation = correlation(image, c_image.reshape(image.shape)) if c_image.size == image.size \
+            else math.nan
+        print(f"C {options.c_binary}: median {result.c_median_s:.3f} s (whole process); speedup "
+              f"{result.speedup:.1f}x; correlation {result.correlation:.7f}")
+    payload = json.dumps(asdict(result))
+    if options.json:
+        Path(options.json).write_text(payload + "\n")
+    sys.stdout.flush()
+    print(payload)
+    return 0
