@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from . import __version__
-from .cache import cache_state, configure_compile_cache
+from .cache import configure_compile_cache
+from .compiled import CACHE_EVENTS
 from .errors import NbsimError
 from .io import write_float_image
 from .nanobragg_args import FLAGS, PATH, parse
@@ -52,6 +53,7 @@ class BenchResult:
     peak_rss_mb: float
     threads: int
     compile_cache: str
+    """'hit' (compiled kernel loaded from the cache), 'miss' (compiled now) or 'unused' (eager)."""
     torch_version: str
     nbsim_version: str
     cpu: str
@@ -85,20 +87,25 @@ def _synchronize(device: torch.device) -> None:
 
 
 def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compile: bool, warmup: int,
-               repeats: int) -> tuple[np.ndarray, BenchResult]:
-    """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too."""
+               repeats: int, overrides: dict | None = None,
+               output_dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, BenchResult]:
+    """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too.
+
+    `overrides` replaces simulator options by name after the arguments are parsed.
+    """
     if compile:
-        cache_folder = configure_compile_cache()
-        cache = cache_state(cache_folder)
-    else:
-        cache = "unused"
+        configure_compile_cache()
+    hits_before = _cache_hits()
     start = time.perf_counter()
     config, _ = parse(argv)
+    if overrides:
+        config = config.with_options(**overrides)
     setup = resolve(config)
     renderer = Renderer(setup, device=device, dtype=dtype, compile=compile)
     image = renderer()
     _synchronize(device)
     cold = time.perf_counter() - start
+    cache = "unused" if not compile else ("hit" if _cache_hits() > hits_before else "miss")
     for _ in range(warmup):
         renderer()
     _synchronize(device)
@@ -116,7 +123,17 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
-    return image.detach().to("cpu", torch.float32).numpy(), result
+    return image.detach().to("cpu", output_dtype).numpy(), result
+
+
+def _cache_hits() -> int:
+    """Compiled kernels loaded from the persistent cache so far in this process (both modes)."""
+    hits = CACHE_EVENTS["aot_hit"]
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo.utils import counters
+
+        hits += int(counters["inductor"]["fxgraph_cache_hit"])
+    return hits
 
 
 def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:

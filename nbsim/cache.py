@@ -21,8 +21,3 @@ def configure_compile_cache() -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-
-
-def cache_state(folder: Path) -> str:
-    """'warm' when the folder already holds compiled artefacts, else 'cold'."""
-    return "warm" if folder.is_dir() and any(folder.rglob("*.py")) else "cold"

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the CLI's last line of defence
         if debug:
             traceback.print_exc()
-        print(f"nbsim: internal error: {type(error).__name__}: {error} (rerun with --debug for details)",
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        print(f"nbsim: internal error: {type(error).__name__}: {first_line} (rerun with --debug for details)",
               file=sys.stderr)
         return 1
 

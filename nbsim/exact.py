@@ -22,7 +22,6 @@ import torch
 from .kernel import (
     KernelOptions,
     KernelTensors,
-    PixelFrame,
     StepTerms,
     capture_fraction,
     evaluated,
@@ -30,6 +29,7 @@ from .kernel import (
     pixel_frame,
     pixel_polarization,
     polarization_factor,
+    restrict,
     solid_angle,
     step_terms,
     structure_factor,
@@ -43,8 +43,9 @@ class OrderedOptions:
     oversample_thick: bool = False
     oversample_polar: bool = False
     oversample_omega: bool = False
-    first_evaluation_cells: torch.Tensor | None = None
-    """Orientations for the tile's pixel (0, 0) at sub-step 0, source 0, phi step 0 (one per domain)."""
+    first_evaluation: KernelTensors | None = None
+    """Inputs whose first phi step holds the unrotated crystal: used for the tile's pixel (0, 0) at
+    sub-step 0, source 0 (nanoBragg's first evaluation in a thread)."""
     interpolation_switch: bool = False
     """Interpolate until the first out-of-range step of the tile's pixel (0, 0), then look up nearest."""
 
@@ -81,12 +82,12 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
     last = None
     for k in range(n_sub):
         for s in range(n_src):
-            block = _block(f, k, s)
-            source = t._replace(incident=t.incident[s:s + 1], inv_wavelength=t.inv_wavelength[s:s + 1])
-            terms = step_terms(block, source, grid_shape, options)
-            if k == 0 and s == 0 and ordered.first_evaluation_cells is not None:
-                terms = _with_first_evaluation(terms, block, source, grid_shape, options,
-                                               ordered.first_evaluation_cells)
+            block_inputs = restrict(t, k, s)
+            block = pixel_frame(rows, cols, block_inputs, options)
+            terms = step_terms(block, block_inputs, grid_shape, options)
+            if k == 0 and s == 0 and ordered.first_evaluation is not None:
+                first_inputs = restrict(ordered.first_evaluation, 0, 0)
+                terms = _with_first_evaluation(terms, step_terms(block, first_inputs, grid_shape, options))
             mask = evaluated(terms, block, t)[:, :, 0, 0, :]
             f_cell = terms.f_cell[:, :, 0, 0, :]
             if interpolating:
@@ -102,7 +103,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
             running = _accumulate(running, term, mask, factor)
             last = (terms, f_cell)
     capture = capture_each[:, :, -1] if ordered.oversample_thick else _last_layer_capture(capture_each, options)
-    polar = polar_each[:, :, -1, -1] if ordered.oversample_polar else pixel_polarization(f, t, options)
+    polar = polar_each[:, :, -1, -1] if ordered.oversample_polar else pixel_polarization(f, rows, cols, t, options)
     omega = omega_each[:, :, -1] if ordered.oversample_omega else omega_each[:, :, 0]
     result = running
     for applied_per_step, value in ((ordered.oversample_thick, capture), (ordered.oversample_polar, polar),
@@ -110,14 +111,6 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
         if not applied_per_step:
             result = result * value
     return scale * result, _trace(*last, running, polar, omega, capture)
-
-
-def _block(f: PixelFrame, k: int, s: int) -> PixelFrame:
-    """The frame restricted to sub-step k and source s."""
-    return f._replace(x=f.x[:, :, k:k + 1], y=f.y[:, :, k:k + 1], z=f.z[:, :, k:k + 1],
-                      inverse_path=f.inverse_path[:, :, k:k + 1], origins=f.origins[k:k + 1],
-                      cos2theta=f.cos2theta[:, :, k:k + 1, s:s + 1],
-                      valid=f.valid[:, :, k:k + 1, s:s + 1] if f.valid is not None else None)
 
 
 def _accumulate(running: torch.Tensor, term: torch.Tensor, mask: torch.Tensor, factor: torch.Tensor):
@@ -128,12 +121,9 @@ def _accumulate(running: torch.Tensor, term: torch.Tensor, mask: torch.Tensor, f
     return running * factor[..., 0] ** weights.sum(-1) + (term * weights * factor ** remaining).sum(-1)
 
 
-def _with_first_evaluation(terms: StepTerms, block: PixelFrame, t: KernelTensors,
-                           grid_shape: tuple[int, int, int], options: KernelOptions,
-                           first_cells: torch.Tensor) -> StepTerms:
-    """Replace, for pixel (0, 0) only, the first phi step's orientations by `first_cells`."""
-    first = step_terms(block, t._replace(cells=first_cells), grid_shape, options)
-    domains = first_cells.shape[0]
+def _with_first_evaluation(terms: StepTerms, first: StepTerms) -> StepTerms:
+    """For pixel (0, 0) only, the first phi step's orientations come from `first`."""
+    domains = first.h.shape[-1]
     fields = []
     for current, replacement in zip(terms, first, strict=True):
         patched = current.clone()

@@ -50,7 +50,15 @@ _SIN_PI_COEFFICIENTS = tuple((-1) ** j * math.pi ** (2 * j + 1) / math.factorial
 
 
 def sin_pi(x: torch.Tensor) -> torch.Tensor:
-    """sin(πx) for |x| ≤ ½, by Horner's rule in x² (as many terms as the dtype can use)."""
+    """sin(πx) for |x| ≤ ½: Horner's rule in x² when compiled (as many terms as the dtype can use; it
+    fuses into the kernel loop), torch.sin when eager (one operation instead of twenty)."""
+    if not torch.compiler.is_compiling():
+        return torch.sin(math.pi * x)
+    return sin_pi_polynomial(x)
+
+
+def sin_pi_polynomial(x: torch.Tensor) -> torch.Tensor:
+    """The Horner polynomial of sin_pi (float32 inputs use the first six terms)."""
     coefficients = _SIN_PI_COEFFICIENTS[:6] if x.dtype in (torch.float32, torch.float16, torch.bfloat16) \
         else _SIN_PI_COEFFICIENTS
     x2 = x * x
@@ -143,19 +151,38 @@ def lattice_factor(dh: torch.Tensor, dk: torch.Tensor, dl: torch.Tensor, n_cells
     return volume * (rad_star_sqr * fudge < TOPHAT_RADIUS_SQR).to(dh.dtype)
 
 
-class KernelTensors(NamedTuple):
-    """Inputs shared by every tile (all on the compute device and dtype).
+class Projection(NamedTuple):
+    """Projections v·p of pixel positions onto V fixed vectors.
 
-    frame rows: pix0, fdet, sdet, odet, beam, polarization axis. offsets rows: fast and slow sub-pixel
-    offsets and layer depth (m) for each sub-step. scalars: pixel size, distance, close distance,
-    scale (r_e²·fluence/steps), I_bg, Kahn factor, μ·layer step, dmin (Å), default_F, fudge.
+    On a flat detector p = P_k + F·f̂ + S·ŝ, so v·p = origin[k, v] + F·fast[v] + S·slow[v];
+    `vectors` (V, 3) serve the curved detector, whose positions are not linear in F and S.
     """
 
+    origin: torch.Tensor
+    fast: torch.Tensor
+    slow: torch.Tensor
+    vectors: torch.Tensor
+
+
+class KernelTensors(NamedTuple):
+    """Inputs shared by every tile (all on the compute device and dtype; built by the simulator).
+
+    origins: sub-step origins P_k (K, 3) in m. frame rows: fdet, sdet, beam. cells: projections onto
+    the a, b, c axes of every orientation (O each). beam_terms: (a·i)/λ etc., (3, S, O). incident, odet,
+    polar_e, polar_b: projections onto the source directions, the detector normal and the per-source
+    polarization frame. scalars: pixel size, distance, close distance, scale (r_e²·fluence/steps), I_bg,
+    Kahn factor, μ·layer step, dmin (Å), default_F, fudge.
+    """
+
+    origins: torch.Tensor
     frame: torch.Tensor
-    offsets: torch.Tensor
-    incident: torch.Tensor
+    cells: tuple[Projection, Projection, Projection]
+    beam_terms: torch.Tensor
+    incident: Projection
+    odet: Projection
+    polar_e: Projection
+    polar_b: Projection
     inv_wavelength: torch.Tensor
-    cells: torch.Tensor
     grid: torch.Tensor
     grid_min: torch.Tensor
     grid_max: torch.Tensor
@@ -164,12 +191,27 @@ class KernelTensors(NamedTuple):
     scalars: torch.Tensor
 
 
-class PixelFrame(NamedTuple):
-    """Per (pixel, sub-step) positions, and what projecting onto them needs.
+def restrict(t: KernelTensors, substep: int | None = None, source: int | None = None) -> KernelTensors:
+    """The inputs for one sub-step and/or one source only (for step-ordered evaluation)."""
+    if substep is not None:
+        k = slice(substep, substep + 1)
+        t = t._replace(origins=t.origins[k], cells=tuple(p._replace(origin=p.origin[k]) for p in t.cells),
+                       incident=t.incident._replace(origin=t.incident.origin[k]),
+                       odet=t.odet._replace(origin=t.odet.origin[k]),
+                       polar_e=t.polar_e._replace(origin=t.polar_e.origin[k]),
+                       polar_b=t.polar_b._replace(origin=t.polar_b.origin[k]))
+    if source is not None:
+        s = slice(source, source + 1)
+        t = t._replace(beam_terms=t.beam_terms[:, s], inv_wavelength=t.inv_wavelength[s],
+                       **{name: Projection(p.origin[:, s], p.fast[s], p.slow[s], p.vectors[s])
+                          for name, p in (("incident", t.incident), ("polar_e", t.polar_e),
+                                          ("polar_b", t.polar_b))})
+    return t
 
-    x, y, z and inverse_path are (R, C, K); fast/slow are the pixel offsets (1, C, 1) and (R, 1, 1);
-    origins are the sub-step origins P_k (K, 3); cos2theta and valid are (R, C, K, S).
-    """
+
+class PixelFrame(NamedTuple):
+    """Per (pixel, sub-step) positions x, y, z and 1/|p| (R, C, K); pixel offsets fast (1, C, 1) and
+    slow (R, 1, 1); cos 2θ and the -dmin mask per (pixel, sub-step, source) (R, C, K, S)."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -177,7 +219,6 @@ class PixelFrame(NamedTuple):
     inverse_path: torch.Tensor
     fast: torch.Tensor
     slow: torch.Tensor
-    origins: torch.Tensor
     cos2theta: torch.Tensor | None
     valid: torch.Tensor | None
 
@@ -191,36 +232,30 @@ def _rotate_components(x, y, z, axis: torch.Tensor, angle: torch.Tensor):
             axis[2] * along + z * cos_a + (axis[0] * y - axis[1] * x) * sin_a)
 
 
-def project(f: PixelFrame, vectors: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
-    """v·p for every (pixel, sub-step) and each of the V vectors (V, 3): shape (R, C, K, V)."""
+def project(f: PixelFrame, projection: Projection, options: KernelOptions) -> torch.Tensor:
+    """v·p for every (pixel, sub-step) and each of the V vectors: shape (R, C, K, V)."""
     if options.curved:
-        return (f.x.unsqueeze(-1) * vectors[:, 0] + f.y.unsqueeze(-1) * vectors[:, 1]
-                + f.z.unsqueeze(-1) * vectors[:, 2])
-    fdet, sdet = t.frame[1], t.frame[2]
-    along_origin = (f.origins.unsqueeze(1) * vectors.unsqueeze(0)).sum(-1)
-    along_fast = vectors[:, 0] * fdet[0] + vectors[:, 1] * fdet[1] + vectors[:, 2] * fdet[2]
-    along_slow = vectors[:, 0] * sdet[0] + vectors[:, 1] * sdet[1] + vectors[:, 2] * sdet[2]
-    return along_origin + f.fast.unsqueeze(-1) * along_fast + f.slow.unsqueeze(-1) * along_slow
+        v = projection.vectors
+        return f.x.unsqueeze(-1) * v[:, 0] + f.y.unsqueeze(-1) * v[:, 1] + f.z.unsqueeze(-1) * v[:, 2]
+    return projection.origin + f.fast.unsqueeze(-1) * projection.fast + f.slow.unsqueeze(-1) * projection.slow
 
 
 def pixel_frame(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, options: KernelOptions) -> PixelFrame:
     """Positions of every (pixel, sub-step), 1/|p|, and cos 2θ for every source."""
     pixel_size, distance, dmin = t.scalars[0], t.scalars[1], t.scalars[7]
-    pix0, fdet, sdet, odet, beam = t.frame[0], t.frame[1], t.frame[2], t.frame[3], t.frame[4]
-    origins = (pix0 + t.offsets[0].unsqueeze(-1) * fdet + t.offsets[1].unsqueeze(-1) * sdet
-               + t.offsets[2].unsqueeze(-1) * odet)
+    fdet, sdet, beam = t.frame[0], t.frame[1], t.frame[2]
     fast = (cols * pixel_size).view(1, -1, 1)
     slow = (rows * pixel_size).view(-1, 1, 1)
-    x = origins[:, 0] + fast * fdet[0] + slow * sdet[0]
-    y = origins[:, 1] + fast * fdet[1] + slow * sdet[1]
-    z = origins[:, 2] + fast * fdet[2] + slow * sdet[2]
+    x = t.origins[:, 0] + fast * fdet[0] + slow * sdet[0]
+    y = t.origins[:, 1] + fast * fdet[1] + slow * sdet[1]
+    z = t.origins[:, 2] + fast * fdet[2] + slow * sdet[2]
     if options.curved:
         bx, by, bz = distance * beam[0], distance * beam[1], distance * beam[2]
         bx, by, bz = _rotate_components(bx, by, bz, sdet, y / distance)
         x, y, z = _rotate_components(bx, by, bz, fdet, z / distance)
     inverse_path = torch.rsqrt(x * x + y * y + z * z)
-    frame = PixelFrame(x, y, z, inverse_path, fast, slow, origins, cos2theta=None, valid=None)
-    cos2theta = project(frame, t.incident, t, options) * inverse_path.unsqueeze(-1)
+    frame = PixelFrame(x, y, z, inverse_path, fast, slow, cos2theta=None, valid=None)
+    cos2theta = project(frame, t.incident, options) * inverse_path.unsqueeze(-1)
     valid = _dmin_valid(cos2theta, t.inv_wavelength, dmin) if options.use_dmin else None
     return frame._replace(cos2theta=cos2theta, valid=valid)
 
@@ -238,33 +273,23 @@ def capture_fraction(f: PixelFrame, layer: torch.Tensor | float, t: KernelTensor
                      options: KernelOptions) -> torch.Tensor:
     """Fraction of photons absorbed in sensor layer `layer`, for every (pixel, sub-step): (R, C, K)."""
     mu_step = t.scalars[6]
-    parallax = project(f, t.frame[3:4], t, options)[..., 0] * f.inverse_path
+    parallax = project(f, t.odet, options)[..., 0] * f.inverse_path
     return torch.exp(-layer * mu_step / parallax) - torch.exp(-(layer + 1.0) * mu_step / parallax)
-
-
-def polarization_frames(t: KernelTensors) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per source, unit B = axis × i and E = i × B (zero when the axis is along the beam)."""
-    axis = t.frame[5].expand_as(t.incident)
-    b = torch.linalg.cross(axis, t.incident, dim=-1)
-    b = b * _safe_ratio(torch.ones_like(b[:, :1]), torch.sqrt((b * b).sum(-1, keepdim=True)))
-    e = torch.linalg.cross(t.incident, b, dim=-1)
-    e = e * _safe_ratio(torch.ones_like(e[:, :1]), torch.sqrt((e * e).sum(-1, keepdim=True)))
-    return e, b
 
 
 def polarization_factor(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     """Kahn factor ½(1 + cos²2θ − K·cos2ψ·sin²2θ) for every (pixel, sub-step, source): (R, C, K, S).
 
-    ψ is the angle of d in the plane of E and B; cos 2ψ = (E² − B²)/(E² + B²) from the projections of
-    d, and 1 where both vanish (nanoBragg's atan2(0, 0) = 0). "unpolarized" (K = 0) skips that term.
+    ψ is the angle of d in the plane of the source's E and B vectors; cos 2ψ = (E² − B²)/(E² + B²)
+    from the projections of d, and 1 where both vanish (nanoBragg's atan2(0, 0) = 0).
+    "unpolarized" (K = 0) skips that term.
     """
     cos2theta_sqr = f.cos2theta * f.cos2theta
     if options.polarization == "unpolarized":
         return 0.5 * (1.0 + cos2theta_sqr)
-    e_vectors, b_vectors = polarization_frames(t)
     inverse_path = f.inverse_path.unsqueeze(-1)
-    e_out = project(f, e_vectors, t, options) * inverse_path
-    b_out = project(f, b_vectors, t, options) * inverse_path
+    e_out = project(f, t.polar_e, options) * inverse_path
+    b_out = project(f, t.polar_b, options) * inverse_path
     radius_sqr = e_out * e_out + b_out * b_out
     cos2psi = torch.where(radius_sqr > 0, _safe_ratio(e_out * e_out - b_out * b_out, radius_sqr),
                           torch.ones_like(radius_sqr))
@@ -278,20 +303,19 @@ def _safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Ten
                        torch.zeros_like(numerator))
 
 
-def pixel_polarization(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
+def pixel_polarization(f: PixelFrame, rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
+                       options: KernelOptions) -> torch.Tensor:
     """Polarization factor of the first evaluated (sub-step, source) of each pixel, (R, C)."""
     if options.polarization == "none":
         return torch.ones_like(f.inverse_path[:, :, 0])
     if f.valid is None:
-        first = f._replace(x=f.x[:, :, :1], y=f.y[:, :, :1], z=f.z[:, :, :1],
-                           inverse_path=f.inverse_path[:, :, :1], origins=f.origins[:1],
-                           cos2theta=f.cos2theta[:, :, :1, :1])
-        return polarization_factor(first, t._replace(incident=t.incident[:1]), options)[:, :, 0, 0]
+        first = restrict(t, 0, 0)
+        return polarization_factor(pixel_frame(rows, cols, first, options), first, options)[:, :, 0, 0]
     polar_all = polarization_factor(f, t, options)
     n_sub, n_src = f.valid.shape[2], f.valid.shape[3]
     order = torch.arange(n_sub * n_src, device=f.valid.device).view(1, 1, n_sub, n_src)
-    first = torch.where(f.valid, order, n_sub * n_src).amin(dim=(2, 3), keepdim=True)
-    return torch.where(order == first, polar_all, torch.zeros_like(polar_all)).sum(dim=(2, 3))
+    first_index = torch.where(f.valid, order, n_sub * n_src).amin(dim=(2, 3), keepdim=True)
+    return torch.where(order == first_index, polar_all, torch.zeros_like(polar_all)).sum(dim=(2, 3))
 
 
 class StepTerms(NamedTuple):
@@ -308,15 +332,9 @@ class StepTerms(NamedTuple):
 
 
 def miller_indices(f: PixelFrame, t: KernelTensors, options: KernelOptions):
-    """h = a·(d − i)/λ, with a·d = (a·p)/|p| from the linear projection: three (R, C, K, S, O) tensors."""
+    """h = a·(d − i)/λ = (a·p)/|p|/λ − (a·i)/λ: three (R, C, K, S, O) tensors."""
     scale = (f.inverse_path.unsqueeze(-1) * t.inv_wavelength).unsqueeze(-1)
-    indices = []
-    for v in range(3):
-        axis = t.cells[:, v, :]
-        along_pixel = project(f, axis, t, options).unsqueeze(3)
-        along_beam = (t.incident @ axis.T) * t.inv_wavelength.unsqueeze(-1)
-        indices.append(along_pixel * scale - along_beam)
-    return indices
+    return [project(f, t.cells[v], options).unsqueeze(3) * scale - t.beam_terms[v] for v in range(3)]
 
 
 def step_terms(f: PixelFrame, t: KernelTensors, grid_shape: tuple[int, int, int], options: KernelOptions,
@@ -331,21 +349,23 @@ def step_terms(f: PixelFrame, t: KernelTensors, grid_shape: tuple[int, int, int]
     return StepTerms(h, k, l, h0, k0, l0, f_latt, f_cell)
 
 
+def last_layer_capture(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
+                       options: KernelOptions) -> torch.Tensor:
+    """Capture fraction of the last sensor layer at its first sub-pixel (what nanoBragg applies), (R, C)."""
+    k_last = (options.sensor_layers - 1) * options.first_layer_substeps
+    last = restrict(t, k_last)
+    return capture_fraction(pixel_frame(rows, cols, last, options), float(options.sensor_layers - 1), last,
+                            options)[:, :, 0]
+
+
 def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
                  options: KernelOptions) -> torch.Tensor:
     """Final pixel values (R, C) for a tile: r_e²·fluence·(I_bg + ΣF²·F_latt²)/steps·capture·polar·ω."""
     scale, background = t.scalars[3], t.scalars[4]
     f = pixel_frame(rows, cols, t, options)
     omega = solid_angle(f.inverse_path[:, :, 0], t, options)
-    if options.use_sensor:
-        k_last = (options.sensor_layers - 1) * options.first_layer_substeps
-        last = f._replace(x=f.x[:, :, k_last:k_last + 1], y=f.y[:, :, k_last:k_last + 1],
-                          z=f.z[:, :, k_last:k_last + 1], inverse_path=f.inverse_path[:, :, k_last:k_last + 1],
-                          origins=f.origins[k_last:k_last + 1])
-        capture = capture_fraction(last, float(options.sensor_layers - 1), t, options)[:, :, 0]
-    else:
-        capture = torch.ones_like(omega)
-    polar = pixel_polarization(f, t, options)
+    capture = last_layer_capture(rows, cols, t, options) if options.use_sensor else torch.ones_like(omega)
+    polar = pixel_polarization(f, rows, cols, t, options)
     terms = step_terms(f, t, grid_shape, options)
     intensity = terms.f_cell * terms.f_cell * terms.f_latt * terms.f_latt
     if f.valid is not None:

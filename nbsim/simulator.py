@@ -3,30 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_flatten
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
 from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
+from .compiled import choose_mode, kernel_callable
 from .exact import OrderedOptions, Trace, render_ordered
 from .geometry import DetectorGeometry, build_geometry
-from .kernel import KernelOptions, KernelTensors, interpolation_out_of_range, pixel_kernel
+from .kernel import KernelOptions, KernelTensors, Projection, interpolation_out_of_range, pixel_kernel
 from .random import Ran1
 from .structure_factors import HKLGrid, build_grid, read_hkl
-from .vectors import norm
+from .vectors import cross, norm, unit
 
 R_E_SQR_M2 = 7.94079248018965e-30
 AVOGADRO = 6.02214179e23
 WATER_F = 2.57
 WATER_MW = 18.0
-DEFAULT_TILE_ELEMENTS = 1 << 22
+# Pixel-steps per tile: compiled kernels are fastest when their per-step intermediates stay cache-sized;
+# eager tiles are larger (fewer Python-level operations) but still bound memory.
+COMPILED_TILE_ELEMENTS = 1 << 20
+EAGER_TILE_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -192,11 +196,13 @@ class KernelSetup:
     tensors: KernelTensors
     grid_shape: tuple[int, int, int]
     options: KernelOptions
-    first_evaluation_cells: torch.Tensor | None
+    first_evaluation: KernelTensors | None
+    """The inputs with the unrotated crystal's orientations (the phi-step quirk), or None."""
 
 
 def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) -> KernelSetup:
-    """Cast the (float64, possibly differentiable) setup to the compute device and dtype."""
+    """Precompute (in float64, keeping gradients) everything that does not depend on the pixel, and cast
+    it to the compute device and dtype."""
     device = torch.device(device)
     g = setup.geometry
     config = setup.config
@@ -208,11 +214,21 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     sub_index = torch.arange(setup.oversample, dtype=torch.float64)
     sub_s, sub_f = torch.meshgrid(sub_index, sub_index, indexing="ij")
     layers = setup.sensor.layers
-    offsets = torch.stack([
-        (subpixel * (sub_f.reshape(-1) + 0.5)).repeat(layers),
-        (subpixel * (sub_s.reshape(-1) + 0.5)).repeat(layers),
-        torch.arange(layers, dtype=torch.float64).repeat_interleave(setup.oversample ** 2) * setup.sensor.step_m,
-    ])
+    fast_offset = (subpixel * (sub_f.reshape(-1) + 0.5)).repeat(layers)
+    slow_offset = (subpixel * (sub_s.reshape(-1) + 0.5)).repeat(layers)
+    depth = torch.arange(layers, dtype=torch.float64).repeat_interleave(setup.oversample ** 2) * setup.sensor.step_m
+    origins = (g.pix0_m + fast_offset.unsqueeze(-1) * g.fdet + slow_offset.unsqueeze(-1) * g.sdet
+               + depth.unsqueeze(-1) * g.odet)
+
+    def projection(vectors: torch.Tensor) -> Projection:
+        return Projection(origin=to(origins @ vectors.T), fast=to(vectors @ g.fdet), slow=to(vectors @ g.sdet),
+                          vectors=to(vectors))
+
+    incident = setup.sources.incident
+    inv_wavelength = 1.0 / setup.sources.wavelength_A
+    polar_b = unit(cross(g.polar.expand_as(incident), incident))
+    polar_e = unit(cross(incident, polar_b))
+    cells = setup.cells_A
     if setup.grid is not None:
         grid = setup.grid.flat(dtype, device)
         grid_min, grid_max, grid_shape = setup.grid.index_min, setup.grid.index_max, setup.grid.shape
@@ -225,40 +241,27 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         setup.background, beam.kahn_polarization, setup.sensor.mu_per_m * setup.sensor.step_m, beam.dmin_A,
         config.structure.default_F, config.crystal.fudge)])
     tensors = KernelTensors(
-        frame=to(torch.stack([g.pix0_m, g.fdet, g.sdet, g.odet, g.beam, g.polar])), offsets=to(offsets),
-        incident=to(setup.sources.incident), inv_wavelength=to(1.0 / setup.sources.wavelength_A),
-        cells=to(setup.cells_A), grid=grid, grid_min=to(grid_min), grid_max=to(grid_max),
-        n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A), scalars=scalars)
+        origins=to(origins), frame=to(torch.stack([g.fdet, g.sdet, g.beam])),
+        cells=tuple(projection(cells[:, v, :]) for v in range(3)),
+            beam_terms=to(torch.stack([(incident @ cells[:, v, :].T) * inv_wavelength.unsqueeze(-1)
+                                   for v in range(3)])),
+        incident=projection(incident), odet=projection(g.odet.unsqueeze(0)), polar_e=projection(polar_e),
+        polar_b=projection(polar_b), inv_wavelength=to(inv_wavelength), grid=grid, grid_min=to(grid_min),
+        grid_max=to(grid_max), n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A),
+        scalars=scalars)
     options = KernelOptions(
         shape=config.crystal.shape, lookup=setup.lookup, point_pixel=detector.point_pixel, curved=detector.curved,
-        polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"), use_dmin=beam.dmin_A > 0,
-        sensor_layers=layers, use_sensor=setup.sensor.thickness_m > 0, first_layer_substeps=setup.oversample ** 2,
-        square_axes=tuple(n > 1 for n in setup.n_cells))
-    first = to(setup.first_evaluation_cells_A) if setup.first_evaluation_cells_A is not None else None
-    return KernelSetup(tensors=tensors, grid_shape=grid_shape, options=options, first_evaluation_cells=first)
-
-
-@functools.cache
-def _compiled(function, options: KernelOptions, grid_shape: tuple[int, int, int]):
-    """One compiled kernel per function and option set; shapes are dynamic so detector sizes share it.
-
-    Python floats in the kernel are constants (physics parameters arrive as tensors), so Dynamo
-    specialises on them: no graph inputs for literals and no re-tracing to turn them into tensors.
-    """
-    compiled = torch.compile(functools.partial(function, grid_shape=grid_shape, options=options), dynamic=True)
-
-    @functools.wraps(function)
-    def call(*args):
-        with torch._dynamo.config.patch(specialize_float=True):
-            return compiled(*args)
-
-    return call
-
-
-def _kernel(function, options: KernelOptions, grid_shape: tuple[int, int, int], compile: bool):
-    if compile:
-        return _compiled(function, options, grid_shape)
-    return functools.partial(function, grid_shape=grid_shape, options=options)
+        polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
+        use_dmin=beam.dmin_A > 0, sensor_layers=layers, use_sensor=setup.sensor.thickness_m > 0,
+        first_layer_substeps=setup.oversample ** 2, square_axes=tuple(n > 1 for n in setup.n_cells))
+    first = None
+    if setup.first_evaluation_cells_A is not None:
+        unrotated = setup.first_evaluation_cells_A
+        first = tensors._replace(
+            cells=tuple(projection(unrotated[:, v, :]) for v in range(3)),
+            beam_terms=to(torch.stack([(incident @ unrotated[:, v, :].T) * inv_wavelength.unsqueeze(-1)
+                                       for v in range(3)])))
+    return KernelSetup(tensors=tensors, grid_shape=grid_shape, options=options, first_evaluation=first)
 
 
 def openmp_row_chunks(rows: int, threads: int) -> list[tuple[int, int]]:
@@ -276,54 +279,62 @@ class Renderer:
     """Renders a resolved setup on one device and dtype; reusable for repeated (timed) calls."""
 
     def __init__(self, setup: Setup, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 compile: bool = True, tile_elements: int = DEFAULT_TILE_ELEMENTS, reference_threads: int = 2):
+                 compile: bool = True, tile_elements: int | None = None, reference_threads: int = 2):
         self.setup = setup
         self.device = torch.device(device)
         self.dtype = dtype
-        self.compile = compile
-        self.tile_elements = tile_elements
         self.reference_threads = reference_threads
         self.inputs = kernel_inputs(setup, self.device, dtype)
+        needs_grad = any(t.requires_grad for t in tree_flatten(self.inputs.tensors)[0])
+        self.mode = choose_mode(compile, self.device, needs_grad)
+        self.tile_elements = tile_elements or (EAGER_TILE_ELEMENTS if self.mode == "eager" else COMPILED_TILE_ELEMENTS)
+        tensors = self.inputs.tensors
+        self.steps_per_pixel = tensors.origins.shape[0] * tensors.inv_wavelength.shape[0] \
+            * tensors.beam_terms.shape[2]
         detector = setup.config.detector
         self.step_ordered = detector.oversample_thick or detector.oversample_polar or detector.oversample_omega
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
 
-    def __call__(self) -> torch.Tensor:
-        """The (slow, fast) image: zero outside the ROI and on masked pixels."""
+    def __call__(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The (slow, fast) image: zero outside the ROI and on masked pixels.
+
+        `out`, a (slow, fast) tensor of the renderer's device and dtype, is filled and returned instead
+        of a new tensor (repeated renders then reuse one buffer).
+        """
         setup = self.setup
         xmin, xmax, ymin, ymax = setup.roi
+        image = out if out is not None else torch.empty(setup.shape, device=self.device, dtype=self.dtype)
+        if setup.roi != (0, setup.shape[1] - 1, 0, setup.shape[0] - 1):
+            image.zero_()
+        region = image[ymin:ymax + 1, xmin:xmax + 1]
         lookup = self.inputs.options.lookup
-        switch = None
-        if lookup == "interpolate":
-            switch = self._interpolation_switch()
-            if switch is not None:
-                lookup = "nearest"
-        region = self._render_rows(ymin, ymax + 1, lookup)
+        switch = self._interpolation_switch() if lookup == "interpolate" else None
+        self._render_rows(ymin, ymax + 1, "nearest" if switch is not None else lookup, region)
         fixed: dict[tuple[int, int], OrderedOptions] = {}
         if switch is not None:
             interpolated_until, trigger = switch
             for start, count in interpolated_until:
                 rows_needed = -(-count // len(self.cols))
                 if count:
-                    block = self._render_rows(start, start + rows_needed, "interpolate")
+                    block = torch.empty_like(region[:rows_needed])
+                    self._render_rows(start, start + rows_needed, "interpolate", block)
                     flat_region = region[start - ymin:start - ymin + rows_needed].reshape(-1)
                     positions = self._unmasked_positions(start, rows_needed)[:count]
                     flat_region[positions] = block.reshape(-1)[positions]
             fixed[trigger] = OrderedOptions(interpolation_switch=True)
-        if self.inputs.first_evaluation_cells is not None:
+        if self.inputs.first_evaluation is not None:
             for pixel in self._thread_first_pixels():
                 base = fixed.get(pixel, OrderedOptions())
-                fixed[pixel] = dataclasses.replace(base, first_evaluation_cells=self.inputs.first_evaluation_cells)
+                fixed[pixel] = dataclasses.replace(base, first_evaluation=self.inputs.first_evaluation)
         for (row, col), ordered in fixed.items():
             ordered = dataclasses.replace(ordered, **self._ordered_flags())
             value, _ = self._ordered(row, col, ordered)
             region[row - ymin, col - xmin] = value
         if self.mask is not None:
-            region = region * torch.as_tensor(self.mask, device=self.device, dtype=self.dtype)
-        return torch.nn.functional.pad(region, (xmin, setup.geometry.pixels_f - 1 - xmax,
-                                                ymin, setup.geometry.pixels_s - 1 - ymax))
+            region.mul_(torch.as_tensor(self.mask, device=self.device, dtype=self.dtype))
+        return image
 
     def trace(self, row: int, col: int) -> tuple[float, Trace]:
         """Value and last-step trace of one pixel (for -printout_pixel)."""
@@ -341,25 +352,30 @@ class Renderer:
                                       ordered)
         return value[0, 0], trace
 
-    def _render_rows(self, start: int, stop: int, lookup: str) -> torch.Tensor:
-        """Rows [start, stop) of the ROI, tile by tile, with the given structure-factor lookup."""
-        options = dataclasses.replace(self.inputs.options, lookup=lookup)
-        steps = self.inputs.tensors.offsets.shape[1] * self.inputs.tensors.incident.shape[0] \
-            * self.inputs.tensors.cells.shape[0]
-        fused = self.compile and not self.step_ordered
-        per_row = len(self.cols) * (1 if fused else steps)
+    def _row_tiles(self, start: int, stop: int):
+        """Row-index tensors covering [start, stop), each tile holding about tile_elements pixel-steps.
+
+        Inductor keeps a few per-step intermediates of a tile in memory; tiles of ~1M pixel-steps keep
+        them cache-sized (measured fastest) and bound memory whatever the number of steps.
+        """
+        per_row = len(self.cols) * self.steps_per_pixel
         rows_per_tile = max(1, self.tile_elements // max(1, per_row))
-        tiles = []
         for first in range(start, stop, rows_per_tile):
-            rows = torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
+            yield torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
+
+    def _render_rows(self, start: int, stop: int, lookup: str, out: torch.Tensor) -> None:
+        """Render ROI rows [start, stop) into `out` (rows × ROI columns), tile by tile."""
+        options = dataclasses.replace(self.inputs.options, lookup=lookup)
+        kernel = kernel_callable(pixel_kernel, options, self.inputs.grid_shape, self.mode)
+        ordered = OrderedOptions(**self._ordered_flags())
+        for rows in self._row_tiles(start, stop):
             if self.step_ordered:
-                tile, _ = render_ordered(rows, self.cols, self.inputs.tensors, self.inputs.grid_shape, options,
-                                         OrderedOptions(**self._ordered_flags()))
+                tile = render_ordered(rows, self.cols, self.inputs.tensors, self.inputs.grid_shape, options,
+                                      ordered)[0]
             else:
-                kernel = _kernel(pixel_kernel, options, self.inputs.grid_shape, self.compile)
                 tile = kernel(rows, self.cols, self.inputs.tensors)
-            tiles.append(tile)
-        return torch.cat(tiles, dim=0)
+            first = int(rows[0]) - start
+            out[first:first + len(rows)] = tile
 
     def _unmasked_positions(self, start: int, rows: int) -> np.ndarray:
         """Flat ROI positions (row-major) of the unmasked pixels in `rows` rows from `start`."""
@@ -396,14 +412,10 @@ class Renderer:
         pixels still interpolated) and the pixel whose step triggers the switch.
         """
         _, _, ymin, ymax = self.setup.roi
-        kernel = _kernel(interpolation_out_of_range, self.inputs.options, self.inputs.grid_shape, self.compile)
-        steps = self.inputs.tensors.offsets.shape[1] * self.inputs.tensors.incident.shape[0] \
-            * self.inputs.tensors.cells.shape[0]
-        rows_per_tile = max(1, self.tile_elements // max(1, len(self.cols) * (1 if self.compile else steps)))
-        flags = []
-        for first in range(ymin, ymax + 1, rows_per_tile):
-            rows = torch.arange(first, min(first + rows_per_tile, ymax + 1), device=self.device, dtype=self.dtype)
-            flags.append(kernel(rows, self.cols, self.inputs.tensors))
+        kernel = kernel_callable(interpolation_out_of_range, self.inputs.options, self.inputs.grid_shape,
+                                 "eager" if self.mode == "eager" else "jit")
+        flags = [kernel(rows, self.cols, self.inputs.tensors)
+                 for rows in self._row_tiles(ymin, ymax + 1)]
         outside = torch.cat(flags).cpu().numpy()
         if self.mask is not None:
             outside &= self.mask

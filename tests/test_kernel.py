@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nbsim
-from nbsim.kernel import _sincg, pixel_kernel
+from nbsim.kernel import _sincg, pixel_kernel, sin_pi_polynomial
 from nbsim.random import Ran1
 from nbsim.simulator import Renderer, kernel_inputs, resolve
 
@@ -31,6 +31,13 @@ def test_lattice_factor_is_accurate_in_float32_near_large_indices():
     assert torch.allclose(ours.double().abs(), reference.abs(), rtol=1e-4, atol=1e-4)
     assert not torch.allclose(naive.double().abs(), reference.abs(), rtol=1e-2, atol=1e-4)
     assert torch.allclose(reference.abs(), exact.abs(), rtol=0.2, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 3e-7), (torch.float64, 1e-15)])
+def test_compiled_sine_polynomial_is_accurate(dtype, tolerance):
+    x = torch.linspace(-0.5, 0.5, 10001, dtype=torch.float64)
+    exact = torch.sin(math.pi * x)
+    assert torch.allclose(sin_pi_polynomial(x.to(dtype)).double(), exact, rtol=0, atol=tolerance)
 
 
 def test_float32_and_float64_agree():

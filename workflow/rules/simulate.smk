@@ -1,0 +1,40 @@
+"""One timed simulation per point, and one reference image per (scenario, size, extra values)."""
+
+
+rule simulate:
+    output:
+        store=directory(f"{RESULTS}/{{scenario}}/points/{{point}}/image.zarr"),
+        timing=f"{RESULTS}/{{scenario}}/points/{{point}}/timing.json",
+    log:
+        f"{RESULTS}/logs/simulate/{{scenario}}/{{point}}.log",
+    params:
+        job=point_job,
+    threads: TIMING["threads"]
+    resources:
+        timing_slot=1,
+        gpu=uses_gpu,
+        mem_mb=config["resources"]["mem_mb"],
+        runtime=config["resources"]["runtime_min"],
+    conda:
+        "../envs/nbsim.yaml"
+    script:
+        "../scripts/simulate.py"
+
+
+rule reference:
+    output:
+        store=directory(f"{RESULTS}/{{scenario}}/reference/{{refpoint}}/image.zarr"),
+        timing=f"{RESULTS}/{{scenario}}/reference/{{refpoint}}/timing.json",
+    log:
+        f"{RESULTS}/logs/reference/{{scenario}}/{{refpoint}}.log",
+    params:
+        job=reference_job,
+    threads: TIMING["threads"]
+    resources:
+        timing_slot=1,
+        mem_mb=config["resources"]["mem_mb"],
+        runtime=config["resources"]["runtime_min"],
+    conda:
+        "../envs/nbsim.yaml"
+    script:
+        "../scripts/reference.py"
