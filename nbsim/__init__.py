@@ -1,5 +1,10 @@
-"""nbsim: nanoBragg's X-ray diffraction physics as a compiled, differentiable PyTorch module."""
+"""nbsim: nanoBragg's X-ray diffraction physics as a compiled, differentiable PyTorch module.
 
+The public names below are imported lazily, so that light users of the package (the workflow's
+comparison and collation steps) do not pay for importing torch.
+"""
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -7,16 +12,24 @@ try:
 except PackageNotFoundError:
     __version__ = "0.0.0+unknown"
 
-from .config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig
-from .errors import NbsimError
-from .nanobragg_args import parse as parse_nanobragg_args
-from .simulator import Renderer, Setup, resolve, simulate
+_EXPORTS = {
+    "BeamConfig": "config", "CrystalConfig": "config", "DetectorConfig": "config", "SimulationConfig": "config",
+    "StructureFactorConfig": "config", "NbsimError": "errors", "Renderer": "simulator", "Setup": "simulator",
+    "resolve": "simulator", "simulate": "simulator",
+}
 
 
-def config_from_args(argv: list[str]) -> SimulationConfig:
+def config_from_args(argv: list[str]):
     """A SimulationConfig from nanoBragg-style arguments (e.g. "-cell 100 100 100 90 90 90 ...".split())."""
-    return parse_nanobragg_args(list(argv))[0]
+    from .nanobragg_args import parse
+
+    return parse(list(argv))[0]
 
 
-__all__ = ["BeamConfig", "CrystalConfig", "DetectorConfig", "NbsimError", "Renderer", "Setup", "SimulationConfig",
-           "StructureFactorConfig", "__version__", "config_from_args", "resolve", "simulate"]
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'nbsim' has no attribute '{name}'")
+
+
+__all__ = [*_EXPORTS, "__version__", "config_from_args"]

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Scalar = float | torch.Tensor
+Scalar = Union[float, "torch.Tensor"]  # noqa: UP007 - a string forward reference keeps torch unimported
 Vector3 = tuple[float, float, float]
 
 def scalar_value(value: Scalar) -> float:
     """The plain float of a scalar that may be a tensor carrying gradients (for decisions, not maths)."""
-    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+    return float(value.detach()) if hasattr(value, "detach") else float(value)
 
 
 CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials", "custom")

@@ -62,7 +62,8 @@ def reciprocal_from_cell(cell_A_deg: tuple[Scalar, ...]) -> tuple[torch.Tensor, 
     a, b, c, alpha, beta, gamma = (_as_tensor(v) for v in cell_A_deg)
     b = torch.where(b <= 0, a, b)
     c = torch.where(c <= 0, a, c)
-    alpha, beta, gamma = (torch.where(x <= 0, torch.full_like(x, math.pi / 2), radians(x)) for x in (alpha, beta, gamma))
+    alpha, beta, gamma = (torch.where(x <= 0, torch.full_like(x, math.pi / 2), radians(x))
+                          for x in (alpha, beta, gamma))
     half_sum = (alpha + beta + gamma) / 2
     skew = torch.abs(torch.sin(half_sum) * torch.sin(half_sum - alpha) * torch.sin(half_sum - beta)
                      * torch.sin(half_sum - gamma))

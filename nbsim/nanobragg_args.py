@@ -548,7 +548,8 @@ def _config_from_state(state: CState) -> SimulationConfig:
     detector = DetectorConfig(
         distance_mm=state["distance_mm"], close_distance_mm=nan_to_none(state["close_distance_mm"]),
         detsize_f_mm=state["detsize_f_mm"], detsize_s_mm=state["detsize_s_mm"], pixels_f=state["fpixels"] or None,
-        pixels_s=state["spixels"] or None, pixel_size_mm=state["pixel_mm"], convention=state["convention"], pivot=state["pivot"],
+        pixels_s=state["spixels"] or None, pixel_size_mm=state["pixel_mm"], convention=state["convention"],
+        pivot=state["pivot"],
         beam_x_mm=nan_to_none(state["Xbeam"]), beam_y_mm=nan_to_none(state["Ybeam"]),
         close_x_mm=nan_to_none(state["Xclose"]), close_y_mm=nan_to_none(state["Yclose"]),
         orgx_px=nan_to_none(state["ORGX"]), orgy_px=nan_to_none(state["ORGY"]),

@@ -13,9 +13,9 @@ from torch.utils._pytree import tree_flatten
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
+from .compiled import choose_mode, kernel_callable
 from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
-from .compiled import choose_mode, kernel_callable
 from .exact import OrderedOptions, Trace, render_ordered
 from .geometry import DetectorGeometry, build_geometry
 from .kernel import KernelOptions, KernelTensors, Projection, interpolation_out_of_range, pixel_kernel

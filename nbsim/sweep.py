@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from .config import option_names
 from .errors import NbsimError
 
 AXES = ("size", "dtype", "device", "compile")
@@ -103,8 +102,58 @@ def point_arguments(config: dict, point: Point, base: Path) -> tuple[list[str], 
     return args, overrides
 
 
+def validate_config(config: dict, schema_path: str | Path, base: Path) -> None:
+    """Check the config against the JSON schema (filling its defaults), then semantically.
+
+    Raises NbsimError with a one-line reason naming the offending key.
+    """
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(_validator_with_defaults(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        where = ".".join(str(p) for p in error.absolute_path) or "top level"
+        raise NbsimError(f"{where}: {_short_message(error)}")
+    check_config(config, base)
+
+
+def _validator_with_defaults(schema: dict):
+    """A jsonschema validator that also fills in defaults, as snakemake's validate() does."""
+    import copy
+
+    import jsonschema
+
+    base = jsonschema.validators.validator_for(schema)
+    original = base.VALIDATORS["properties"]
+
+    def properties(validator, properties, instance, subschema):
+        if isinstance(instance, dict):
+            for name, property_schema in properties.items():
+                if "default" in property_schema:
+                    instance.setdefault(name, copy.deepcopy(property_schema["default"]))
+        yield from original(validator, properties, instance, subschema)
+
+    return jsonschema.validators.extend(base, {"properties": properties})(schema)
+
+
+def _short_message(error) -> str:
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"unknown key(s) {', '.join(map(repr, extra))}"
+    if error.validator == "required":
+        return error.message.replace("'", "", 0)
+    if error.validator in ("type", "enum", "pattern", "minimum", "maximum", "minItems", "minProperties",
+                           "uniqueItems", "oneOf", "minLength"):
+        shown = json.dumps(error.instance, default=str)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return f"{shown} is not valid here ({error.validator}: {json.dumps(error.validator_value, default=str)[:80]})"
+    return error.message.splitlines()[0][:160]
+
+
 def check_config(config: dict, base: Path) -> None:
     """Semantic checks the schema cannot express; raise NbsimError with a one-line reason."""
+    from .config import option_names
     from .nanobragg_args import FLAGS, parse
 
     sweep = config["sweep"]

@@ -11,6 +11,14 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_compile_cache(tmp_path_factory):
+    """Compiled kernels go to a folder of the test session, unless NBSIM_CACHE_DIR says otherwise."""
+    if "NBSIM_CACHE_DIR" not in os.environ:
+        os.environ["NBSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("nbsim-cache"))
+    yield Path(os.environ["NBSIM_CACHE_DIR"])
 GOLDEN = Path(os.environ.get("NBSIM_GOLDEN", REPO_ROOT.parent / "shared" / "golden"))
 
 
@@ -70,11 +78,3 @@ def in_golden_dir(monkeypatch):
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1])
-
-
-@pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
-    """A persistent Inductor cache for the session (shared across tests that compile)."""
-    folder = Path(os.environ.get("NBSIM_TEST_CACHE_DIR", tmp_path_factory.mktemp("inductor")))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
-    return folder

@@ -14,7 +14,7 @@ import torch
 
 from nbsim.cli import main
 
-GOOD = ["-default_F", "100", "-cell", "100", "100", "100", "90", "90", "90", "-lambda", "6.2", "-N", "2", "-distance", "100", "-detpixels", "8", "-compile", "off"]
+GOOD = ("-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 2 -distance 100 -detpixels 8 -compile off").split()
 SMALL_HKL = "0 0 0 10\n1 0 0 20\n0 1 0 30\n"
 
 
@@ -60,8 +60,10 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "no structure factors": (GOOD[2:], "no structure factors"),
         "roi outside detector": (GOOD + ["-roi", "50", "60", "50", "60"], "region of interest"),
         "missing hkl file": (GOOD + ["-hkl", str(folder / "absent.hkl")], "absent.hkl: no such file"),
-        "hkl with three columns": (GOOD + ["-hkl", hkl("three", SMALL_HKL + "1 1 1\n")], "three.hkl:4: expected 4 numbers"),
-        "hkl non-integer index": (GOOD + ["-hkl", hkl("fraction", SMALL_HKL + "1.5 0 0 3\n")], "fraction.hkl:4: Miller indices"),
+        "hkl with three columns": (GOOD + ["-hkl", hkl("three", SMALL_HKL + "1 1 1\n")],
+                                   "three.hkl:4: expected 4 numbers"),
+        "hkl non-integer index": (GOOD + ["-hkl", hkl("fraction", SMALL_HKL + "1.5 0 0 3\n")],
+                                  "fraction.hkl:4: Miller indices"),
         "hkl non-numeric F": (GOOD + ["-hkl", hkl("text", "1 2 3 abc\n")], "text.hkl:1: 'abc' is not a number"),
         "hkl empty": (GOOD + ["-hkl", hkl("empty", "\n\n")], "no reflections"),
         "hkl truncated": (GOOD + ["-hkl", hkl("truncated", SMALL_HKL + "2 0")], "truncated.hkl:4: expected 4 numbers"),

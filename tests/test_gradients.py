@@ -9,7 +9,8 @@ import torch
 
 import nbsim
 
-BASE = ["-default_F", "100", "-cell", "70", "80", "90", "80", "85", "95", "-N", "3", "-lambda", "1.2", "-distance", "80", "-detpixels", "3", "-pixel", "8", "-Xbeam", "20", "-Ybeam", "15", "-oversample", "1"]
+BASE = ("-default_F 100 -cell 70 80 90 80 85 95 -N 3 -lambda 1.2 "
+        "-distance 80 -detpixels 3 -pixel 8 -Xbeam 20 -Ybeam 15 -oversample 1").split()
 
 
 def _image(config: nbsim.SimulationConfig) -> torch.Tensor:

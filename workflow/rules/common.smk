@@ -4,14 +4,11 @@ import json
 import re
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
+import sys
 
 from nbsim import sweep
 from nbsim.errors import NbsimError
 
-
-validate(config, schema=workflow.source_path("../schemas/config.schema.yaml"))
 
 CONFIG_BASE = (
     Path(workflow.overwrite_configfiles[-1]).resolve().parent
@@ -19,9 +16,10 @@ CONFIG_BASE = (
     else Path(workflow.basedir) / "config"
 )
 try:
-    sweep.check_config(config, CONFIG_BASE)
+    sweep.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE)
 except NbsimError as error:
-    raise WorkflowError(f"invalid sweep configuration: {error}") from None
+    print(f"nbsim: invalid sweep configuration: {error}", file=sys.stderr)
+    sys.exit(1)
 
 RESULTS = config["results"]
 TIMING = config["timing"]
@@ -75,6 +73,11 @@ def reference_job(wildcards):
         threads=TIMING["threads"],
         compile_cache=COMPILE_CACHE,
     )
+
+
+def reference_store(wildcards):
+    point = point_of(wildcards)
+    return f"{RESULTS}/{wildcards.scenario}/reference/{point.reference_name}/image.zarr"
 
 
 def uses_gpu(wildcards):

@@ -1,11 +1,6 @@
 """Each point against its reference image."""
 
 
-def reference_store(wildcards):
-    point = point_of(wildcards)
-    return f"{RESULTS}/{wildcards.scenario}/reference/{point.reference_name}/image.zarr"
-
-
 rule compare:
     input:
         store=f"{RESULTS}/{{scenario}}/points/{{point}}/image.zarr",

@@ -1,0 +1,198 @@
+"""The Snakemake sweep, run for real in a temporary folder on a tiny configuration."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from .conftest import REPO_ROOT
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+PROFILE = REPO_ROOT / "workflow" / "profiles" / "default"
+TINY = {
+    "results": "results",
+    "compile_cache": "results/compile-cache",
+    "scenarios": {
+        "seed": {"args": "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"},
+        "hkl": {"args": ["-hkl", "inputs/tiny.hkl", "-cell", "30", "30", "30", "90", "90", "90", "-N", "3",
+                         "-lambda", "1.0", "-distance", "50", "-pixel", "0.5", "-oversample", "1"]},
+    },
+    "sweep": {"sizes": [12, 16], "dtypes": ["float32", "float64"], "devices": ["cpu"], "compile": ["off"],
+              "extra": {"fudge": [1.0]}},
+    "timing": {"warmup": 0, "repeats": 2, "threads": 1},
+}
+
+
+def snakemake(folder: Path, *arguments: str, config: str = "config.yaml") -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(folder),
+                           "--configfile", str(folder / config), "--workflow-profile", str(PROFILE), "--cores", "2",
+                           *arguments], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "NBSIM_CACHE_DIR": str(folder / "cache")})
+
+
+def write_config(folder: Path, config: dict, name: str = "config.yaml") -> None:
+    (folder / name).write_text(yaml.safe_dump(config))
+
+
+def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
+    """Job counts from a dry run's 'Job stats' table."""
+    counts = {}
+    for rule, count in re.findall(r"^(\w+)\s+(\d+)$", result.stdout + result.stderr, re.M):
+        if rule != "total":
+            counts[rule] = int(count)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sweep")
+    (folder / "inputs").mkdir()
+    (folder / "inputs" / "tiny.hkl").write_text(
+        "\n".join(f"{h} {k} {l} {10 + abs(h) + 2 * abs(k) + 3 * abs(l)}"
+                  for h in range(-3, 4) for k in range(-3, 4) for l in range(-3, 4)) + "\n")
+    write_config(folder, TINY)
+    result = snakemake(folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+@pytest.mark.slow
+def test_tables_list_every_point(sweep_run):
+    for scenario in TINY["scenarios"]:
+        tables = sweep_run / "results" / scenario / "tables"
+        with open(tables / "timing.csv") as stream:
+            timing = list(csv.DictReader(stream))
+        with open(tables / "correlation.csv") as stream:
+            correlation = list(csv.DictReader(stream))
+        assert len(timing) == len(correlation) == 4
+        for row in timing:
+            assert row["status"] == "ok"
+            assert float(row["cold_s"]) > 0 and float(row["warm_median_s"]) > 0
+            assert float(row["warm_min_s"]) <= float(row["warm_median_s"]) <= float(row["warm_max_s"])
+            assert float(row["reference_median_s"]) > 0 and float(row["speedup"]) > 0
+            assert float(row["peak_rss_mb"]) > 0
+        for row in correlation:
+            assert row["reference"] == "nbsim-float64-cpu"
+            limit = 0.999999 if row["dtype"] == "float64" else 0.99999
+            assert float(row["correlation"]) >= limit
+            assert float(row["max_rel_error"]) <= (1e-5 if row["dtype"] == "float64" else 1e-3)
+            assert row["finite"] == "True"
+        assert (tables / "timing.md").read_text().startswith("| point |")
+        assert (tables / "correlation.md").read_text().count("\n") == 6
+
+
+@pytest.mark.slow
+def test_point_stores_carry_image_and_attributes(sweep_run):
+    from nbsim.sweep import read_store
+
+    store = sweep_run / "results" / "seed" / "points" / "n16-float32-cpu-compile_off-fudge_1.0" / "image.zarr"
+    dataset = read_store(store)
+    assert dataset["image"].shape == (16, 16)
+    assert float(dataset["image"].max()) > 0
+    attributes = dict(dataset.attrs)
+    assert attributes["dtype"] == "float32" and attributes["device"] == "cpu"
+    assert attributes["args"][-2:] == ["-detpixels", "16"]
+    assert {"nbsim", "torch", "numpy", "zarr", "xarray"} <= set(attributes["versions"])
+    assert attributes["timing"]["repeats"] == 2 and attributes["device_name"]
+    timing = json.loads((store.parent / "timing.json").read_text())
+    assert timing["timing"]["warm_median_s"] > 0
+
+
+@pytest.mark.slow
+def test_collated_store_has_every_axis(sweep_run):
+    import xarray as xr
+
+    dataset = xr.open_zarr(sweep_run / "results" / "hkl" / "sweep.zarr")
+    assert list(dataset["size"].values) == [12, 16]
+    assert sorted(dataset["dtype"].values) == ["float32", "float64"]
+    assert list(dataset["fudge"].values) == [1.0]
+    assert dataset["warm_median_s"].dims == ("size", "dtype", "device", "compile", "fudge")
+    assert bool((dataset["correlation"] > 0.9999).all())
+    assert dataset["image_n16"].shape[-2:] == (16, 16)
+    attributes = json.loads(str(dataset["attributes"].sel(size=12, dtype="float64").values.ravel()[0]))
+    assert attributes["point"].startswith("n12-float64")
+
+
+@pytest.mark.slow
+def test_plots_and_report(sweep_run):
+    for name in ("speedup.png", "warm_time.png", "previews.png"):
+        assert (sweep_run / "results" / "seed" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    result = snakemake(sweep_run, "--report", str(sweep_run / "report.html"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (sweep_run / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_second_run_executes_nothing(sweep_run):
+    result = snakemake(sweep_run)
+    assert result.returncode == 0
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_changing_one_value_reruns_only_the_affected_points(sweep_run):
+    changed = json.loads(json.dumps(TINY))
+    changed["sweep"]["sizes"] = [12, 20]
+    write_config(sweep_run, changed, "changed.yaml")
+    plan = planned_jobs(snakemake(sweep_run, "--dry-run", config="changed.yaml"))
+    assert plan["simulate"] == 4  # the two dtypes at size 20, for each scenario
+    assert plan["reference"] == 2
+    assert plan["compare"] == 4
+    assert plan["collate"] == 2
+
+
+def test_snakemake_lint_is_clean(tmp_path):
+    write_config(tmp_path, TINY)
+    result = snakemake(tmp_path, "--lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "good condition" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["sweep"].update(colour="blue"), "sweep: unknown key(s) 'colour'"),
+    (lambda c: c["sweep"].update(sizes=[]), "sweep.sizes"),
+    (lambda c: c["sweep"].update(dtypes=["float16"]), "sweep.dtypes.0"),
+    (lambda c: c["timing"].update(repeats="three"), "timing.repeats"),
+    (lambda c: c["sweep"]["extra"].update(colour=[1]), "'colour' is not a simulator option"),
+    (lambda c: c["scenarios"]["seed"].update(args="-default_F 100 -bogus"), "unknown option '-bogus'"),
+    (lambda c: c.update(reference={"c_binary": "/nonexistent/nanoBragg"}), "does not exist"),
+    (lambda c: c.update(reference={"c_binary": "config.yaml"}), "is not executable"),
+])
+def test_bad_config_fails_before_any_job(tmp_path, change, message):
+    config = json.loads(json.dumps(TINY))
+    change(config)
+    write_config(tmp_path, config)
+    result = snakemake(tmp_path, "--dry-run")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("Using workflow specific")]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_cuda_point_without_cuda(tmp_path, policy):
+    config = json.loads(json.dumps(TINY))
+    config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
+    config["sweep"].update(sizes=[12], dtypes=["float32"], devices=["cpu", "cuda"], on_unavailable_device=policy)
+    write_config(tmp_path, config)
+    result = snakemake(tmp_path)
+    if policy == "fail":
+        assert result.returncode != 0
+        assert "nbsim: error: device 'cuda' requested but CUDA is not available" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-2000:]
+        with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
+            rows = {row["device"]: row for row in csv.DictReader(stream)}
+        assert rows["cuda"]["status"] == "skipped" and rows["cpu"]["status"] == "ok"
