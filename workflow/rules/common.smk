@@ -84,6 +84,16 @@ def uses_gpu(wildcards):
     return 1 if point_of(wildcards).device.startswith("cuda") else 0
 
 
+SLURM = config["slurm"]
+
+
+def slurm_partition(wildcards):
+    """GPU points go to slurm.gpu_partition, the rest to slurm.partition ("" = the cluster's default)."""
+    if "point" in wildcards.keys() and uses_gpu(wildcards):
+        return SLURM["gpu_partition"] or SLURM["partition"] or ""
+    return SLURM["partition"] or ""
+
+
 def scenario_points(scenario):
     return [p for (s, _), p in POINTS.items() if s == scenario]
 

@@ -1,4 +1,4 @@
-"""Each point against its reference image."""
+"""Each point against its reference image (light: a local rule, also on a cluster)."""
 
 
 rule compare:
@@ -9,6 +9,7 @@ rule compare:
         f"{RESULTS}/{{scenario}}/points/{{point}}/comparison.json",
     log:
         f"{RESULTS}/logs/compare/{{scenario}}/{{point}}.log",
+    localrule: True
     conda:
         "../envs/nbsim.yaml"
     script:

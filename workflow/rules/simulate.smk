@@ -15,6 +15,8 @@ rule simulate:
         gpu=uses_gpu,
         mem_mb=config["resources"]["mem_mb"],
         runtime=config["resources"]["runtime_min"],
+        slurm_partition=slurm_partition,
+        slurm_account=SLURM["account"] or "",
     conda:
         "../envs/nbsim.yaml"
     script:
@@ -34,6 +36,8 @@ rule reference:
         timing_slot=1,
         mem_mb=config["resources"]["mem_mb"],
         runtime=config["resources"]["runtime_min"],
+        slurm_partition=slurm_partition,
+        slurm_account=SLURM["account"] or "",
     conda:
         "../envs/nbsim.yaml"
     script:

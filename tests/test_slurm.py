@@ -1,0 +1,52 @@
+"""The sweep on a real single-node SLURM cluster, through Snakemake's SLURM executor plugin."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from .conftest import REPO_ROOT
+from .slurm_cluster import single_node_slurm, unavailable_reason
+
+REASON = unavailable_reason()
+CONFIG = {
+    "scenarios": {"seed": {"args": "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"}},
+    "sweep": {"sizes": [12], "dtypes": ["float32", "float64"], "devices": ["cpu"], "compile": ["off"]},
+    "timing": {"warmup": 0, "repeats": 1, "threads": 1},
+    "resources": {"mem_mb": 1000, "runtime_min": 10},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REASON is not None, reason=f"no single-node SLURM here: {REASON}")
+def test_sweep_runs_every_point_as_a_slurm_job(tmp_path):
+    with single_node_slurm() as partition:
+        config = {**CONFIG, "slurm": {"partition": partition, "gpu_partition": None, "account": None}}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+        result = subprocess.run(
+            [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(tmp_path),
+             "--configfile", str(tmp_path / "config.yaml"),
+             "--workflow-profile", str(REPO_ROOT / "workflow" / "profiles" / "slurm"),
+             "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2",
+             "--slurm-no-account", "--jobs", "4"],
+            capture_output=True, text=True, timeout=1800, env={**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    records = sorted((tmp_path / "results" / "seed").glob("*/*/timing.json"))
+    assert len(records) == 3  # two points and their reference
+    job_ids = set()
+    for path in records:
+        record = json.loads(path.read_text())
+        job_id = record["timing"]["slurm_job_id"]
+        assert job_id and job_id.isdigit(), f"{path} did not run as a SLURM job"
+        assert record["timing"]["host"]
+        job_ids.add(job_id)
+    assert len(job_ids) == 3
+    with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
+        rows = list(csv.DictReader(stream))
+    assert len(rows) == 2 and all(row["slurm_job_id"] in job_ids for row in rows)
