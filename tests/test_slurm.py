@@ -35,7 +35,8 @@ def test_sweep_runs_every_point_as_a_slurm_job(tmp_path):
              "--workflow-profile", str(REPO_ROOT / "workflow" / "profiles" / "slurm"),
              "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2",
              "--slurm-no-account", "--jobs", "4"],
-            capture_output=True, text=True, timeout=1800, env={**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache")})
+            capture_output=True, text=True, timeout=1800,
+            env={**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     records = sorted((tmp_path / "results" / "seed").glob("*/*/timing.json"))
     assert len(records) == 3  # two points and their reference
