@@ -88,7 +88,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
             if k == 0 and s == 0 and ordered.first_evaluation is not None:
                 first_inputs = restrict(ordered.first_evaluation, 0, 0)
                 terms = _with_first_evaluation(terms, step_terms(block, first_inputs, grid_shape, options))
-            mask = evaluated(terms, block, t)[:, :, 0, 0, :]
+            mask = evaluated(terms, block.valid, t)[:, :, 0, 0, :]
             f_cell = terms.f_cell[:, :, 0, 0, :]
             if interpolating:
                 f_cell, interpolating = _switching_lookup(terms, mask, t, grid_shape)

@@ -15,6 +15,7 @@ multiply-adds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,13 +41,16 @@ class KernelOptions:
     sensor_layers: int = 1
     use_sensor: bool = False
     first_layer_substeps: int = 1
-    square_axes: tuple[bool, bool, bool] = (True, True, True)
+    cell_counts: tuple[int, int, int] = (1, 1, 1)
+    """Na, Nb, Nc as compile-time constants (the square shape's Chebyshev recurrence unrolls over them)."""
 
 
-# Taylor coefficients of sin(πx)/x in powers of x². On |x| ≤ ½ the truncation error after n terms is
-# about (π/2)^(2n+1)/(2n+1)!: 6 terms give 6e-8 (float32), 10 terms 4e-17 (float64). A polynomial on
-# a reduced argument is far cheaper than a general sin and needs no range reduction of its own.
+# sin(πx)/x as a polynomial in x² on |x| ≤ ½. float64: Taylor, 10 terms (truncation 4e-17). float32:
+# a 5-term fit minimising the relative error (5e-9, below float32 rounding). A polynomial on a reduced
+# argument is far cheaper than a general sine and needs no range reduction of its own.
 _SIN_PI_COEFFICIENTS = tuple((-1) ** j * math.pi ** (2 * j + 1) / math.factorial(2 * j + 1) for j in range(10))
+_SIN_PI_COEFFICIENTS_FLOAT32 = (3.141592636934065, -5.1677096867340495, 2.5500697530009737, -0.5982422641064848,
+                                0.07756062573090196)
 
 
 def sin_pi(x: torch.Tensor) -> torch.Tensor:
@@ -58,8 +62,8 @@ def sin_pi(x: torch.Tensor) -> torch.Tensor:
 
 
 def sin_pi_polynomial(x: torch.Tensor) -> torch.Tensor:
-    """The Horner polynomial of sin_pi (float32 inputs use the first six terms)."""
-    coefficients = _SIN_PI_COEFFICIENTS[:6] if x.dtype in (torch.float32, torch.float16, torch.bfloat16) \
+    """The Horner polynomial of sin_pi (float32 inputs use the shorter fitted one)."""
+    coefficients = _SIN_PI_COEFFICIENTS_FLOAT32 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) \
         else _SIN_PI_COEFFICIENTS
     x2 = x * x
     total = torch.full_like(x, coefficients[-1])
@@ -96,11 +100,14 @@ def _sinc3(x: torch.Tensor) -> torch.Tensor:
 
 def _gather(grid: torch.Tensor, h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
             grid_min: torch.Tensor, grid_shape: tuple[int, int, int]) -> torch.Tensor:
-    """grid[h, k, l] for integer-valued index tensors already known to lie inside the grid."""
+    """grid[h, k, l] for integer-valued indices within one node of the file's range.
+
+    The table carries a border of default_F one node wide (see HKLGrid.padded), so its first
+    entry is index grid_min − 1.
+    """
     nk, nl = grid_shape[1], grid_shape[2]
-    index = ((h - grid_min[0]) * nk + (k - grid_min[1])) * nl + (l - grid_min[2])
-    index = index.clamp(0, grid.numel() - 1).to(torch.int64)
-    return grid[index]
+    index = ((h - grid_min[0] + 1.0) * nk + (k - grid_min[1] + 1.0)) * nl + (l - grid_min[2] + 1.0)
+    return grid[index.to(torch.int64)]
 
 
 def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
@@ -111,9 +118,10 @@ def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
     if lookup == "default":
         return default_F.expand_as(h)
     if lookup == "nearest":
-        inside = ((h0 >= grid_min[0]) & (h0 <= grid_max[0]) & (k0 >= grid_min[1]) & (k0 <= grid_max[1])
-                  & (l0 >= grid_min[2]) & (l0 <= grid_max[2]))
-        return torch.where(inside, _gather(grid, h0, k0, l0, grid_min, grid_shape), default_F)
+        # Clamping to one node beyond the range lands on the default_F border: no separate bounds test.
+        low, high = grid_min - 1.0, grid_max + 1.0
+        return _gather(grid, torch.clamp(h0, low[0], high[0]), torch.clamp(k0, low[1], high[1]),
+                       torch.clamp(l0, low[2], high[2]), grid_min, grid_shape)
     h_floor, k_floor, l_floor = torch.floor(h), torch.floor(k), torch.floor(l)
     wh = lagrange_weights(h - h_floor)
     wk = lagrange_weights(k - k_floor)
@@ -133,8 +141,8 @@ def lattice_factor(dh: torch.Tensor, dk: torch.Tensor, dl: torch.Tensor, n_cells
     na, nb, nc = n_cells[0], n_cells[1], n_cells[2]
     if options.shape == "square":
         numerator, denominator = torch.ones_like(dh), torch.ones_like(dh)
-        for use, fraction, n in zip(options.square_axes, (dh, dk, dl), (na, nb, nc), strict=True):
-            if use:
+        for count, fraction, n in zip(options.cell_counts, (dh, dk, dl), (na, nb, nc), strict=True):
+            if count > 1:
                 top, bottom = _sincg_parts(fraction, n)
                 numerator, denominator = numerator * top, denominator * bottom
         return numerator / denominator
@@ -331,22 +339,46 @@ class StepTerms(NamedTuple):
     f_cell: torch.Tensor
 
 
-def miller_indices(f: PixelFrame, t: KernelTensors, options: KernelOptions):
-    """h = a·(d − i)/λ = (a·p)/|p|/λ − (a·i)/λ: three (R, C, K, S, O) tensors."""
-    scale = (f.inverse_path.unsqueeze(-1) * t.inv_wavelength).unsqueeze(-1)
-    return [project(f, t.cells[v], options).unsqueeze(3) * scale - t.beam_terms[v] for v in range(3)]
+class PixelTerms(NamedTuple):
+    """What the step sum needs from each pixel, computed once per pixel (the first kernel stage).
+
+    projections (3, R, C, K, O): a·p, b·p, c·p; inverse_path (R, C, K); factor (R, C):
+    scale·capture·polar·ω; valid (R, C, K, S): 1 where -dmin keeps the source (shape (1, 1, 1, 1)
+    when -dmin is off).
+    """
+
+    projections: torch.Tensor
+    inverse_path: torch.Tensor
+    factor: torch.Tensor
+    valid: torch.Tensor
 
 
-def step_terms(f: PixelFrame, t: KernelTensors, grid_shape: tuple[int, int, int], options: KernelOptions,
-               lookup: str | None = None) -> StepTerms:
+def miller_indices(projections: torch.Tensor, inverse_path: torch.Tensor, t: KernelTensors):
+    """h = a·(d − i)/λ = (a·p)/|p|/λ − (a·i)/λ from the projections: three (R, C, K, S, O) tensors."""
+    scale = (inverse_path.unsqueeze(-1) * t.inv_wavelength).unsqueeze(-1)
+    return [projections[v].unsqueeze(3) * scale - t.beam_terms[v] for v in range(3)]
+
+
+def cell_projections(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
+    return torch.stack([project(f, t.cells[v], options) for v in range(3)])
+
+
+def terms_from_projections(projections: torch.Tensor, inverse_path: torch.Tensor, t: KernelTensors,
+                           grid_shape: tuple[int, int, int], options: KernelOptions,
+                           lookup: str | None = None) -> StepTerms:
     """Miller indices, lattice factor and structure factor for every step."""
     default_F, fudge = t.scalars[8], t.scalars[9]
-    h, k, l = miller_indices(f, t, options)
+    h, k, l = miller_indices(projections, inverse_path, t)
     h0, k0, l0 = torch.ceil(h - 0.5), torch.ceil(k - 0.5), torch.ceil(l - 0.5)
     f_latt = lattice_factor(h - h0, k - k0, l - l0, t.n_cells, t.reciprocal, fudge, options)
     f_cell = structure_factor(h, k, l, h0, k0, l0, t.grid, t.grid_min, t.grid_max, grid_shape, default_F,
                               lookup or options.lookup)
     return StepTerms(h, k, l, h0, k0, l0, f_latt, f_cell)
+
+
+def step_terms(f: PixelFrame, t: KernelTensors, grid_shape: tuple[int, int, int], options: KernelOptions,
+               lookup: str | None = None) -> StepTerms:
+    return terms_from_projections(cell_projections(f, t, options), f.inverse_path, t, grid_shape, options, lookup)
 
 
 def last_layer_capture(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
@@ -358,30 +390,74 @@ def last_layer_capture(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
                             options)[:, :, 0]
 
 
-def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
-                 options: KernelOptions) -> torch.Tensor:
-    """Final pixel values (R, C) for a tile: r_e²·fluence·(I_bg + ΣF²·F_latt²)/steps·capture·polar·ω."""
-    scale, background = t.scalars[3], t.scalars[4]
+def prepare_pixels(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
+                   options: KernelOptions) -> PixelTerms:
+    """First stage: everything per pixel (and sub-step) that the steps share."""
     f = pixel_frame(rows, cols, t, options)
     omega = solid_angle(f.inverse_path[:, :, 0], t, options)
     capture = last_layer_capture(rows, cols, t, options) if options.use_sensor else torch.ones_like(omega)
     polar = pixel_polarization(f, rows, cols, t, options)
-    terms = step_terms(f, t, grid_shape, options)
-    intensity = terms.f_cell * terms.f_cell * terms.f_latt * terms.f_latt
-    if f.valid is not None:
-        intensity = torch.where(f.valid.unsqueeze(-1), intensity, torch.zeros_like(intensity))
-    total = intensity.sum(dim=(2, 3, 4))
-    return scale * (background + total) * capture * polar * omega
+    valid = f.valid.to(f.x.dtype) if f.valid is not None else torch.ones((1, 1, 1, 1), dtype=f.x.dtype,
+                                                                            device=f.x.device)
+    return PixelTerms(projections=cell_projections(f, t, options), inverse_path=f.inverse_path,
+                      factor=t.scalars[3] * capture * polar * omega, valid=valid)
+
+
+def sum_steps(p: PixelTerms, t: KernelTensors, grid_shape: tuple[int, int, int],
+              options: KernelOptions) -> torch.Tensor:
+    """Second stage: r_e²·fluence/steps·(I_bg + Σ F_cell²·F_latt²)·capture·polar·ω for each pixel, (R, C)."""
+    terms = terms_from_projections(p.projections, p.inverse_path, t, grid_shape, options)
+    intensity = torch.square(terms.f_cell * terms.f_latt)
+    if options.use_dmin:
+        intensity = intensity * p.valid.unsqueeze(-1)
+    return p.factor * (t.scalars[4] + intensity.sum(dim=(2, 3, 4)))
+
+
+def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
+                 options: KernelOptions) -> torch.Tensor:
+    """Final pixel values (R, C) for a tile (both stages; compiled modes run them as two kernels)."""
+    return sum_steps(prepare_pixels(rows, cols, t, grid_shape, options), t, grid_shape, options)
+
+
+def steps_out_of_range(p: PixelTerms, t: KernelTensors, grid_shape: tuple[int, int, int],
+                       options: KernelOptions) -> torch.Tensor:
+    """(R, C) flags: does any evaluated step of the pixel fall too close to the HKL grid edge to
+    interpolate? (nanoBragg then uses default_F for that step and switches interpolation off.)"""
+    terms = terms_from_projections(p.projections, p.inverse_path, t, grid_shape, options, lookup="default")
+    outside = interpolation_outside(terms, t) & evaluated(terms, p.valid > 0 if options.use_dmin else None, t)
+    return outside.any(dim=4).any(dim=3).any(dim=2)
 
 
 def interpolation_out_of_range(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
                                grid_shape: tuple[int, int, int], options: KernelOptions) -> torch.Tensor:
-    """(R, C) flags: does any evaluated step of the pixel fall too close to the HKL grid edge to
-    interpolate? (nanoBragg then uses default_F for that step and switches interpolation off.)"""
-    f = pixel_frame(rows, cols, t, options)
-    terms = step_terms(f, t, grid_shape, options, lookup="default")
-    outside = interpolation_outside(terms, t) & evaluated(terms, f, t)
-    return outside.any(dim=4).any(dim=3).any(dim=2)
+    return steps_out_of_range(prepare_pixels(rows, cols, t, grid_shape, options), t, grid_shape, options)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One compiled kernel of a pipeline: its function, the Inductor options it needs, and the
+    NamedTuple its outputs form (None: a single tensor)."""
+
+    function: Callable
+    inductor_options: tuple[tuple[str, object], ...] = ()
+    output: type | None = None
+
+
+# The step sum is a single reduction whose per-step intermediates should stay in registers, not be
+# written out, so Inductor is told not to materialise them (and that the clamped table index needs
+# no bounds check). The per-pixel stage keeps Inductor's defaults.
+FUSED_STEPS = (("realize_reads_threshold", 1 << 20), ("realize_opcount_threshold", 1 << 20),
+               ("realize_acc_reads_threshold", 1 << 20), ("assert_indirect_indexing", False))
+PIXEL_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(sum_steps, FUSED_STEPS))
+OUT_OF_RANGE_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(steps_out_of_range, FUSED_STEPS))
+
+
+def pixel_dims(leading: tuple, options: KernelOptions) -> list[dict[int, str]]:
+    """Which dimensions of a stage's leading inputs (flattened) are the tile's rows and columns."""
+    if isinstance(leading[0], PixelTerms):
+        return [{1: "rows", 2: "cols"}, {0: "rows", 1: "cols"}, {0: "rows", 1: "cols"},
+                {0: "rows", 1: "cols"} if options.use_dmin else {}]
+    return [{0: "rows"}, {0: "cols"}]
 
 
 def interpolation_outside(terms: StepTerms, t: KernelTensors) -> torch.Tensor:
@@ -392,11 +468,11 @@ def interpolation_outside(terms: StepTerms, t: KernelTensors) -> torch.Tensor:
             | (terms.l + 2 > high[2]) | (terms.l - 2 < low[2]))
 
 
-def evaluated(terms: StepTerms, f: PixelFrame, t: KernelTensors) -> torch.Tensor:
-    """Steps nanoBragg evaluates fully: not cut by -dmin, and F_latt ≠ 0 unless there is water."""
+def evaluated(terms: StepTerms, valid: torch.Tensor | None, t: KernelTensors) -> torch.Tensor:
+    """Steps nanoBragg evaluates fully: not cut by -dmin (valid), and F_latt ≠ 0 unless there is water."""
     mask = (terms.f_latt != 0) | (t.scalars[4] != 0)
-    if f.valid is not None:
-        mask = mask & f.valid.unsqueeze(-1)
+    if valid is not None:
+        mask = mask & valid.unsqueeze(-1)
     return mask
 
 

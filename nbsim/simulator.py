@@ -18,7 +18,7 @@ from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
 from .exact import OrderedOptions, Trace, render_ordered
 from .geometry import DetectorGeometry, build_geometry
-from .kernel import KernelOptions, KernelTensors, Projection, interpolation_out_of_range, pixel_kernel
+from .kernel import OUT_OF_RANGE_STAGES, PIXEL_STAGES, KernelOptions, KernelTensors, Projection
 from .random import Ran1
 from .structure_factors import HKLGrid, build_grid, read_hkl
 from .vectors import cross, norm, unit
@@ -27,9 +27,10 @@ R_E_SQR_M2 = 7.94079248018965e-30
 AVOGADRO = 6.02214179e23
 WATER_F = 2.57
 WATER_MW = 18.0
-# Pixel-steps per tile: compiled kernels are fastest when their per-step intermediates stay cache-sized;
-# eager tiles are larger (fewer Python-level operations) but still bound memory.
-COMPILED_TILE_ELEMENTS = 1 << 20
+# Values held per tile: an eager tile materialises every pixel-step, a compiled tile only the per-pixel
+# terms handed from the first kernel stage to the fused step sum. Both bounds keep memory flat
+# whatever the number of steps.
+COMPILED_TILE_ELEMENTS = 1 << 22
 EAGER_TILE_ELEMENTS = 1 << 22
 
 
@@ -230,8 +231,9 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     polar_e = unit(cross(incident, polar_b))
     cells = setup.cells_A
     if setup.grid is not None:
-        grid = setup.grid.flat(dtype, device)
-        grid_min, grid_max, grid_shape = setup.grid.index_min, setup.grid.index_max, setup.grid.shape
+        padded = setup.grid.padded(config.structure.default_F)
+        grid = torch.as_tensor(padded.reshape(-1), dtype=dtype, device=device)
+        grid_min, grid_max, grid_shape = setup.grid.index_min, setup.grid.index_max, padded.shape
     else:
         grid = torch.zeros(1, dtype=dtype, device=device)
         grid_min, grid_max, grid_shape = (0, 0, 0), (0, 0, 0), (1, 1, 1)
@@ -253,7 +255,7 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         shape=config.crystal.shape, lookup=setup.lookup, point_pixel=detector.point_pixel, curved=detector.curved,
         polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
         use_dmin=beam.dmin_A > 0, sensor_layers=layers, use_sensor=setup.sensor.thickness_m > 0,
-        first_layer_substeps=setup.oversample ** 2, square_axes=tuple(n > 1 for n in setup.n_cells))
+        first_layer_substeps=setup.oversample ** 2, cell_counts=tuple(setup.n_cells))
     first = None
     if setup.first_evaluation_cells_A is not None:
         unrotated = setup.first_evaluation_cells_A
@@ -288,11 +290,13 @@ class Renderer:
         needs_grad = any(t.requires_grad for t in tree_flatten(self.inputs.tensors)[0])
         self.mode = choose_mode(compile, self.device, needs_grad)
         self.tile_elements = tile_elements or (EAGER_TILE_ELEMENTS if self.mode == "eager" else COMPILED_TILE_ELEMENTS)
-        tensors = self.inputs.tensors
-        self.steps_per_pixel = tensors.origins.shape[0] * tensors.inv_wavelength.shape[0] \
-            * tensors.beam_terms.shape[2]
         detector = setup.config.detector
         self.step_ordered = detector.oversample_thick or detector.oversample_polar or detector.oversample_omega
+        tensors = self.inputs.tensors
+        substeps, sources, orientations = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0],
+                                           tensors.beam_terms.shape[2])
+        self.values_per_pixel = (substeps * sources * orientations if self.mode == "eager" or self.step_ordered
+                                 else 3 * substeps * orientations + substeps * sources + substeps + 1)
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
@@ -353,12 +357,8 @@ class Renderer:
         return value[0, 0], trace
 
     def _row_tiles(self, start: int, stop: int):
-        """Row-index tensors covering [start, stop), each tile holding about tile_elements pixel-steps.
-
-        Inductor keeps a few per-step intermediates of a tile in memory; tiles of ~1M pixel-steps keep
-        them cache-sized (measured fastest) and bound memory whatever the number of steps.
-        """
-        per_row = len(self.cols) * self.steps_per_pixel
+        """Row-index tensors covering [start, stop), each tile holding about tile_elements values."""
+        per_row = len(self.cols) * self.values_per_pixel
         rows_per_tile = max(1, self.tile_elements // max(1, per_row))
         for first in range(start, stop, rows_per_tile):
             yield torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
@@ -366,7 +366,7 @@ class Renderer:
     def _render_rows(self, start: int, stop: int, lookup: str, out: torch.Tensor) -> None:
         """Render ROI rows [start, stop) into `out` (rows × ROI columns), tile by tile."""
         options = dataclasses.replace(self.inputs.options, lookup=lookup)
-        kernel = kernel_callable(pixel_kernel, options, self.inputs.grid_shape, self.mode)
+        kernel = kernel_callable(PIXEL_STAGES, options, self.inputs.grid_shape, self.mode)
         ordered = OrderedOptions(**self._ordered_flags())
         for rows in self._row_tiles(start, stop):
             if self.step_ordered:
@@ -412,8 +412,7 @@ class Renderer:
         pixels still interpolated) and the pixel whose step triggers the switch.
         """
         _, _, ymin, ymax = self.setup.roi
-        kernel = kernel_callable(interpolation_out_of_range, self.inputs.options, self.inputs.grid_shape,
-                                 "eager" if self.mode == "eager" else "jit")
+        kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.inputs.grid_shape, self.mode)
         flags = [kernel(rows, self.cols, self.inputs.tensors)
                  for rows in self._row_tiles(ymin, ymax + 1)]
         outside = torch.cat(flags).cpu().numpy()

@@ -28,8 +28,9 @@ class HKLGrid:
     def index_max(self) -> tuple[int, int, int]:
         return tuple(m + n - 1 for m, n in zip(self.index_min, self.shape, strict=True))
 
-    def flat(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.as_tensor(self.values.reshape(-1), dtype=dtype, device=device)
+    def padded(self, default_F: float) -> np.ndarray:
+        """The values with a one-node border of default_F on every side (what lookups index)."""
+        return np.pad(self.values, 1, constant_values=default_F)
 
 
 def read_hkl(path: str | Path) -> np.ndarray:
