@@ -449,6 +449,8 @@ class Stage:
 FUSED_STEPS = (("realize_reads_threshold", 1 << 20), ("realize_opcount_threshold", 1 << 20),
                ("realize_acc_reads_threshold", 1 << 20), ("assert_indirect_indexing", False))
 PIXEL_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(sum_steps, FUSED_STEPS))
+# With a single step per pixel there is nothing to share between steps: one kernel, no hand-over.
+SINGLE_STEP_STAGES = (Stage(pixel_kernel),)
 OUT_OF_RANGE_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(steps_out_of_range, FUSED_STEPS))
 
 

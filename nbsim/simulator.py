@@ -18,7 +18,14 @@ from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
 from .exact import OrderedOptions, Trace, render_ordered
 from .geometry import DetectorGeometry, build_geometry
-from .kernel import OUT_OF_RANGE_STAGES, PIXEL_STAGES, KernelOptions, KernelTensors, Projection
+from .kernel import (
+    OUT_OF_RANGE_STAGES,
+    PIXEL_STAGES,
+    SINGLE_STEP_STAGES,
+    KernelOptions,
+    KernelTensors,
+    Projection,
+)
 from .random import Ran1
 from .structure_factors import HKLGrid, build_grid, read_hkl
 from .vectors import cross, norm, unit
@@ -295,7 +302,8 @@ class Renderer:
         tensors = self.inputs.tensors
         substeps, sources, orientations = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0],
                                            tensors.beam_terms.shape[2])
-        self.values_per_pixel = (substeps * sources * orientations if self.mode == "eager" or self.step_ordered
+        self.steps_per_pixel = substeps * sources * orientations
+        self.values_per_pixel = (self.steps_per_pixel if self.mode == "eager" or self.step_ordered
                                  else 3 * substeps * orientations + substeps * sources + substeps + 1)
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
@@ -366,7 +374,8 @@ class Renderer:
     def _render_rows(self, start: int, stop: int, lookup: str, out: torch.Tensor) -> None:
         """Render ROI rows [start, stop) into `out` (rows × ROI columns), tile by tile."""
         options = dataclasses.replace(self.inputs.options, lookup=lookup)
-        kernel = kernel_callable(PIXEL_STAGES, options, self.inputs.grid_shape, self.mode)
+        stages = SINGLE_STEP_STAGES if self.steps_per_pixel == 1 else PIXEL_STAGES
+        kernel = kernel_callable(stages, options, self.inputs.grid_shape, self.mode)
         ordered = OrderedOptions(**self._ordered_flags())
         for rows in self._row_tiles(start, stop):
             if self.step_ordered:

@@ -215,10 +215,12 @@ def write_store(path: Path, image: np.ndarray, attributes: dict[str, Any]) -> No
 
 def write_dataset(path: Path, dataset) -> None:
     """Write a dataset as zarr next to `path`, then rename it into place: readers never see a partial
-    store, and a job killed mid-write leaves only a `.partial-*` folder that nothing reads."""
+    store, and a job killed mid-write leaves only a `.partial-*` folder that nothing reads (and that
+    the next write of the same store removes)."""
     path = Path(path)
+    for stale in path.parent.glob(path.name + ".partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     partial = path.with_name(path.name + f".partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata")
         dataset.to_zarr(partial, mode="w", consolidated=True)

@@ -28,6 +28,7 @@ TINY = {
     },
     "sweep": {"sizes": [12, 16], "dtypes": ["float32", "float64"], "devices": ["cpu"], "compile": ["off"],
               "extra": {"fudge": [1.0]}},
+    "resources": {"mem_mb": 1000, "runtime_min": 5},
     "timing": {"warmup": 0, "repeats": 2, "threads": 1},
 }
 

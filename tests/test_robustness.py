@@ -1,0 +1,216 @@
+"""Robustness: fuzzed parsers and readers, finite images at singular geometry, killed and concurrent jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import nbsim
+from nbsim.beam import read_source_file
+from nbsim.crystal import read_mosflm_matrix
+from nbsim.errors import NbsimError
+from nbsim.io import read_smv
+from nbsim.kernel import _sincg, lattice_factor, sin_pi_polynomial
+from nbsim.nanobragg_args import FLAGS, parse
+from nbsim.simulator import Renderer, resolve
+from nbsim.structure_factors import read_hkl
+
+from .conftest import REPO_ROOT
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+TOKENS = st.one_of(st.sampled_from(sorted(FLAGS) + ["-cell", "-misset", "random", "inf", "nan", "--", "-"]),
+                   st.from_regex(r"-?[0-9]{1,4}(\.[0-9]{0,3})?(e-?[0-9])?", fullmatch=True),
+                   st.text(min_size=0, max_size=8))
+
+
+@FUZZ
+@given(st.lists(TOKENS, max_size=14))
+def test_argument_parser_never_crashes(argv):
+    """Any argument list ends in a configuration or a one-line NbsimError (files may not exist)."""
+    try:
+        config, run = parse(argv)
+    except NbsimError as error:
+        assert "\n" not in str(error)
+        return
+    assert isinstance(config, nbsim.SimulationConfig)
+
+
+def _check_reader(reader, path: Path, content: bytes):
+    path.write_bytes(content)
+    try:
+        reader(path)
+    except NbsimError as error:
+        assert "\n" not in str(error)
+
+
+NUMBERS = st.lists(st.one_of(st.integers(-30, 30).map(str), st.floats(allow_nan=True).map(repr),
+                             st.sampled_from(["x", "1e", "--", "#", ",", ";", "\t", "inf"])), max_size=30)
+
+
+@FUZZ
+@given(lines=st.lists(NUMBERS.map(" ".join), max_size=12))
+def test_text_readers_never_crash(tmp_path_factory, lines):
+    folder = tmp_path_factory.mktemp("fuzz", numbered=True)
+    content = "\n".join(lines).encode()
+    for reader, name in ((read_hkl, "f.hkl"), (read_mosflm_matrix, "f.mat"), (read_source_file, "f.txt")):
+        _check_reader(reader, folder / name, content)
+
+
+@FUZZ
+@given(content=st.binary(max_size=2048), header=st.booleans())
+def test_smv_reader_never_crashes(tmp_path_factory, content, header):
+    folder = tmp_path_factory.mktemp("smv", numbered=True)
+    prefix = b"{\nHEADER_BYTES=512;\nDIM=2;\nSIZE1=4;\nSIZE2=3;\n}" if header else b""
+    _check_reader(read_smv, folder / "f.img", prefix + content)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lattice_factor_is_finite_at_nodes(dtype):
+    """Exactly integer h, k, l (δ = 0) give N, not 0/0, in every shape; the compiled sine too."""
+    zero = torch.zeros(4, dtype=dtype)
+    assert torch.equal(_sincg(zero, torch.tensor(7.0, dtype=dtype)), torch.full_like(zero, 7.0))
+    assert torch.equal(sin_pi_polynomial(zero), zero)
+    from nbsim.kernel import KernelOptions
+
+    for shape in ("square", "round", "gauss", "tophat"):
+        value = lattice_factor(zero, zero, zero, torch.tensor([3.0, 4.0, 5.0], dtype=dtype),
+                               torch.eye(3, dtype=dtype) * 0.01, torch.tensor(1.0, dtype=dtype),
+                               KernelOptions(shape=shape, cell_counts=(3, 4, 5)))
+        assert torch.isfinite(value).all() and float(value[0]) > 0
+
+
+SINGULAR_GEOMETRIES = {
+    # The direct beam lands exactly on a pixel centre (S = 0: h = k = l = 0).
+    "direct beam": "-detpixels 5 -pixel 0.1 -distance 100",
+    # Detector swung to 2θ = 90° (pixels near and beyond 90° scattering).
+    "two-theta 90": "-detpixels 9 -pixel 5 -distance 50 -twotheta 90 -xds",
+    "near 90 beam pivot": "-detpixels 9 -pixel 2 -distance 50 -detector_roty 89.9",
+    "grazing curved": "-detpixels 9 -pixel 20 -distance 20 -curved_det",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SINGULAR_GEOMETRIES))
+@pytest.mark.parametrize("shape", ["-square_xtal", "-round_xtal", "-gauss_xtal", "-tophat_spots"])
+def test_images_are_finite_at_singular_geometry(name, shape):
+    args = (f"-default_F 100 -cell 100 100 100 90 90 90 -lambda 1 -N 3 -oversample 1 {shape} "
+            + SINGULAR_GEOMETRIES[name]).split()
+    for dtype in (torch.float32, torch.float64):
+        image = Renderer(resolve(nbsim.config_from_args(args)), dtype=dtype, compile=False)()
+        assert torch.isfinite(image).all(), f"{name} {shape} {dtype}"
+
+
+def test_no_shell_strings_and_safe_yaml():
+    """Commands are argument lists (never shell strings) and YAML is read with the safe loader."""
+    sources = [*(REPO_ROOT / "nbsim").glob("*.py"), *(REPO_ROOT / "workflow").rglob("*.py"),
+               *(REPO_ROOT / "workflow").rglob("*.smk"), REPO_ROOT / "Snakefile"]
+    for path in sources:
+        text = path.read_text()
+        assert "shell=True" not in text and "os.system(" not in text and "os.popen(" not in text, path
+        assert not re.search(r"yaml\.load\(", text), path
+        assert not re.search(r"^\s+shell:", text, re.M), f"{path} builds a shell command"
+
+
+# --- killed and concurrent jobs -------------------------------------------------------------------
+
+SLOW_POINT = {
+    "scenarios": {"seed": {"args": "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"}},
+    "sweep": {"sizes": [512], "dtypes": ["float64"], "devices": ["cpu"], "compile": ["off"]},
+    "timing": {"warmup": 0, "repeats": 1, "threads": 1},
+}
+
+
+def _snakemake(folder: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(folder),
+         "--configfile", str(folder / "config.yaml"), "--workflow-profile",
+         str(REPO_ROOT / "workflow" / "profiles" / "default"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "NBSIM_CACHE_DIR": str(folder / "cache")})
+
+
+@pytest.mark.slow
+def test_job_killed_mid_write_leaves_nothing_read_as_complete(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(SLOW_POINT))
+    points = tmp_path / "results" / "seed" / "points"
+    process = _snakemake(tmp_path)
+    victim = None
+    deadline = time.time() + 600
+    while victim is None and time.time() < deadline and process.poll() is None:
+        for partial in points.glob("*/image.zarr.partial-*"):
+            victim = int(partial.name.rsplit("-", 1)[1])
+            os.kill(victim, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    output = process.communicate(timeout=600)[0]
+    assert victim is not None, "the store was never caught being written:\n" + output[-2000:]
+    assert process.returncode != 0
+    point = points / "n512-float64-cpu-compile_off"
+    assert not (point / "image.zarr").exists()
+    assert not (point / "timing.json").exists()
+    assert not (tmp_path / "results" / "seed" / "tables" / "timing.csv").exists()
+
+    rerun = _snakemake(tmp_path)
+    output = rerun.communicate(timeout=900)[0]
+    assert rerun.returncode == 0, output[-3000:]
+    assert (point / "image.zarr" / "zarr.json").is_file()
+    assert not list(point.glob("image.zarr.partial-*"))
+    rows = (tmp_path / "results" / "seed" / "tables" / "timing.csv").read_text().splitlines()
+    assert len(rows) == 2 and ",ok," in rows[1]
+
+
+@pytest.mark.slow
+def test_parallel_jobs_do_not_corrupt_stores(tmp_path):
+    config = json.loads(json.dumps(SLOW_POINT))
+    config["sweep"].update(sizes=[24, 32], dtypes=["float32"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    first = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
+    output = first.communicate(timeout=900)[0]
+    assert first.returncode == 0, output[-3000:]
+    from nbsim.sweep import read_store
+
+    for store in (tmp_path / "results" / "seed" / "points").glob("*/image.zarr"):
+        image = read_store(store)["image"].values
+        size = int(store.parent.name.split("-")[0][1:])
+        assert image.shape == (size, size) and np.isfinite(image).all() and image.max() > 0
+    again = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
+    output = again.communicate(timeout=600)[0]
+    assert again.returncode == 0 and "Nothing to be done" in output
+
+
+@pytest.mark.slow
+def test_concurrent_processes_share_one_compiled_kernel(tmp_path):
+    """Two processes compiling the same kernel at once: one builds it under the lock, both render it."""
+    script = (
+        "import sys, torch, nbsim, numpy as np\n"
+        "from nbsim.simulator import Renderer, resolve\n"
+        "from nbsim.compiled import CACHE_EVENTS\n"
+        "config = nbsim.config_from_args(sys.argv[1:])\n"
+        "image = Renderer(resolve(config), dtype=torch.float32, compile=True)()\n"
+        "reference = Renderer(resolve(config), dtype=torch.float64, compile=False)()\n"
+        "assert torch.allclose(image.double(), reference, rtol=1e-3, atol=1e-3 * float(reference.max()))\n"
+        "print(dict(CACHE_EVENTS))\n")
+    args = "-default_F 100 -cell 70 80 90 75 85 95 -misset 10 20 30 -N 4 -lambda 1.5 -distance 200 " \
+           "-detpixels 48 -pixel 1 -mosaic 0.2 -mosaic_dom 2".split()
+    env = {**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache"), "NBSIM_COMPILE_MODE": "aot"}
+    processes = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    results = [p.communicate(timeout=900) for p in processes]
+    for process, (out, err) in zip(processes, results, strict=True):
+        assert process.returncode == 0, err[-2000:]
+    events = [eval(out.strip().splitlines()[-1]) for out, _ in results]  # noqa: S307 - our own dict repr
+    assert sum(e.get("aot_miss", 0) for e in events) == 2  # two stages, built once
+    assert sum(e.get("aot_hit", 0) for e in events) == 2
+    assert len(list((tmp_path / "cache" / "kernels").glob("*.pt2"))) == 2
