@@ -159,8 +159,10 @@ def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
     times = []
     with tempfile.TemporaryDirectory(prefix="nbsim-c-") as folder:
         floatfile = Path(folder) / "c_float.bin"
-        command = [path, *argv, "-floatfile", str(floatfile), "-nonoise", "-nopgm", "-intfile",
-                   str(Path(folder) / "c_int.img")]
+        # Output flags go first: nanoBragg's substring matching lets a trailing flag such as
+        # -misset_seed consume the tokens after it.
+        command = [path, "-floatfile", str(floatfile), "-nonoise", "-nopgm", "-intfile",
+                   str(Path(folder) / "c_int.img"), *argv]
         for run in range(warmup + repeats):
             for stale in Path(folder).iterdir():
                 stale.unlink()

@@ -137,12 +137,16 @@ def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) 
 
 
 def cell_counts(config: CrystalConfig, lattice: Lattice) -> tuple[int, int, int]:
-    """Na, Nb, Nc: from -N/-Na/-Nb/-Nc, or from the crystal size where one is given (at least 1)."""
-    lengths_mm = norm(lattice.real_A).detach() * 1e-7
+    """Na, Nb, Nc: from -N/-Na/-Nb/-Nc, or from the crystal size where one is given (at least 1).
+
+    Sizes and cell lengths are converted to metres as nanoBragg converts them, because the ceiling
+    of their ratio is often an integer in theory and rounding then decides the count.
+    """
+    lengths_m = norm(lattice.real_A.detach() * 1e-10)
     counts = []
-    for n, size_mm, length_mm in zip(config.n_cells, config.crystal_size_mm, lengths_mm, strict=True):
+    for n, size_mm, length_m in zip(config.n_cells, config.crystal_size_mm, lengths_m, strict=True):
         if size_mm > 0:
-            n = math.ceil(size_mm / float(length_mm))
+            n = math.ceil(size_mm / 1000 / float(length_m))
         counts.append(max(int(n), 1))
     return counts[0], counts[1], counts[2]
 

@@ -47,6 +47,8 @@ class DetectorGeometry:
     detsize_s_m: float
     distance_m: torch.Tensor
     close_distance_m: torch.Tensor
+    requested_distance_m: float
+    """The distance before the geometry is recomputed (equal to distance_m up to rounding)."""
     beam_x_m: float
     beam_y_m: float
     close_x_m: float
@@ -145,6 +147,7 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
     close_distance = (torch.abs(ratio * distance) if config.close_distance_mm is None
                       else _scalar(config.close_distance_mm) / 1000.0)
     distance = close_distance / ratio
+    requested_distance = scalar_value(distance)
 
     if pivot == "sample":
         pix0 = -fclose * fdet - sclose * sdet + close_distance * odet
@@ -165,6 +168,7 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
         fdet=fdet, sdet=sdet, odet=odet, pix0_m=pix0, beam=beam, polar=polar, spindle=spindle,
         vertical=vertical, pixels_f=pixels_f, pixels_s=pixels_s, pixel_size_m=pixel,
         detsize_f_m=detsize_f, detsize_s_m=detsize_s, distance_m=distance, close_distance_m=close_distance,
+        requested_distance_m=requested_distance,
         beam_x_m=beam_x, beam_y_m=beam_y, close_x_m=close_x, close_y_m=close_y,
         fbeam_m=float(dot(fdet, beam_hit).detach()), sbeam_m=float(dot(sdet, beam_hit).detach()),
         fclose_m=float(fclose_t.detach()), sclose_m=float(sclose_t.detach()),

@@ -118,12 +118,14 @@ def resolve(config: SimulationConfig) -> Setup:
 
     crystal_size_m = max(float(length) * n for length, n in
                          zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
-    reciprocal_pixel_m = (scalar_value(config.beam.wavelength_A) / 1e10 * scalar_value(geometry.distance_m)
-                          / geometry.pixel_size_m)
-    # The ratio is often an exact integer in theory; a relative 1e-9 guard keeps rounding noise (which
-    # differs between builds of the C, e.g. with FMA) from adding a whole extra sub-pixel.
-    ratio = 3.0 * crystal_size_m / reciprocal_pixel_m
-    recommended = max(math.ceil(ratio - 1e-9 * max(1.0, ratio)), 1)
+    # The ratio below is often an exact integer in theory, so its rounding decides a whole sub-pixel.
+    # Where the recomputed distance equals the requested one up to rounding (which builds of the
+    # reference, with or without fused multiply-adds, do not agree on), the requested one is used.
+    distance_m = scalar_value(geometry.distance_m)
+    if math.isclose(distance_m, geometry.requested_distance_m, rel_tol=1e-12):
+        distance_m = geometry.requested_distance_m
+    reciprocal_pixel_m = scalar_value(config.beam.wavelength_A) / 1e10 * distance_m / geometry.pixel_size_m
+    recommended = max(math.ceil(3.0 * crystal_size_m / reciprocal_pixel_m), 1)
     oversample = config.detector.oversample if config.detector.oversample and config.detector.oversample > 0 \
         else recommended
     if oversample < recommended:
