@@ -73,7 +73,9 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
     layer_of = torch.div(torch.arange(n_sub, device=rows.device), options.first_layer_substeps,
                          rounding_mode="floor").to(f.x.dtype)
     omega_each = solid_angle(f.inverse_path, t, options)
-    capture_each = (capture_fraction(f, layer_of, t, options) if options.use_sensor
+    # With -oversample_thick the fraction is evaluated even without a sensor thickness, as in
+    # nanoBragg (where it is then exp(0) − exp(0) = 0 and the image is blank).
+    capture_each = (capture_fraction(f, layer_of, t, options) if options.use_sensor or ordered.oversample_thick
                     else torch.ones_like(omega_each))
     polar_each = (torch.ones_like(f.cos2theta) if options.polarization == "none"
                   else polarization_factor(f, t, options))
