@@ -197,3 +197,35 @@ def test_cuda_point_without_cuda(tmp_path, policy):
         with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
             rows = {row["device"]: row for row in csv.DictReader(stream)}
         assert rows["cuda"]["status"] == "skipped" and rows["cpu"]["status"] == "ok"
+
+
+CONFIG_FILES = sorted((REPO_ROOT / "config").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.relative_to(REPO_ROOT / "config").as_posix())
+def test_shipped_configs_are_valid(path, tmp_path):
+    from nbsim import sweep
+
+    config = yaml.safe_load(path.read_text())
+    if (config.get("reference") or {}).get("c_binary"):
+        stand_in = tmp_path / "nanoBragg"
+        stand_in.write_text("#!/bin/sh\nexit 0\n")
+        stand_in.chmod(0o755)
+        config["reference"]["c_binary"] = str(stand_in)
+    sweep.validate_config(config, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", path.parent)
+    extra_points = 1
+    for values in config["sweep"]["extra"].values():
+        extra_points *= len(values)
+    axes = config["sweep"]
+    expected = (len(config["scenarios"]) * len(axes["sizes"]) * len(axes["dtypes"]) * len(axes["devices"])
+                * len(axes["compile"]) * extra_points)
+    assert len(sweep.sweep_points(config)) == expected
+
+
+def test_example_sweep_plans_every_point(tmp_path):
+    example = REPO_ROOT / "config" / "examples" / "mosaic_sweep.yaml"
+    result = subprocess.run([*SNAKEMAKE, "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(tmp_path),
+                             "--configfile", str(example), "--cores", "2", "--dry-run"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert planned_jobs(result)["simulate"] == 12
