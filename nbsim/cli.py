@@ -7,7 +7,6 @@ import sys
 import traceback
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import __version__
@@ -102,8 +101,6 @@ def simulate_command(argv: list[str]) -> int:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
     image = renderer().detach().to("cpu", torch.float32).numpy()
-    if not np.isfinite(image).all():
-        raise NbsimError("the simulation produced non-finite pixel values; check the geometry")
     stats = statistics(image, setup)
     wavelength_A = float(config.beam.wavelength_A)
     fields = smv_fields(setup.geometry, setup, wavelength_A)

@@ -2,7 +2,13 @@
 
 
 class NbsimError(Exception):
-    """A problem with the user's input that the CLI reports as one line and exit status 2."""
+    """A problem with the user's input that the CLI reports as one line and exit status 2.
+
+    Control characters in the message (say, from a quoted argument) are escaped so it stays one line.
+    """
+
+    def __init__(self, message: str):
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)))
 
 
 class InputFileError(NbsimError):

@@ -17,8 +17,8 @@ SMV_HEADER_BYTES = 512
 _C_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
-def atomic_write(path: str | Path, payload: bytes) -> None:
-    """Write via a temporary file in the same folder and rename, so no reader sees a partial file."""
+def atomic_write(path: str | Path, *parts: bytes | memoryview) -> None:
+    """Write the parts via a temporary file in the same folder and rename, so no reader sees a partial file."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
@@ -26,7 +26,8 @@ def atomic_write(path: str | Path, payload: bytes) -> None:
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(handle, "wb") as stream:
-            stream.write(payload)
+            for part in parts:
+                stream.write(part)
         os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
@@ -42,7 +43,7 @@ def _umask() -> int:
 
 def write_float_image(path: str | Path, image: np.ndarray) -> None:
     """Raw native-endian float32, slow-major, like nanoBragg's -floatfile."""
-    atomic_write(path, np.ascontiguousarray(image, dtype=np.float32).tobytes())
+    atomic_write(path, np.ascontiguousarray(image, dtype=np.float32).data)
 
 
 def byte_order() -> str:
@@ -68,14 +69,14 @@ def write_smv(path: str | Path, image: np.ndarray, fields: list[tuple[str, str]]
     """unsigned 16-bit SMV image with the given header keys after SIZE1/SIZE2 are prepended."""
     slow, fast = image.shape
     header = smv_header_text([("SIZE1", str(fast)), ("SIZE2", str(slow)), *fields])
-    atomic_write(path, header + np.ascontiguousarray(image, dtype=np.uint16).tobytes())
+    atomic_write(path, header, np.ascontiguousarray(image, dtype=np.uint16).data)
 
 
 def write_pgm(path: str | Path, image: np.ndarray, scale: float) -> None:
     """8-bit binary PGM (P5) with a comment giving the scale, like nanoBragg's -pgmfile."""
     slow, fast = image.shape
     header = f"P5\n{fast} {slow}\n# pixels scaled by {scale:g}\n255\n".encode("ascii")
-    atomic_write(path, header + np.ascontiguousarray(image, dtype=np.uint8).tobytes())
+    atomic_write(path, header, np.ascontiguousarray(image, dtype=np.uint8).data)
 
 
 @dataclass

@@ -98,6 +98,10 @@ class Setup:
     def shape(self) -> tuple[int, int]:
         return self.geometry.pixels_s, self.geometry.pixels_f
 
+    @property
+    def roi_is_whole_detector(self) -> bool:
+        return self.roi == (0, self.shape[1] - 1, 0, self.shape[0] - 1)
+
 
 def resolve(config: SimulationConfig) -> Setup:
     """Apply nanoBragg's defaults and derive geometry, lattice, sources and the structure-factor grid."""
@@ -320,7 +324,7 @@ class Renderer:
         setup = self.setup
         xmin, xmax, ymin, ymax = setup.roi
         image = out if out is not None else torch.empty(setup.shape, device=self.device, dtype=self.dtype)
-        if setup.roi != (0, setup.shape[1] - 1, 0, setup.shape[0] - 1):
+        if not setup.roi_is_whole_detector:
             image.zero_()
         region = image[ymin:ymax + 1, xmin:xmax + 1]
         lookup = self.inputs.options.lookup
