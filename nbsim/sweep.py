@@ -295,10 +295,10 @@ def run_point(job: PointJob, store: Path, timing_path: Path) -> dict:
     return record
 
 
-def run_reference(args: list[str], overrides: dict[str, Any], c_binary: str | None, warmup: int, repeats: int,
-                  threads: int, compile_cache: str, store: Path, timing_path: Path) -> dict:
+def run_reference(args: list[str], overrides: dict[str, Any], c_binary: str | None, compile: bool, warmup: int,
+                  repeats: int, threads: int, compile_cache: str, store: Path, timing_path: Path) -> dict:
     """The reference image of a (scenario, size, extras) point: the C binary if configured, else
-    nbsim in float64 on the CPU. Timed the same way as the points."""
+    nbsim in float64 on the CPU (compiled or eager). Timed the same way as the points."""
     import statistics
 
     import torch
@@ -323,7 +323,7 @@ def run_reference(args: list[str], overrides: dict[str, Any], c_binary: str | No
         os.environ["NBSIM_CACHE_DIR"] = compile_cache
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(compile_cache) / "inductor"))
         torch.set_num_threads(max(1, threads))
-        image, result = time_nbsim(args, torch.device("cpu"), torch.float64, True, warmup, repeats,
+        image, result = time_nbsim(args, torch.device("cpu"), torch.float64, compile, warmup, repeats,
                                    overrides=overrides, output_dtype=torch.float64)
         record.update(kind="nbsim-float64-cpu", timing=asdict(result))
     write_store(store, image, record)

@@ -19,6 +19,13 @@ def private_compile_cache(tmp_path_factory):
     if "NBSIM_CACHE_DIR" not in os.environ:
         os.environ["NBSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("nbsim-cache"))
     yield Path(os.environ["NBSIM_CACHE_DIR"])
+
+
+def pytest_collection_modifyitems(items):
+    """The real-SLURM tests run last: they leave SLURM installed, which slows every later Snakemake start."""
+    items.sort(key=lambda item: item.path.name == "test_slurm.py")
+
+
 GOLDEN = Path(os.environ.get("NBSIM_GOLDEN", REPO_ROOT.parent / "shared" / "golden"))
 
 

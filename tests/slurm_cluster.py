@@ -51,6 +51,8 @@ def write_config(host: str) -> None:
     for folder in ("/var/spool/slurmctld", "/var/spool/slurmd", "/var/log/slurm"):
         Path(folder).mkdir(parents=True, exist_ok=True)
     CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    # A short MessageTimeout: once the daemons are stopped, every Snakemake start (its SLURM plugin runs
+    # `scontrol show config` on import) waits about that long for the absent controller.
     CONFIG.write_text(f"""# written by nbsim's tests: a single-node cluster
 ClusterName=nbsim
 SlurmctldHost={host}
@@ -67,6 +69,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MinJobAge=300
+MessageTimeout=3
 SlurmctldPidFile={PID_FILES["slurmctld"]}
 SlurmdPidFile={PID_FILES["slurmd"]}
 StateSaveLocation=/var/spool/slurmctld

@@ -19,6 +19,7 @@ CONFIG = {
     "scenarios": {"seed": {"args": "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"}},
     "sweep": {"sizes": [12], "dtypes": ["float32", "float64"], "devices": ["cpu"], "compile": ["off"]},
     "timing": {"warmup": 0, "repeats": 1, "threads": 1},
+    "reference": {"compile": False},
     "resources": {"mem_mb": 1000, "runtime_min": 10},
 }
 

@@ -30,6 +30,7 @@ TINY = {
               "extra": {"fudge": [1.0]}},
     "resources": {"mem_mb": 1000, "runtime_min": 5},
     "timing": {"warmup": 0, "repeats": 2, "threads": 1},
+    "reference": {"compile": False},
 }
 
 
@@ -181,6 +182,22 @@ def test_bad_config_fails_before_any_job(tmp_path, change, message):
 
 
 @pytest.mark.slow
+def test_compiled_points_share_the_compile_cache(tmp_path):
+    """The first compiled job builds the kernel into the shared cache; later jobs, other sizes
+    included, load it, and each records which it did."""
+    config = json.loads(json.dumps(TINY))
+    config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
+    config["sweep"].update(sizes=[12, 16, 20], dtypes=["float32"], compile=["on"])
+    write_config(tmp_path, config)
+    result = snakemake(tmp_path, "results/seed/tables/timing.csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
+        states = sorted(row["compile_cache"] for row in csv.DictReader(stream))
+    assert states == ["hit", "hit", "miss"]
+    assert list((tmp_path / "results" / "compile-cache" / "kernels").glob("*.pt2"))
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("policy", ["fail", "skip"])
 def test_cuda_point_without_cuda(tmp_path, policy):
@@ -188,7 +205,7 @@ def test_cuda_point_without_cuda(tmp_path, policy):
     config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
     config["sweep"].update(sizes=[12], dtypes=["float32"], devices=["cpu", "cuda"], on_unavailable_device=policy)
     write_config(tmp_path, config)
-    result = snakemake(tmp_path)
+    result = snakemake(tmp_path, "results/seed/tables/timing.csv")
     if policy == "fail":
         assert result.returncode != 0
         assert "nbsim: error: device 'cuda' requested but CUDA is not available" in result.stderr

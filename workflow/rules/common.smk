@@ -68,6 +68,7 @@ def reference_job(wildcards):
         args=args,
         overrides=overrides,
         c_binary=C_BINARY,
+        compile=config["reference"]["compile"],
         warmup=TIMING["warmup"],
         repeats=TIMING["repeats"],
         threads=TIMING["threads"],

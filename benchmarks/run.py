@@ -1,0 +1,226 @@
+"""nbsim's benchmark workloads, measured side by side with the nanoBragg C binary on the same machine.
+
+    python benchmarks/run.py [--c-binary PATH] [--only NAME ...] [--repeats N] [--quick] [--out FILE]
+
+Each kernel workload runs `nbsim bench --json` in a fresh process (so peak RSS is that workload's),
+which times nbsim's cold and warm renders and, with `--c-binary`, the C's whole process the same way.
+The `cli` workload times whole processes: the `nbsim` command (warm compile cache) and the C binary,
+alternating, with the same arguments and outputs. The script prints a table, says which of issue 6's
+targets each figure meets, and writes everything as JSON. `--quick` shrinks every detector for a
+smoke run; its figures are not the targets' figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_ARGS = ["-default_F", "100", "-cell", "100", "100", "100", "90", "90", "90", "-lambda", "6.2", "-N", "5",
+             "-distance", "100"]
+HEAVY_ARGS = ["-hkl", "{golden}/synthetic_P1.hkl", "-cell", "70", "80", "90", "75", "85", "95",
+              "-misset", "10", "20", "30", "-N", "10", "-lambda", "1.5", "-distance", "200", "-pixel", "0.1",
+              "-mosaic", "0.3", "-mosaic_dom", "5", "-mosaic_seed", "3", "-phi", "0", "-osc", "0.3",
+              "-phisteps", "3", "-hdivrange", "0.2", "-vdivrange", "0.2", "-hdivsteps", "3", "-vdivsteps", "3",
+              "-oversample", "2"]
+OUTPUT_ARGS = ["-floatfile", "float.bin", "-intfile", "int.img", "-nonoise", "-nopgm"]
+MIN_CORRELATION = 0.99999
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark: nanoBragg arguments, how nbsim runs them, and the target it is held to."""
+
+    name: str
+    args: tuple[str, ...]
+    detpixels: int
+    quick_detpixels: int
+    dtype: str = "float32"
+    device: str = "cpu"
+    min_speedup: float | None = None
+    max_peak_rss_mb: float | None = None
+    with_c: bool = True
+    """Also time the C here (skipped where the C would take minutes and no target needs it)."""
+
+
+WORKLOADS = (
+    Workload("seed_f32", tuple(SEED_ARGS), 4096, 256, min_speedup=25.0),
+    Workload("seed_f64", tuple(SEED_ARGS), 4096, 256, dtype="float64", min_speedup=6.0),
+    Workload("heavy_f32", tuple(HEAVY_ARGS), 1024, 128, min_speedup=10.0),
+    Workload("heavy_4096_rss", tuple(HEAVY_ARGS), 4096, 256, max_peak_rss_mb=2048.0, with_c=False),
+    Workload("seed_cuda", tuple(SEED_ARGS), 4096, 256, device="cuda"),
+)
+CLI_WORKLOAD = "cli"
+
+
+def nanobragg_args(workload: Workload, golden: Path, quick: bool) -> list[str]:
+    pixels = workload.quick_detpixels if quick else workload.detpixels
+    return [arg.format(golden=golden) for arg in workload.args] + ["-detpixels", str(pixels)]
+
+
+def run_kernel_workload(workload: Workload, args: list[str], options: argparse.Namespace, folder: Path) -> dict:
+    """`nbsim bench` in its own process; returns its JSON result with the command that produced it."""
+    json_path = folder / f"{workload.name}.json"
+    command = [sys.executable, "-m", "nbsim.cli", "bench", "--device", workload.device, "--dtype", workload.dtype,
+               "--repeats", str(1 if workload.max_peak_rss_mb else options.repeats),
+               "--warmup", str(0 if workload.max_peak_rss_mb else 1), "--json", str(json_path)]
+    if options.c_binary and workload.with_c:
+        command += ["--c-binary", options.c_binary]
+    command += ["--", *args]
+    completed = subprocess.run(command, capture_output=True, text=True, env=_environment(options))
+    if completed.returncode != 0:
+        return {"command": command, "error": (completed.stderr.strip().splitlines() or ["failed"])[-1]}
+    return {"command": command, "result": json.loads(json_path.read_text())}
+
+
+def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path) -> dict:
+    """Whole processes, alternating nbsim and C: the `nbsim` command after one run that warms its cache."""
+    nbsim_command = [sys.executable, "-m", "nbsim.cli", *args, *OUTPUT_ARGS]
+    c_command = [options.c_binary, *OUTPUT_ARGS, *args] if options.c_binary else None
+    environment = _environment(options)
+
+    def timed(command: list[str], name: str) -> float:
+        workdir = folder / name
+        workdir.mkdir(exist_ok=True)
+        begin = time.perf_counter()
+        completed = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=environment)
+        elapsed = time.perf_counter() - begin
+        if completed.returncode != 0:
+            raise RuntimeError(f"{command[0]} failed: {(completed.stderr.strip().splitlines() or [''])[-1]}")
+        return elapsed
+
+    try:
+        cold_s = timed(nbsim_command, "nbsim")
+        nbsim_times, c_times = [], []
+        for _ in range(options.repeats):
+            nbsim_times.append(timed(nbsim_command, "nbsim"))
+            if c_command:
+                c_times.append(timed(c_command, "c"))
+    except RuntimeError as error:
+        return {"command": nbsim_command, "error": str(error)}
+    result = {"first_run_s": cold_s, "nbsim_times_s": nbsim_times, "nbsim_median_s": statistics.median(nbsim_times)}
+    if c_times:
+        result |= {"c_times_s": c_times, "c_median_s": statistics.median(c_times),
+                   "speedup": statistics.median(c_times) / statistics.median(nbsim_times)}
+    return {"command": nbsim_command, "c_command": c_command, "result": result}
+
+
+def _environment(options: argparse.Namespace) -> dict[str, str]:
+    return {**os.environ, "NBSIM_CACHE_DIR": str(options.cache_dir)}
+
+
+def verdict(name: str, workload: Workload | None, record: dict) -> str:
+    """Which target the figure meets: 'met', 'NOT met', or why it was not measured."""
+    if "error" in record:
+        return "failed: " + record["error"]
+    result = record["result"]
+    if workload is None:
+        return "n/a (no C binary)" if "speedup" not in result else (
+            "met" if result["speedup"] >= 1.0 else "NOT met")
+    checks = []
+    if workload.min_speedup is not None:
+        if result.get("speedup") is None:
+            return "n/a (no C binary)"
+        checks.append(result["speedup"] >= workload.min_speedup and result["correlation"] >= MIN_CORRELATION)
+    if workload.max_peak_rss_mb is not None:
+        checks.append(result["peak_rss_mb"] <= workload.max_peak_rss_mb)
+    return ("met" if all(checks) else "NOT met") if checks else "recorded"
+
+
+def target_text(workload: Workload | None) -> str:
+    if workload is None:
+        return "no slower than C (whole process)"
+    if workload.min_speedup is not None:
+        return f">= {workload.min_speedup:g}x C, corr >= {MIN_CORRELATION}"
+    if workload.max_peak_rss_mb is not None:
+        return f"peak RSS <= {workload.max_peak_rss_mb:g} MB"
+    return "record (<= 1 ms on an H100)"
+
+
+def table_row(name: str, record: dict, verdict_text: str, target: str) -> str:
+    result = record.get("result", {})
+    if name == CLI_WORKLOAD:
+        nbsim_s, c_s = result.get("nbsim_median_s"), result.get("c_median_s")
+        rss, corr = None, None
+    else:
+        nbsim_s, c_s = result.get("warm_median_s"), result.get("c_median_s")
+        rss, corr = result.get("peak_rss_mb"), result.get("correlation")
+    speedup = result.get("speedup")
+
+    def show(value, pattern: str) -> str:
+        return pattern.format(value) if value is not None else "-"
+
+    return (f"| {name} | {show(nbsim_s, '{:.4f}')} | {show(c_s, '{:.3f}')} | {show(speedup, '{:.1f}x')} | "
+            f"{show(corr, '{:.7f}')} | {show(rss, '{:.0f}')} | {target} | {verdict_text} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = [w.name for w in WORKLOADS] + [CLI_WORKLOAD]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--c-binary", default=os.environ.get("NBSIM_C_BINARY"),
+                        help="nanoBragg binary to compare with (default: $NBSIM_C_BINARY)")
+    parser.add_argument("--golden", type=Path, default=REPO.parent / "shared" / "golden",
+                        help="folder holding synthetic_P1.hkl (default: ../shared/golden)")
+    parser.add_argument("--only", nargs="+", choices=names, default=names, help="workloads to run")
+    parser.add_argument("--repeats", type=int, default=5, help="warm repeats (and C runs) per workload")
+    parser.add_argument("--quick", action="store_true", help="small detectors: a smoke run, not the targets")
+    parser.add_argument("--cache-dir", type=Path, default=REPO / "results" / "benchmarks" / "compile-cache")
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "benchmarks" / "benchmarks.json")
+    options = parser.parse_args(argv)
+    if options.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if options.c_binary and not os.access(options.c_binary, os.X_OK):
+        parser.error(f"C binary {options.c_binary} is missing or not executable")
+    if any(name.startswith("heavy") for name in options.only) and not (options.golden / "synthetic_P1.hkl").is_file():
+        parser.error(f"heavy workloads need {options.golden / 'synthetic_P1.hkl'}")
+
+    import torch
+
+    rows, records = [], {}
+    with tempfile.TemporaryDirectory(prefix="nbsim-bench-") as scratch:
+        for workload in WORKLOADS:
+            if workload.name not in options.only:
+                continue
+            if workload.device == "cuda" and not torch.cuda.is_available():
+                records[workload.name] = {"skipped": "no CUDA device on this machine"}
+                rows.append(f"| {workload.name} | - | - | - | - | - | {target_text(workload)} | skipped: no CUDA |")
+                continue
+            args = nanobragg_args(workload, options.golden, options.quick)
+            print(f"running {workload.name} ...", file=sys.stderr, flush=True)
+            record = run_kernel_workload(workload, args, options, Path(scratch))
+            record["verdict"] = verdict(workload.name, workload, record)
+            records[workload.name] = record
+            rows.append(table_row(workload.name, record, record["verdict"], target_text(workload)))
+        if CLI_WORKLOAD in options.only:
+            print(f"running {CLI_WORKLOAD} ...", file=sys.stderr, flush=True)
+            args = nanobragg_args(WORKLOADS[0], options.golden, options.quick)
+            record = run_cli_workload(args, options, Path(scratch))
+            record["verdict"] = verdict(CLI_WORKLOAD, None, record)
+            records[CLI_WORKLOAD] = record
+            rows.append(table_row(CLI_WORKLOAD, record, record["verdict"], target_text(None)))
+    header = ["| workload | nbsim warm s | C s | speedup | correlation | peak RSS MB | target | verdict |",
+              "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(header + rows))
+    summary = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": options.quick, "repeats": options.repeats,
+        "c_binary": options.c_binary, "machine": {"platform": platform.platform(), "cores": os.cpu_count(),
+                                                  "python": platform.python_version(), "torch": torch.__version__},
+        "workloads": {w.name: asdict(w) for w in WORKLOADS}, "results": records,
+    }
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {options.out}")
+    return 1 if any("error" in record for record in records.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
