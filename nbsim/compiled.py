@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -185,8 +186,11 @@ class AotStage:
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)
         partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")
-        aoti_compile_and_package(exported, package_path=str(partial),
-                                 inductor_configs=dict(self.stage.inductor_options))
+        with warnings.catch_warnings():
+            # PyTorch's own packaging code trips its LeafSpec deprecation; nothing for a user to act on.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            aoti_compile_and_package(exported, package_path=str(partial),
+                                     inductor_configs=dict(self.stage.inductor_options))
         os.replace(partial, package)
 
 
