@@ -47,6 +47,16 @@ class Point:
     def reference_name(self) -> str:
         return f"n{self.size}" + "".join(f"-{_slug(k)}_{_slug(v)}" for k, v in self.extras)
 
+    @property
+    def kernel_name(self) -> str:
+        """The compiled kernel variant: every axis but the size (only a tile's rows and columns are dynamic)."""
+        return f"{self.dtype}-{self.device}" + "".join(f"-{_slug(k)}_{_slug(v)}" for k, v in self.extras)
+
+    @property
+    def prebuilds_kernel(self) -> bool:
+        """Compiled CPU points load an ahead-of-time kernel that a `kernel` job builds first."""
+        return self.compile and self.device == "cpu"
+
 
 def _slug(value: Any) -> str:
     text = str(value).lstrip("-")
@@ -79,6 +89,21 @@ def reference_points(points: list[Point]) -> list[Point]:
     for point in points:
         seen.setdefault((point.scenario, point.reference_name), point)
     return list(seen.values())
+
+
+def nbsim_reference_point(point: Point) -> Point:
+    """The float64 CPU point whose kernel renders the nbsim reference of `point`."""
+    return Point(point.scenario, point.size, "float64", "cpu", True, point.extras)
+
+
+def kernel_points(points: list[Point], compiled_reference: bool) -> list[Point]:
+    """One point (the smallest) per (scenario, kernel variant) that a compiled CPU job will load;
+    `compiled_reference` adds the float64 variants the nbsim references use."""
+    candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
+    chosen: dict[tuple, Point] = {}
+    for point in sorted((p for p in candidates if p.prebuilds_kernel), key=lambda p: p.size):
+        chosen.setdefault((point.scenario, point.kernel_name), point)
+    return list(chosen.values())
 
 
 def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
@@ -292,6 +317,27 @@ def run_point(job: PointJob, store: Path, timing_path: Path) -> dict:
     record.update(status="ok", timing=asdict(result), device_name=result.gpu or result.cpu)
     write_store(store, image, record)
     write_json(timing_path, record)
+    return record
+
+
+def build_kernel(args: list[str], overrides: dict[str, Any], dtype: str, threads: int, compile_cache: str,
+                 marker: Path) -> dict:
+    """Compile (or find in the shared cache) the CPU kernel of one variant by rendering it once; the
+    marker JSON records the build time and whether the cache already held it. Kernel jobs run in
+    parallel before the timed jobs, which then start warm."""
+    import torch
+
+    from .bench import time_nbsim
+    from .cli import resolve_dtype
+
+    os.environ["NBSIM_CACHE_DIR"] = compile_cache
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(compile_cache) / "inductor"))
+    torch.set_num_threads(max(1, threads))
+    _, result = time_nbsim(args, torch.device("cpu"), resolve_dtype(dtype), True, 0, 1, overrides=overrides)
+    record = {"args": args, "overrides": overrides, "dtype": dtype, "build_s": result.cold_s,
+              "compile_cache": result.compile_cache, "host": result.host, "cpu": result.cpu,
+              "slurm_job_id": result.slurm_job_id, "versions": package_versions()}
+    write_json(marker, record)
     return record
 
 

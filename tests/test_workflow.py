@@ -183,8 +183,8 @@ def test_bad_config_fails_before_any_job(tmp_path, change, message):
 
 @pytest.mark.slow
 def test_compiled_points_share_the_compile_cache(tmp_path):
-    """The first compiled job builds the kernel into the shared cache; later jobs, other sizes
-    included, load it, and each records which it did."""
+    """A kernel job builds each compiled variant into the shared cache once; every timed job, at every
+    size, then loads it, and each records which it did."""
     config = json.loads(json.dumps(TINY))
     config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
     config["sweep"].update(sizes=[12, 16, 20], dtypes=["float32"], compile=["on"])
@@ -193,7 +193,11 @@ def test_compiled_points_share_the_compile_cache(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
         states = sorted(row["compile_cache"] for row in csv.DictReader(stream))
-    assert states == ["hit", "hit", "miss"]
+    assert states == ["hit", "hit", "hit"]
+    markers = list((tmp_path / "results" / "seed" / "kernels").glob("*.json"))
+    assert [m.name for m in markers] == ["float32-cpu-fudge_1.0.json"]
+    kernel = json.loads(markers[0].read_text())
+    assert kernel["compile_cache"] == "miss" and kernel["build_s"] > 0
     assert list((tmp_path / "results" / "compile-cache" / "kernels").glob("*.pt2"))
 
 

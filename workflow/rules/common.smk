@@ -27,6 +27,11 @@ COMPILE_CACHE = str(Path(config["compile_cache"]).resolve())
 C_BINARY = sweep.c_binary_path(config, CONFIG_BASE)
 POINTS = {(p.scenario, p.name): p for p in sweep.sweep_points(config)}
 REFERENCES = {(p.scenario, p.reference_name): p for p in sweep.reference_points(list(POINTS.values()))}
+COMPILED_NBSIM_REFERENCE = not C_BINARY and config["reference"]["compile"]
+KERNELS = {
+    (p.scenario, p.kernel_name): p
+    for p in sweep.kernel_points(list(POINTS.values()), COMPILED_NBSIM_REFERENCE)
+}
 AXES = ["size", "dtype", "device", "compile", *sorted(config["sweep"].get("extra") or {})]
 
 
@@ -34,6 +39,7 @@ wildcard_constraints:
     scenario="|".join(re.escape(s) for s in config["scenarios"]),
     point=r"[A-Za-z0-9._-]+",
     refpoint=r"[A-Za-z0-9._-]+",
+    kernel=r"[A-Za-z0-9._-]+",
 
 
 def point_of(wildcards):
@@ -59,6 +65,34 @@ def point_job(wildcards):
         on_unavailable_device=config["sweep"]["on_unavailable_device"],
         extras=dict(point.extras),
     )
+
+
+def kernel_job(wildcards):
+    point = KERNELS[(wildcards.scenario, wildcards.kernel)]
+    args, overrides = sweep.point_arguments(config, point, CONFIG_BASE)
+    return dict(
+        args=args,
+        overrides=overrides,
+        dtype=point.dtype,
+        compile_cache=COMPILE_CACHE,
+    )
+
+
+def kernel_marker(point):
+    return f"{RESULTS}/{point.scenario}/kernels/{point.kernel_name}.json"
+
+
+def point_kernel(wildcards):
+    """A compiled CPU point waits for its kernel, built by a parallel `kernel` job."""
+    point = point_of(wildcards)
+    return [kernel_marker(point)] if point.prebuilds_kernel else []
+
+
+def reference_kernel(wildcards):
+    if not COMPILED_NBSIM_REFERENCE:
+        return []
+    point = REFERENCES[(wildcards.scenario, wildcards.refpoint)]
+    return [kernel_marker(sweep.nbsim_reference_point(point))]
 
 
 def reference_job(wildcards):

@@ -1,7 +1,30 @@
-"""One timed simulation per point, and one reference image per (scenario, size, extra values)."""
+"""One timed simulation per point, and one reference image per (scenario, size, extra values); before them,
+one untimed job per compiled CPU kernel variant builds it into the shared cache (in parallel)."""
+
+
+rule kernel:
+    output:
+        f"{RESULTS}/{{scenario}}/kernels/{{kernel}}.json",
+    log:
+        f"{RESULTS}/logs/kernel/{{scenario}}/{{kernel}}.log",
+    params:
+        job=kernel_job,
+    threads: 1
+    priority: 10
+    resources:
+        mem_mb=config["resources"]["mem_mb"],
+        runtime=config["resources"]["runtime_min"],
+        slurm_partition=slurm_partition,
+        slurm_account=SLURM["account"] or "",
+    conda:
+        "../envs/nbsim.yaml"
+    script:
+        "../scripts/kernel.py"
 
 
 rule simulate:
+    input:
+        kernel=point_kernel,
     output:
         store=directory(f"{RESULTS}/{{scenario}}/points/{{point}}/image.zarr"),
         timing=f"{RESULTS}/{{scenario}}/points/{{point}}/timing.json",
@@ -24,6 +47,8 @@ rule simulate:
 
 
 rule reference:
+    input:
+        kernel=reference_kernel,
     output:
         store=directory(f"{RESULTS}/{{scenario}}/reference/{{refpoint}}/image.zarr"),
         timing=f"{RESULTS}/{{scenario}}/reference/{{refpoint}}/timing.json",
