@@ -118,8 +118,8 @@ def _environment(options: argparse.Namespace) -> dict[str, str]:
     return {**os.environ, "NBSIM_CACHE_DIR": str(options.cache_dir)}
 
 
-def verdict(name: str, workload: Workload | None, record: dict) -> str:
-    """Which target the figure meets: 'met', 'NOT met', or why it was not measured."""
+def verdict(workload: Workload | None, record: dict) -> str:
+    """Which target the figure meets ('met', 'NOT met') or why it was not measured; no workload: the CLI one."""
     if "error" in record:
         return "failed: " + record["error"]
     result = record["result"]
@@ -197,14 +197,14 @@ def main(argv: list[str] | None = None) -> int:
             args = nanobragg_args(workload, options.golden, options.quick)
             print(f"running {workload.name} ...", file=sys.stderr, flush=True)
             record = run_kernel_workload(workload, args, options, Path(scratch))
-            record["verdict"] = verdict(workload.name, workload, record)
+            record["verdict"] = verdict(workload, record)
             records[workload.name] = record
             rows.append(table_row(workload.name, record, record["verdict"], target_text(workload)))
         if CLI_WORKLOAD in options.only:
             print(f"running {CLI_WORKLOAD} ...", file=sys.stderr, flush=True)
             args = nanobragg_args(WORKLOADS[0], options.golden, options.quick)
             record = run_cli_workload(args, options, Path(scratch))
-            record["verdict"] = verdict(CLI_WORKLOAD, None, record)
+            record["verdict"] = verdict(None, record)
             records[CLI_WORKLOAD] = record
             rows.append(table_row(CLI_WORKLOAD, record, record["verdict"], target_text(None)))
     header = ["| workload | nbsim warm s | C s | speedup | correlation | peak RSS MB | target | verdict |",
