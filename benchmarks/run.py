@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if workload.device == "cuda" and not torch.cuda.is_available():
                 records[workload.name] = {"skipped": "no CUDA device on this machine"}
-                rows.append(f"| {workload.name} | - | - | - | - | - | {target_text(workload)} | skipped: no CUDA |")
+                rows.append(table_row(workload.name, {}, "skipped: no CUDA", target_text(workload)))
                 continue
             args = nanobragg_args(workload, options.golden, options.quick)
             print(f"running {workload.name} ...", file=sys.stderr, flush=True)

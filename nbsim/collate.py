@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .sweep import read_store
+from .sweep import read_store, write_dataset
 
 TIMING_COLUMNS = ("cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference_median_s", "speedup",
                   "peak_rss_mb", "threads", "compile_cache", "host", "slurm_job_id")
@@ -76,8 +76,6 @@ def write_tables(rows: list[dict[str, Any]], axes: list[str], csv_path: Path, md
 def write_collated_store(rows: list[dict[str, Any]], stores: list[Path], axes: list[str], output: Path) -> None:
     """One zarr store: every metric and every image as a variable with a coordinate for every axis."""
     import xarray as xr
-
-    from .sweep import write_dataset
 
     coords = {axis: sorted({row[axis] for row in rows}, key=_sort_key) for axis in axes}
     shape = tuple(len(coords[a]) for a in axes)

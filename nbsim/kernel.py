@@ -428,11 +428,6 @@ def steps_out_of_range(p: PixelTerms, t: KernelTensors, grid_shape: tuple[int, i
     return outside.any(dim=4).any(dim=3).any(dim=2)
 
 
-def interpolation_out_of_range(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
-                               grid_shape: tuple[int, int, int], options: KernelOptions) -> torch.Tensor:
-    return steps_out_of_range(prepare_pixels(rows, cols, t, grid_shape, options), t, grid_shape, options)
-
-
 @dataclass(frozen=True)
 class Stage:
     """One compiled kernel of a pipeline: its function, the Inductor options it needs, and the

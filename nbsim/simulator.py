@@ -35,10 +35,9 @@ AVOGADRO = 6.02214179e23
 WATER_F = 2.57
 WATER_MW = 18.0
 # Values held per tile: an eager tile materialises every pixel-step, a compiled tile only the per-pixel
-# terms handed from the first kernel stage to the fused step sum. Both bounds keep memory flat
-# whatever the number of steps.
-COMPILED_TILE_ELEMENTS = 1 << 22
-EAGER_TILE_ELEMENTS = 1 << 22
+# terms handed from the first kernel stage to the fused step sum. Either way the bound keeps memory
+# flat whatever the number of steps.
+TILE_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -243,6 +242,13 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     polar_b = unit(cross(g.polar.expand_as(incident), incident))
     polar_e = unit(cross(incident, polar_b))
     cells = setup.cells_A
+
+    def orientation(cells_A: torch.Tensor) -> dict:
+        """The crystal-orientation fields of the kernel inputs, for one set of (a, b, c) vectors."""
+        return dict(cells=tuple(projection(cells_A[:, v, :]) for v in range(3)),
+                    beam_terms=to(torch.stack([(incident @ cells_A[:, v, :].T) * inv_wavelength.unsqueeze(-1)
+                                               for v in range(3)])))
+
     if setup.grid is not None:
         padded = setup.grid.padded(config.structure.default_F)
         grid = torch.as_tensor(padded.reshape(-1), dtype=dtype, device=device)
@@ -257,13 +263,10 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         config.structure.default_F, config.crystal.fudge)])
     tensors = KernelTensors(
         origins=to(origins), frame=to(torch.stack([g.fdet, g.sdet, g.beam])),
-        cells=tuple(projection(cells[:, v, :]) for v in range(3)),
-            beam_terms=to(torch.stack([(incident @ cells[:, v, :].T) * inv_wavelength.unsqueeze(-1)
-                                   for v in range(3)])),
-        incident=projection(incident), odet=projection(g.odet.unsqueeze(0)), polar_e=projection(polar_e),
-        polar_b=projection(polar_b), inv_wavelength=to(inv_wavelength), grid=grid, grid_min=to(grid_min),
-        grid_max=to(grid_max), n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A),
-        scalars=scalars)
+        **orientation(cells), incident=projection(incident), odet=projection(g.odet.unsqueeze(0)),
+        polar_e=projection(polar_e), polar_b=projection(polar_b), inv_wavelength=to(inv_wavelength), grid=grid,
+        grid_min=to(grid_min), grid_max=to(grid_max), n_cells=to(setup.n_cells),
+        reciprocal=to(setup.lattice.reciprocal_per_A), scalars=scalars)
     options = KernelOptions(
         shape=config.crystal.shape, lookup=setup.lookup, point_pixel=detector.point_pixel, curved=detector.curved,
         polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
@@ -272,10 +275,7 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     first = None
     if setup.first_evaluation_cells_A is not None:
         unrotated = setup.first_evaluation_cells_A
-        first = tensors._replace(
-            cells=tuple(projection(unrotated[:, v, :]) for v in range(3)),
-            beam_terms=to(torch.stack([(incident @ unrotated[:, v, :].T) * inv_wavelength.unsqueeze(-1)
-                                       for v in range(3)])))
+        first = tensors._replace(**orientation(unrotated))
     return KernelSetup(tensors=tensors, grid_shape=grid_shape, options=options, first_evaluation=first)
 
 
@@ -294,7 +294,7 @@ class Renderer:
     """Renders a resolved setup on one device and dtype; reusable for repeated (timed) calls."""
 
     def __init__(self, setup: Setup, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 compile: bool = True, tile_elements: int | None = None, reference_threads: int = 2):
+                 compile: bool = True, tile_elements: int = TILE_ELEMENTS, reference_threads: int = 2):
         self.setup = setup
         self.device = torch.device(device)
         self.dtype = dtype
@@ -302,7 +302,7 @@ class Renderer:
         self.inputs = kernel_inputs(setup, self.device, dtype)
         needs_grad = any(t.requires_grad for t in tree_flatten(self.inputs.tensors)[0])
         self.mode = choose_mode(compile, self.device, needs_grad)
-        self.tile_elements = tile_elements or (EAGER_TILE_ELEMENTS if self.mode == "eager" else COMPILED_TILE_ELEMENTS)
+        self.tile_elements = tile_elements
         detector = setup.config.detector
         self.step_ordered = detector.oversample_thick or detector.oversample_polar or detector.oversample_omega
         tensors = self.inputs.tensors
@@ -371,11 +371,12 @@ class Renderer:
         return value[0, 0], trace
 
     def _row_tiles(self, start: int, stop: int):
-        """Row-index tensors covering [start, stop), each tile holding about tile_elements values."""
+        """(first row, row-index tensor) of tiles covering [start, stop), each holding about tile_elements
+        values; the first row comes as an int so that placing a tile never reads the device."""
         per_row = len(self.cols) * self.values_per_pixel
         rows_per_tile = max(1, self.tile_elements // max(1, per_row))
         for first in range(start, stop, rows_per_tile):
-            yield torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
+            yield first, torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
 
     def _render_rows(self, start: int, stop: int, lookup: str, out: torch.Tensor) -> None:
         """Render ROI rows [start, stop) into `out` (rows × ROI columns), tile by tile."""
@@ -383,14 +384,13 @@ class Renderer:
         stages = SINGLE_STEP_STAGES if self.steps_per_pixel == 1 else PIXEL_STAGES
         kernel = kernel_callable(stages, options, self.inputs.grid_shape, self.mode)
         ordered = OrderedOptions(**self._ordered_flags())
-        for rows in self._row_tiles(start, stop):
+        for first, rows in self._row_tiles(start, stop):
             if self.step_ordered:
                 tile = render_ordered(rows, self.cols, self.inputs.tensors, self.inputs.grid_shape, options,
                                       ordered)[0]
             else:
                 tile = kernel(rows, self.cols, self.inputs.tensors)
-            first = int(rows[0]) - start
-            out[first:first + len(rows)] = tile
+            out[first - start:first - start + len(rows)] = tile
 
     def _unmasked_positions(self, start: int, rows: int) -> np.ndarray:
         """Flat ROI positions (row-major) of the unmasked pixels in `rows` rows from `start`."""
@@ -429,7 +429,7 @@ class Renderer:
         _, _, ymin, ymax = self.setup.roi
         kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.inputs.grid_shape, self.mode)
         flags = [kernel(rows, self.cols, self.inputs.tensors)
-                 for rows in self._row_tiles(ymin, ymax + 1)]
+                 for _, rows in self._row_tiles(ymin, ymax + 1)]
         outside = torch.cat(flags).cpu().numpy()
         if self.mask is not None:
             outside &= self.mask

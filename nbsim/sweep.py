@@ -39,18 +39,22 @@ class Point:
     extras: tuple[tuple[str, Any], ...] = ()
 
     @property
+    def _extras_suffix(self) -> str:
+        return "".join(f"-{_slug(k)}_{_slug(v)}" for k, v in self.extras)
+
+    @property
     def name(self) -> str:
-        base = f"n{self.size}-{self.dtype}-{self.device}-compile_{'on' if self.compile else 'off'}"
-        return base + "".join(f"-{_slug(k)}_{_slug(v)}" for k, v in self.extras)
+        compiled = "on" if self.compile else "off"
+        return f"n{self.size}-{self.dtype}-{self.device}-compile_{compiled}" + self._extras_suffix
 
     @property
     def reference_name(self) -> str:
-        return f"n{self.size}" + "".join(f"-{_slug(k)}_{_slug(v)}" for k, v in self.extras)
+        return f"n{self.size}" + self._extras_suffix
 
     @property
     def kernel_name(self) -> str:
         """The compiled kernel variant: every axis but the size (only a tile's rows and columns are dynamic)."""
-        return f"{self.dtype}-{self.device}" + "".join(f"-{_slug(k)}_{_slug(v)}" for k, v in self.extras)
+        return f"{self.dtype}-{self.device}" + self._extras_suffix
 
     @property
     def prebuilds_kernel(self) -> bool:
@@ -182,21 +186,13 @@ def check_config(config: dict, base: Path) -> None:
     from .nanobragg_args import FLAGS, parse
 
     sweep = config["sweep"]
-    for axis in ("sizes", "dtypes", "devices", "compile"):
-        if not sweep.get(axis):
-            raise NbsimError(f"sweep.{axis} is empty: the sweep would have no points")
     names = option_names()
-    for name, values in (sweep.get("extra") or {}).items():
-        if not values:
-            raise NbsimError(f"sweep.extra.{name} is empty: the sweep would have no points")
+    for name in sweep.get("extra") or {}:
         if name.startswith("-"):
             if name not in FLAGS:
                 raise NbsimError(f"sweep.extra: '{name}' is not a nanoBragg option")
         elif name not in names:
             raise NbsimError(f"sweep.extra: '{name}' is not a simulator option (known: see nbsim.config)")
-    for device in sweep["devices"]:
-        if device != "cpu" and not device.startswith("cuda"):
-            raise NbsimError(f"sweep.devices: '{device}' is neither cpu nor cuda[:N]")
     for scenario in config["scenarios"]:
         args = scenario_args(config, scenario, base)
         try:
@@ -205,7 +201,7 @@ def check_config(config: dict, base: Path) -> None:
             raise NbsimError(f"scenario '{scenario}': {error}") from None
     binary = (config.get("reference") or {}).get("c_binary")
     if binary:
-        path = Path(shutil.which(binary) or (base / binary))
+        path = Path(c_binary_path(config, base))
         if not path.is_file():
             raise NbsimError(f"reference.c_binary {binary} does not exist")
         if not os.access(path, os.X_OK):
@@ -290,16 +286,21 @@ class PointJob:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def run_point(job: PointJob, store: Path, timing_path: Path) -> dict:
-    """Render and time one point; write its store and timing JSON (or a 'skipped' record)."""
+def _use_job_resources(compile_cache: str, threads: int) -> None:
+    """A job's shared compile cache (Inductor's cache follows it: nbsim.cache.configure_compile_cache)
+    and its CPU threads."""
     import torch
 
+    os.environ["NBSIM_CACHE_DIR"] = compile_cache
+    torch.set_num_threads(max(1, threads))
+
+
+def run_point(job: PointJob, store: Path, timing_path: Path) -> dict:
+    """Render and time one point; write its store and timing JSON (or a 'skipped' record)."""
     from .bench import time_nbsim
     from .cli import resolve_device, resolve_dtype
 
-    os.environ["NBSIM_CACHE_DIR"] = job.compile_cache
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(job.compile_cache) / "inductor"))
-    torch.set_num_threads(max(1, job.threads))
+    _use_job_resources(job.compile_cache, job.threads)
     record = {"scenario": job.scenario, "point": job.point, "args": job.args, "overrides": job.overrides,
               "extras": job.extras, "dtype": job.dtype, "device": job.device, "compile": job.compile,
               "versions": package_versions()}
@@ -330,9 +331,7 @@ def build_kernel(args: list[str], overrides: dict[str, Any], dtype: str, threads
     from .bench import time_nbsim
     from .cli import resolve_dtype
 
-    os.environ["NBSIM_CACHE_DIR"] = compile_cache
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(compile_cache) / "inductor"))
-    torch.set_num_threads(max(1, threads))
+    _use_job_resources(compile_cache, threads)
     _, result = time_nbsim(args, torch.device("cpu"), resolve_dtype(dtype), True, 0, 1, overrides=overrides)
     record = {"args": args, "overrides": overrides, "dtype": dtype, "build_s": result.cold_s,
               "compile_cache": result.compile_cache, "host": result.host, "cpu": result.cpu,
@@ -356,19 +355,17 @@ def run_reference(args: list[str], overrides: dict[str, Any], c_binary: str | No
         if overrides:
             raise NbsimError(f"simulator options {sorted(overrides)} cannot be passed to the C reference; "
                              "sweep them as nanoBragg flags (names starting with '-') instead")
-        env_threads = {"OMP_NUM_THREADS": str(max(1, threads))}
-        os.environ.update(env_threads)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
         image, times = run_c_reference(c_binary, args, warmup, repeats)
         size = int(args[args.index("-detpixels") + 1])
         image = image.reshape(size, size)
-        record.update(kind="c", binary=c_binary, threads=threads, timing={
-            "c_median_s": statistics.median(times), "c_times_s": times, "warm_median_s": statistics.median(times)})
+        median_s = statistics.median(times)
+        record.update(kind="c", binary=c_binary, threads=threads,
+                      timing={"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s})
     else:
         from .bench import time_nbsim
 
-        os.environ["NBSIM_CACHE_DIR"] = compile_cache
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(compile_cache) / "inductor"))
-        torch.set_num_threads(max(1, threads))
+        _use_job_resources(compile_cache, threads)
         image, result = time_nbsim(args, torch.device("cpu"), torch.float64, compile, warmup, repeats,
                                    overrides=overrides, output_dtype=torch.float64)
         record.update(kind="nbsim-float64-cpu", timing=asdict(result))

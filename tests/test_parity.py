@@ -10,7 +10,7 @@ import nbsim
 from nbsim.cli import main
 from nbsim.simulator import Renderer, resolve
 
-from .conftest import GOLDEN, case_params, correlation, load_case
+from .conftest import GOLDEN, case_params, correlation, load_case, requires_golden
 
 
 def _assert_close(image: np.ndarray, reference: np.ndarray, min_correlation: float, max_relative: float):
@@ -57,11 +57,10 @@ def test_float32_matches_reference(name, in_golden_dir):
 
 
 @pytest.mark.slow
+@requires_golden
 @pytest.mark.parametrize("name, mode", [("seed_bench_256", "aot"), ("triclinic_hkl", "jit")])
 def test_compiled_kernel_matches_reference(name, mode, in_golden_dir, monkeypatch):
     """Both compiled paths (ahead-of-time package and torch.compile) render the reference image."""
-    if not GOLDEN.is_dir():
-        pytest.skip(f"nanoBragg golden outputs not found at {GOLDEN}")
     monkeypatch.setenv("NBSIM_COMPILE_MODE", mode)
     case = load_case(name)
     renderer = Renderer(resolve(nbsim.config_from_args(case.args)), dtype=torch.float32, compile=True)
@@ -69,8 +68,7 @@ def test_compiled_kernel_matches_reference(name, mode, in_golden_dir, monkeypatc
     _assert_close(renderer().numpy(), case.float_image(), 0.99999, 1e-3)
 
 
+@requires_golden
 def test_golden_folder_is_where_the_tests_look():
     """Guard against silently skipping every parity test because of a wrong path."""
-    if not GOLDEN.is_dir():
-        pytest.skip(f"nanoBragg golden outputs not found at {GOLDEN}")
     assert (GOLDEN / "cases.txt").is_file()

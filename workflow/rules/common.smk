@@ -1,6 +1,5 @@
 """Configuration validation, the sweep's points, and the parameters each job receives."""
 
-import json
 import re
 from pathlib import Path
 
@@ -32,7 +31,7 @@ KERNELS = {
     (p.scenario, p.kernel_name): p
     for p in sweep.kernel_points(list(POINTS.values()), COMPILED_NBSIM_REFERENCE)
 }
-AXES = ["size", "dtype", "device", "compile", *sorted(config["sweep"].get("extra") or {})]
+AXES = [*sweep.AXES, *sorted(config["sweep"].get("extra") or {})]
 
 
 wildcard_constraints:
