@@ -5,8 +5,9 @@
 Each kernel workload runs `nbsim bench --json` in a fresh process (so peak RSS is that workload's),
 which times nbsim's cold and warm renders and, with `--c-binary`, the C's whole process the same way.
 The `cli` workload times whole processes: the `nbsim` command (warm compile cache) and the C binary,
-alternating, with the same arguments and outputs. The script prints a table, says which of issue 6's
-targets each figure meets, and writes everything as JSON. `--quick` shrinks every detector for a
+alternating, with the same arguments and outputs; `cli_worker` does the same with a running
+`nbsim worker` serving the commands (PyTorch already imported, kernels loaded). The script prints
+a table, says which of issue 6's targets each figure meets, and writes everything as JSON. `--quick` shrinks every detector for a
 smoke run; its figures are not the targets' figures.
 """
 
@@ -59,7 +60,7 @@ WORKLOADS = (
     Workload("heavy_4096_rss", tuple(HEAVY_ARGS), 4096, 256, max_peak_rss_mb=2048.0, with_c=False),
     Workload("seed_cuda", tuple(SEED_ARGS), 4096, 256, device="cuda"),
 )
-CLI_WORKLOAD = "cli"
+CLI_WORKLOADS = ("cli", "cli_worker")
 
 
 def nanobragg_args(workload: Workload, golden: Path, quick: bool) -> list[str]:
@@ -82,11 +83,13 @@ def run_kernel_workload(workload: Workload, args: list[str], options: argparse.N
     return {"command": command, "result": json.loads(json_path.read_text())}
 
 
-def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path) -> dict:
-    """Whole processes, alternating nbsim and C: the `nbsim` command after one run that warms its cache."""
-    nbsim_command = [sys.executable, "-m", "nbsim.cli", *args, *OUTPUT_ARGS]
+def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path, worker: bool) -> dict:
+    """Whole processes, alternating nbsim and C: the `nbsim` command after one run that warms its cache
+    (and, with `worker`, the worker that serves it)."""
+    nbsim_command = [sys.executable, "-m", "nbsim.worker" if worker else "nbsim.cli", *args, *OUTPUT_ARGS]
     c_command = [options.c_binary, *OUTPUT_ARGS, *args] if options.c_binary else None
-    environment = _environment(options)
+    environment = _environment(options) | {"NBSIM_WORKER": "on" if worker else "off"}
+    worker_control = [sys.executable, "-m", "nbsim.worker", "worker"]
 
     def timed(command: list[str], name: str) -> float:
         workdir = folder / name
@@ -99,6 +102,8 @@ def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path)
         return elapsed
 
     try:
+        if worker:
+            timed([*worker_control, "start", "--idle-timeout", "600"], "nbsim")
         cold_s = timed(nbsim_command, "nbsim")
         nbsim_times, c_times = [], []
         for _ in range(options.repeats):
@@ -107,6 +112,9 @@ def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path)
                 c_times.append(timed(c_command, "c"))
     except RuntimeError as error:
         return {"command": nbsim_command, "error": str(error)}
+    finally:
+        if worker:
+            subprocess.run([*worker_control, "stop"], capture_output=True, env=environment)
     result = {"first_run_s": cold_s, "nbsim_times_s": nbsim_times, "nbsim_median_s": statistics.median(nbsim_times)}
     if c_times:
         result |= {"c_times_s": c_times, "c_median_s": statistics.median(c_times),
@@ -119,7 +127,7 @@ def _environment(options: argparse.Namespace) -> dict[str, str]:
 
 
 def verdict(workload: Workload | None, record: dict) -> str:
-    """Which target the figure meets ('met', 'NOT met') or why it was not measured; no workload: the CLI one."""
+    """Which target the figure meets ('met', 'NOT met') or why it was not measured; no workload: a CLI one."""
     if "error" in record:
         return "failed: " + record["error"]
     result = record["result"]
@@ -148,7 +156,7 @@ def target_text(workload: Workload | None) -> str:
 
 def table_row(name: str, record: dict, verdict_text: str, target: str) -> str:
     result = record.get("result", {})
-    if name == CLI_WORKLOAD:
+    if name in CLI_WORKLOADS:
         nbsim_s, c_s = result.get("nbsim_median_s"), result.get("c_median_s")
         rss, corr = None, None
     else:
@@ -164,7 +172,7 @@ def table_row(name: str, record: dict, verdict_text: str, target: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = [w.name for w in WORKLOADS] + [CLI_WORKLOAD]
+    names = [w.name for w in WORKLOADS] + list(CLI_WORKLOADS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--c-binary", default=os.environ.get("NBSIM_C_BINARY"),
                         help="nanoBragg binary to compare with (default: $NBSIM_C_BINARY)")
@@ -200,13 +208,15 @@ def main(argv: list[str] | None = None) -> int:
             record["verdict"] = verdict(workload, record)
             records[workload.name] = record
             rows.append(table_row(workload.name, record, record["verdict"], target_text(workload)))
-        if CLI_WORKLOAD in options.only:
-            print(f"running {CLI_WORKLOAD} ...", file=sys.stderr, flush=True)
+        for name in CLI_WORKLOADS:
+            if name not in options.only:
+                continue
+            print(f"running {name} ...", file=sys.stderr, flush=True)
             args = nanobragg_args(WORKLOADS[0], options.golden, options.quick)
-            record = run_cli_workload(args, options, Path(scratch))
+            record = run_cli_workload(args, options, Path(scratch), worker=name == "cli_worker")
             record["verdict"] = verdict(None, record)
-            records[CLI_WORKLOAD] = record
-            rows.append(table_row(CLI_WORKLOAD, record, record["verdict"], target_text(None)))
+            records[name] = record
+            rows.append(table_row(name, record, record["verdict"], target_text(None)))
     header = ["| workload | nbsim warm s | C s | speedup | correlation | peak RSS MB | target | verdict |",
               "|---|---|---|---|---|---|---|---|"]
     print("\n".join(header + rows))

@@ -55,28 +55,54 @@ def choose_mode(compile: bool, device: torch.device, needs_grad: bool) -> str:
 
 
 def kernel_callable(stages: tuple[Stage, ...], options: KernelOptions, grid_shape: tuple[int, int, int],
-                    mode: str) -> Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]:
-    """A callable (rows, cols, tensors) -> tile that runs the stages in the requested mode."""
-    runners = [_runner(stage, options, grid_shape, mode) for stage in stages]
+                    mode: str) -> Callable[[torch.Tensor, torch.Tensor, object, torch.Tensor], None]:
+    """A callable (rows, cols, tensors, out) that runs the stages in the requested mode and writes
+    the last stage's (rows, cols) values into `out`.
 
-    def call(rows: torch.Tensor, cols: torch.Tensor, tensors) -> torch.Tensor:
-        n_rows, n_cols = len(rows), len(cols)
-        if mode != "eager":
+    The last stage writes straight into `out` (a contiguous block of rows of the image), so a tile
+    needs no freshly allocated result and no copy; other outputs go through a scratch tile.
+    """
+    runners = [_runner(stage, options, grid_shape, mode, writes_out=index == len(stages) - 1)
+               for index, stage in enumerate(stages)]
+
+    def call(rows: torch.Tensor, cols: torch.Tensor, tensors, out: torch.Tensor) -> None:
+        target = out
+        if mode != "eager" and (len(rows) < 2 or len(cols) < 2 or not out.is_contiguous()):
             rows, cols = _at_least_two(rows), _at_least_two(cols)
-        value = runners[0]((rows, cols), tensors)
-        for runner in runners[1:]:
-            value = runner((value,), tensors)
-        return value[:n_rows, :n_cols]
+            target = out.new_empty((len(rows), len(cols)))
+        leading = (rows, cols)
+        for runner in runners[:-1]:
+            leading = (runner(leading, tensors),)
+        runners[-1]((target, *leading), tensors)
+        if target is not out:
+            out.copy_(target[:out.shape[0], :out.shape[1]])
 
     return call
 
 
-def _runner(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int], mode: str):
+def _runner(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int], mode: str, writes_out: bool):
     if mode == "eager":
-        return lambda leading, tensors: stage.function(*leading, tensors, grid_shape=grid_shape, options=options)
+        function = _writing_into(stage.function) if writes_out else stage.function
+        return lambda leading, tensors: function(*leading, tensors, grid_shape=grid_shape, options=options)
     if mode == "jit":
-        return _jit(stage, options, grid_shape)
-    return _aot(stage, options, grid_shape)
+        return _jit(stage, options, grid_shape, writes_out)
+    return _aot(stage, options, grid_shape, writes_out)
+
+
+def _writing_into(function: Callable) -> Callable:
+    """The stage function as one that writes its value into its first argument, `out`."""
+    return functools.partial(_write_into, function)
+
+
+def _write_into(function: Callable, out: torch.Tensor, *arguments, **keywords) -> None:
+    out.copy_(function(*arguments, **keywords))
+
+
+def _leading_dims(leading: tuple, options: KernelOptions, writes_out: bool) -> list[dict[int, str]]:
+    """pixel_dims of a runner's leading inputs, `out` (rows, cols) first when the stage writes into it."""
+    if writes_out:
+        return [{0: "rows", 1: "cols"}, *pixel_dims(leading[1:], options)]
+    return pixel_dims(leading, options)
 
 
 def _at_least_two(index: torch.Tensor) -> torch.Tensor:
@@ -86,19 +112,20 @@ def _at_least_two(index: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _jit(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int]):
+def _jit(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int], writes_out: bool):
     """torch.compile of one stage with only the tile's rows and columns dynamic.
 
     Python floats in the kernel are constants (physics parameters arrive as tensors), so Dynamo
     specialises on them instead of re-tracing to turn them into tensors; duck shaping is off so a
     square tile does not tie rows to columns.
     """
-    compiled = torch.compile(functools.partial(stage.function, grid_shape=grid_shape, options=options),
+    function = _writing_into(stage.function) if writes_out else stage.function
+    compiled = torch.compile(functools.partial(function, grid_shape=grid_shape, options=options),
                              dynamic=False, options=dict(stage.inductor_options))
 
     def call(leading: tuple, tensors):
         flat, _ = tree_flatten(leading)
-        for tensor, dims in zip(flat, pixel_dims(leading, options), strict=True):
+        for tensor, dims in zip(flat, _leading_dims(leading, options, writes_out), strict=True):
             for dim in dims:
                 torch._dynamo.mark_dynamic(tensor, dim)
         with torch._dynamo.config.patch(specialize_float=True), \
@@ -109,58 +136,71 @@ def _jit(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int])
 
 
 @functools.cache
-def _aot(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int]) -> AotStage:
-    return AotStage(stage, options, grid_shape)
+def _aot(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int], writes_out: bool) -> AotStage:
+    return AotStage(stage, options, grid_shape, writes_out)
 
 
 class _Exported(torch.nn.Module):
     """A stage with flat tensor inputs, as torch.export needs."""
 
-    def __init__(self, stage: Stage, options: KernelOptions, grid_shape, leading_spec, tensors_spec):
+    def __init__(self, function: Callable, options: KernelOptions, grid_shape, leading_spec, tensors_spec):
         super().__init__()
-        self.stage, self.options, self.grid_shape = stage, options, grid_shape
+        self.function, self.options, self.grid_shape = function, options, grid_shape
         self.leading_spec, self.tensors_spec = leading_spec, tensors_spec
         self.leading_count = leading_spec.num_leaves
 
     def forward(self, *flat):
         leading = tree_unflatten(list(flat[:self.leading_count]), self.leading_spec)
         tensors = tree_unflatten(list(flat[self.leading_count:]), self.tensors_spec)
-        result = self.stage.function(*leading, tensors, grid_shape=self.grid_shape, options=self.options)
-        return tuple(result) if isinstance(result, tuple) else result
+        result = self.function(*leading, tensors, grid_shape=self.grid_shape, options=self.options)
+        return () if result is None else tuple(result) if isinstance(result, tuple) else result
 
 
 class AotStage:
     """Loads (or builds once, under a file lock) the AOTInductor package of one stage variant."""
 
-    def __init__(self, stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int]):
-        self.stage, self.options, self.grid_shape = stage, options, grid_shape
-        self._runners: dict[str, object] = {}
+    def __init__(self, stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int], writes_out: bool):
+        self.stage, self.options, self.grid_shape, self.writes_out = stage, options, grid_shape, writes_out
+        self._runners: dict[tuple, object] = {}
+        self._flat_tensors: tuple = (None, [], None, ())
 
     def __call__(self, leading: tuple, tensors):
         flat_leading, leading_spec = tree_flatten(leading)
-        flat_tensors, tensors_spec = tree_flatten(tensors)
-        key = self._key(flat_leading, flat_tensors, tensors_spec, leading)
-        runner = self._runners.get(key)
+        flat_tensors, tensors_spec, tensors_signature = self._flatten_tensors(tensors)
+        dims = _leading_dims(leading, self.options, self.writes_out)
+        static_leading = tuple(tuple(size if dim not in d else None for dim, size in enumerate(t.shape))
+                               for t, d in zip(flat_leading, dims, strict=True))
+        runner = self._runners.get((static_leading, tensors_signature))
         if runner is None:
-            runner = self._runners[key] = self._load_or_build(key, leading, flat_leading, leading_spec,
-                                                               flat_tensors, tensors_spec)
+            key = self._key(static_leading, flat_tensors, tensors_spec)
+            runner = self._runners[static_leading, tensors_signature] = self._load_or_build(
+                key, dims, flat_leading, leading_spec, flat_tensors, tensors_spec)
         outputs = runner.run([*flat_leading, *flat_tensors])
+        if self.writes_out:
+            return None
         return self.stage.output(*outputs) if self.stage.output is not None else outputs[0]
 
-    def _key(self, flat_leading, flat_tensors, tensors_spec, leading) -> str:
-        dims = pixel_dims(leading, self.options)
+    def _flatten_tensors(self, tensors) -> tuple[list, object, tuple]:
+        """The shared inputs flattened, with their shapes, dtypes and devices; remembered for the
+        last `tensors` seen, since a renderer passes the same ones to every tile."""
+        if self._flat_tensors[0] is not tensors:
+            flat, spec = tree_flatten(tensors)
+            signature = tuple((tuple(t.shape), t.dtype, t.device) for t in flat)
+            self._flat_tensors = (tensors, flat, spec, signature)
+        return self._flat_tensors[1:]
+
+    def _key(self, static_leading: tuple, flat_tensors, tensors_spec) -> str:
         description = {
             "nbsim": __version__, "torch": torch.__version__, "stage": self.stage.function.__qualname__,
-            "inductor": repr(self.stage.inductor_options), "source": _source_digest(), "options": repr(self.options),
-            "grid_shape": self.grid_shape, "dtype": str(flat_tensors[0].dtype), "device": flat_tensors[0].device.type,
-            "leading": [[size if dim not in d else None for dim, size in enumerate(t.shape)]
-                        for t, d in zip(flat_leading, dims, strict=True)],
+            "writes_out": self.writes_out, "inductor": repr(self.stage.inductor_options), "source": _source_digest(),
+            "options": repr(self.options), "grid_shape": self.grid_shape, "dtype": str(flat_tensors[0].dtype),
+            "device": flat_tensors[0].device.type, "leading": static_leading,
             "shapes": [list(t.shape) for t in flat_tensors], "spec": str(tensors_spec),
             "machine": platform.machine(), "cpu_flags": _cpu_flags(),
         }
         return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
-    def _load_or_build(self, key: str, leading, flat_leading, leading_spec, flat_tensors, tensors_spec):
+    def _load_or_build(self, key: str, dims, flat_leading, leading_spec, flat_tensors, tensors_spec):
         folder = cache_dir() / "kernels"
         folder.mkdir(parents=True, exist_ok=True)
         package = folder / f"{key}.pt2"
@@ -169,20 +209,20 @@ class AotStage:
                 CACHE_EVENTS["aot_hit"] += 1
             else:
                 CACHE_EVENTS["aot_miss"] += 1
-                self._build(package, leading, flat_leading, leading_spec, flat_tensors, tensors_spec)
+                self._build(package, dims, flat_leading, leading_spec, flat_tensors, tensors_spec)
         device = flat_tensors[0].device
         device_index = device.index if device.type == "cuda" and device.index is not None else -1
         return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
 
-    def _build(self, package: Path, leading, flat_leading, leading_spec, flat_tensors, tensors_spec) -> None:
+    def _build(self, package: Path, dims, flat_leading, leading_spec, flat_tensors, tensors_spec) -> None:
         from torch._inductor import aoti_compile_and_package
 
         named = {"rows": torch.export.Dim("rows", min=2, max=MAX_PIXELS_PER_SIDE),
                  "cols": torch.export.Dim("cols", min=2, max=MAX_PIXELS_PER_SIDE)}
-        dims = pixel_dims(leading, self.options)
         dynamic = tuple({dim: named[name] for dim, name in d.items()} or None for d in dims) \
             + tuple(None for _ in flat_tensors)
-        module = _Exported(self.stage, self.options, self.grid_shape, leading_spec, tensors_spec)
+        function = _writing_into(self.stage.function) if self.writes_out else self.stage.function
+        module = _Exported(function, self.options, self.grid_shape, leading_spec, tensors_spec)
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)
         partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")

@@ -342,7 +342,7 @@ class StepTerms(NamedTuple):
 class PixelTerms(NamedTuple):
     """What the step sum needs from each pixel, computed once per pixel (the first kernel stage).
 
-    projections (3, R, C, K, O): a·p, b·p, c·p; inverse_path (R, C, K); factor (R, C):
+    projections (3, R, C, K, O), or three (R, C, K, O): a·p, b·p, c·p; inverse_path (R, C, K); factor (R, C):
     scale·capture·polar·ω; valid (R, C, K, S): 1 where -dmin keeps the source (shape (1, 1, 1, 1)
     when -dmin is off).
     """
@@ -359,8 +359,9 @@ def miller_indices(projections: torch.Tensor, inverse_path: torch.Tensor, t: Ker
     return [projections[v].unsqueeze(3) * scale - t.beam_terms[v] for v in range(3)]
 
 
-def cell_projections(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
-    return torch.stack([project(f, t.cells[v], options) for v in range(3)])
+def cell_projections(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> list[torch.Tensor]:
+    """a·p, b·p, c·p for every (pixel, sub-step) and orientation: three (R, C, K, O) tensors."""
+    return [project(f, t.cells[v], options) for v in range(3)]
 
 
 def terms_from_projections(projections: torch.Tensor, inverse_path: torch.Tensor, t: KernelTensors,
@@ -391,15 +392,17 @@ def last_layer_capture(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
 
 
 def prepare_pixels(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
-                   options: KernelOptions) -> PixelTerms:
-    """First stage: everything per pixel (and sub-step) that the steps share."""
+                   options: KernelOptions, stacked: bool = True) -> PixelTerms:
+    """First stage: everything per pixel (and sub-step) that the steps share. `stacked=False` keeps the
+    three cell projections separate (a stack is a buffer Inductor writes out, needed only between stages)."""
     f = pixel_frame(rows, cols, t, options)
     omega = solid_angle(f.inverse_path[:, :, 0], t, options)
     capture = last_layer_capture(rows, cols, t, options) if options.use_sensor else torch.ones_like(omega)
     polar = pixel_polarization(f, rows, cols, t, options)
     valid = f.valid.to(f.x.dtype) if f.valid is not None else torch.ones((1, 1, 1, 1), dtype=f.x.dtype,
                                                                             device=f.x.device)
-    return PixelTerms(projections=cell_projections(f, t, options), inverse_path=f.inverse_path,
+    projections = cell_projections(f, t, options)
+    return PixelTerms(projections=torch.stack(projections) if stacked else projections, inverse_path=f.inverse_path,
                       factor=t.scalars[3] * capture * polar * omega, valid=valid)
 
 
@@ -415,8 +418,8 @@ def sum_steps(p: PixelTerms, t: KernelTensors, grid_shape: tuple[int, int, int],
 
 def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
                  options: KernelOptions) -> torch.Tensor:
-    """Final pixel values (R, C) for a tile (both stages; compiled modes run them as two kernels)."""
-    return sum_steps(prepare_pixels(rows, cols, t, grid_shape, options), t, grid_shape, options)
+    """Final pixel values (R, C) for a tile, both stages at once (the single-step kernel)."""
+    return sum_steps(prepare_pixels(rows, cols, t, grid_shape, options, stacked=False), t, grid_shape, options)
 
 
 def steps_out_of_range(p: PixelTerms, t: KernelTensors, grid_shape: tuple[int, int, int],
@@ -444,8 +447,9 @@ class Stage:
 FUSED_STEPS = (("realize_reads_threshold", 1 << 20), ("realize_opcount_threshold", 1 << 20),
                ("realize_acc_reads_threshold", 1 << 20), ("assert_indirect_indexing", False))
 PIXEL_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(sum_steps, FUSED_STEPS))
-# With a single step per pixel there is nothing to share between steps: one kernel, no hand-over.
-SINGLE_STEP_STAGES = (Stage(pixel_kernel),)
+# With a single step per pixel there is nothing to share between steps: one kernel, no hand-over, and
+# no per-pixel intermediates written out.
+SINGLE_STEP_STAGES = (Stage(pixel_kernel, FUSED_STEPS),)
 OUT_OF_RANGE_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(steps_out_of_range, FUSED_STEPS))
 
 

@@ -35,8 +35,8 @@ AVOGADRO = 6.02214179e23
 WATER_F = 2.57
 WATER_MW = 18.0
 # Values held per tile: an eager tile materialises every pixel-step, a compiled tile only the per-pixel
-# terms handed from the first kernel stage to the fused step sum. Either way the bound keeps memory
-# flat whatever the number of steps.
+# terms handed from the first kernel stage to the fused step sum (a single-step kernel writes the image
+# directly and holds nothing else). Either way the bound keeps memory flat whatever the number of steps.
 TILE_ELEMENTS = 1 << 22
 
 
@@ -309,8 +309,12 @@ class Renderer:
         substeps, sources, orientations = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0],
                                            tensors.beam_terms.shape[2])
         self.steps_per_pixel = substeps * sources * orientations
-        self.values_per_pixel = (self.steps_per_pixel if self.mode == "eager" or self.step_ordered
-                                 else 3 * substeps * orientations + substeps * sources + substeps + 1)
+        if self.mode == "eager" or self.step_ordered:
+            self.values_per_pixel = self.steps_per_pixel
+        elif self.steps_per_pixel == 1:
+            self.values_per_pixel = 1
+        else:
+            self.values_per_pixel = 3 * substeps * orientations + substeps * sources + substeps + 1
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
@@ -385,12 +389,12 @@ class Renderer:
         kernel = kernel_callable(stages, options, self.inputs.grid_shape, self.mode)
         ordered = OrderedOptions(**self._ordered_flags())
         for first, rows in self._row_tiles(start, stop):
+            block = out[first - start:first - start + len(rows)]
             if self.step_ordered:
-                tile = render_ordered(rows, self.cols, self.inputs.tensors, self.inputs.grid_shape, options,
-                                      ordered)[0]
+                block.copy_(render_ordered(rows, self.cols, self.inputs.tensors, self.inputs.grid_shape, options,
+                                           ordered)[0])
             else:
-                tile = kernel(rows, self.cols, self.inputs.tensors)
-            out[first - start:first - start + len(rows)] = tile
+                kernel(rows, self.cols, self.inputs.tensors, block)
 
     def _unmasked_positions(self, start: int, rows: int) -> np.ndarray:
         """Flat ROI positions (row-major) of the unmasked pixels in `rows` rows from `start`."""
@@ -428,9 +432,10 @@ class Renderer:
         """
         _, _, ymin, ymax = self.setup.roi
         kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.inputs.grid_shape, self.mode)
-        flags = [kernel(rows, self.cols, self.inputs.tensors)
-                 for _, rows in self._row_tiles(ymin, ymax + 1)]
-        outside = torch.cat(flags).cpu().numpy()
+        flags = torch.empty((ymax + 1 - ymin, len(self.cols)), dtype=torch.bool, device=self.device)
+        for first, rows in self._row_tiles(ymin, ymax + 1):
+            kernel(rows, self.cols, self.inputs.tensors, flags[first - ymin:first - ymin + len(rows)])
+        outside = flags.cpu().numpy()
         if self.mask is not None:
             outside &= self.mask
         if not outside.any():

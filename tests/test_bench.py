@@ -83,7 +83,7 @@ def test_benchmark_script_writes_its_table_and_json(tmp_path, private_compile_ca
     assert nbsim("-floatfile", str(image_path), *seed_256, cwd=prepared).returncode == 0
     out = tmp_path / "benchmarks.json"
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "run.py"), "--quick", "--only", "seed_f32", "cli",
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "run.py"), "--quick", "--only", "seed_f32", "cli", "cli_worker",
          "--repeats", "1", "--c-binary", stand_in_c(prepared, image_path), "--cache-dir", str(private_compile_cache),
          "--out", str(out)],
         capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
@@ -92,8 +92,10 @@ def test_benchmark_script_writes_its_table_and_json(tmp_path, private_compile_ca
     seed = summary["results"]["seed_f32"]
     assert seed["result"]["pixels"] == 256 * 256 and seed["result"]["correlation"] == pytest.approx(1.0, abs=1e-9)
     assert seed["verdict"] in {"met", "NOT met"}
-    cli = summary["results"]["cli"]["result"]
-    assert len(cli["nbsim_times_s"]) == len(cli["c_times_s"]) == 1
+    for name in ("cli", "cli_worker"):
+        cli = summary["results"][name]["result"]
+        assert len(cli["nbsim_times_s"]) == len(cli["c_times_s"]) == 1
+    assert "nbsim.worker" in summary["results"]["cli_worker"]["command"]
     assert summary["quick"] is True
     table = [line for line in result.stdout.splitlines() if line.startswith("| seed_f32 |")]
     assert len(table) == 1 and seed["verdict"] in table[0]

@@ -1,0 +1,275 @@
+"""The `nbsim` command, and a resident worker that runs its simulations without a new PyTorch start.
+
+Starting Python and importing PyTorch takes seconds, often longer than rendering a detector with a
+warm compile cache. `nbsim worker start` launches one background process per user and cache folder
+that has PyTorch and nbsim imported and keeps loaded kernels; while it runs, each `nbsim <nanoBragg
+options>` command is a light client (this module never imports torch) that sends its arguments, working
+folder and NBSIM_* variables to the worker and relays its output and exit status. The worker serves one
+command at a time and exits after an idle timeout, on `nbsim worker stop`, or when it finds the nbsim
+sources changed. Without a worker, or with NBSIM_WORKER=off, the command runs in its own process.
+`nbsim bench` always runs in its own process (its timings and peak memory are per process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .cache import cache_dir
+
+DEFAULT_IDLE_TIMEOUT_S = 1800.0
+START_TIMEOUT_S = 120.0
+_HEADER = struct.Struct("!cI")
+_STDOUT, _STDERR, _EXIT = b"o", b"e", b"x"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `nbsim` entry point: worker control, else the command in the worker or in this process."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "worker":
+        return worker_command(argv[1:])
+    if argv and argv[0] != "bench" and os.environ.get("NBSIM_WORKER", "").lower() != "off":
+        status = run_in_worker(argv)
+        if status is not None:
+            return status
+    from .cli import main as cli_main
+
+    return cli_main(argv)
+
+
+def socket_path() -> Path:
+    """Where the worker for this user and cache folder listens (short enough for AF_UNIX)."""
+    folder = cache_dir().expanduser().resolve()
+    digest = hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+    return Path("/tmp") / f"nbsim-{os.getuid()}" / f"worker-{digest}.sock"
+
+
+def source_digest() -> str:
+    """The interpreter and nbsim's sources: a worker serves only clients with the same ones."""
+    digest = hashlib.sha256(sys.executable.encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _connect(timeout_s: float | None = None) -> socket.socket | None:
+    path = socket_path()
+    if not path.exists():
+        return None
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(timeout_s)
+    try:
+        connection.connect(str(path))
+    except OSError:
+        connection.close()
+        return None
+    return connection
+
+
+def _request(connection: socket.socket, message: dict) -> None:
+    connection.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _frames(connection: socket.socket):
+    """(kind, payload) frames until the connection closes."""
+    reader = connection.makefile("rb")
+    while True:
+        header = reader.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return
+        kind, length = _HEADER.unpack(header)
+        yield kind, reader.read(length)
+
+
+def run_in_worker(argv: list[str]) -> int | None:
+    """Run `nbsim argv` in the worker and relay its output; None when no worker serves this client."""
+    connection = _connect()
+    if connection is None:
+        return None
+    with connection:
+        environment = {name: value for name, value in os.environ.items()
+                       if name.startswith("NBSIM_") or name == "OMP_NUM_THREADS"}
+        _request(connection, {"command": "run", "argv": argv, "cwd": os.getcwd(), "env": environment,
+                              "source": source_digest()})
+        try:
+            for kind, payload in _frames(connection):
+                if kind == _EXIT:
+                    return json.loads(payload)
+                stream = sys.stdout if kind == _STDOUT else sys.stderr
+                stream.write(payload.decode())
+                stream.flush()
+        except KeyboardInterrupt:
+            print("nbsim: interrupted (the worker finishes the command without printing)", file=sys.stderr)
+            return 130
+    return None
+
+
+def worker_command(argv: list[str]) -> int:
+    """`nbsim worker start|stop|status|serve`."""
+    parser = argparse.ArgumentParser(prog="nbsim worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["start", "stop", "status", "serve"])
+    parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+                        help=f"exit after this long without a command (default {DEFAULT_IDLE_TIMEOUT_S:g})")
+    options = parser.parse_args(argv)
+    if options.action == "serve":
+        return serve(options.idle_timeout)
+    if options.action == "start":
+        return start(options.idle_timeout)
+    answer = _ask(options.action)
+    if answer is None:
+        print(f"nbsim worker: not running ({socket_path()})")
+        return 0 if options.action == "stop" else 1
+    print(f"nbsim worker: {answer}")
+    return 0
+
+
+def _ask(command: str) -> str | None:
+    connection = _connect(timeout_s=10.0)
+    if connection is None:
+        return None
+    with connection:
+        _request(connection, {"command": command})
+        for kind, payload in _frames(connection):
+            if kind == _STDOUT:
+                return payload.decode()
+    return None
+
+
+def start(idle_timeout_s: float) -> int:
+    """Launch the worker in the background and wait until it answers."""
+    running = _ask("status")
+    if running is not None:
+        print(f"nbsim worker: already running: {running}")
+        return 0
+    path = socket_path()
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    log = cache_dir() / "worker.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as log_file:
+        process = subprocess.Popen([sys.executable, "-m", "nbsim.worker", "worker", "serve", "--idle-timeout",
+                                    str(idle_timeout_s)], stdin=subprocess.DEVNULL, stdout=log_file,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        answer = _ask("status")
+        if answer is not None:
+            print(f"nbsim worker: started: {answer}")
+            return 0
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    print(f"nbsim: error: the worker did not start (see {log})", file=sys.stderr)
+    return 1
+
+
+class _FrameWriter(io.TextIOBase):
+    """A text stream sending each write to the client as one frame (dropped once the client is gone)."""
+
+    def __init__(self, connection: socket.socket, kind: bytes):
+        self.connection, self.kind, self.lost = connection, kind, False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text and not self.lost:
+            payload = text.encode()
+            try:
+                self.connection.sendall(_HEADER.pack(self.kind, len(payload)) + payload)
+            except OSError:
+                self.lost = True
+        return len(text)
+
+
+def serve(idle_timeout_s: float) -> int:
+    """The worker: import everything once, then serve commands one at a time until idle or stopped."""
+    from . import cli
+
+    started = time.time()
+    digest = source_digest()
+    path = socket_path()
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    bound_inode = path.stat().st_ino
+    listener.listen(16)
+    listener.settimeout(idle_timeout_s)
+    served = 0
+    try:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                return 0
+            with connection:
+                connection.settimeout(None)
+                message = json.loads(connection.makefile("rb").readline() or b"{}")
+                command = message.get("command")
+                if command == "status":
+                    _send(connection, _STDOUT, f"pid {os.getpid()}, up {time.time() - started:.0f} s, "
+                                               f"{served} commands served, socket {path}")
+                elif command == "stop":
+                    _send(connection, _STDOUT, f"stopped (pid {os.getpid()})")
+                    return 0
+                elif command == "run" and message.get("source") != digest:
+                    _send(connection, _STDERR, "nbsim: note: the worker was started with other nbsim sources "
+                                               "and has stopped; running in this process\n")
+                    return 0
+                elif command == "run":
+                    served += 1
+                    status = _run(connection, cli.main, message)
+                    _send(connection, _EXIT, json.dumps(status))
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_ino == bound_inode:  # not a newer worker's socket
+                path.unlink()
+
+
+def _send(connection: socket.socket, kind: bytes, text: str) -> None:
+    with contextlib.suppress(OSError):
+        payload = text.encode()
+        connection.sendall(_HEADER.pack(kind, len(payload)) + payload)
+
+
+def _run(connection: socket.socket, cli_main, message: dict) -> int:
+    """One command with the client's folder, NBSIM_* variables, thread count and output streams."""
+    import torch
+
+    saved_environment = {name: value for name, value in os.environ.items() if name.startswith("NBSIM_")}
+    saved_cwd, saved_threads = os.getcwd(), torch.get_num_threads()
+    saved_streams = sys.stdout, sys.stderr
+    try:
+        for name in saved_environment:
+            del os.environ[name]
+        os.environ.update({k: v for k, v in message["env"].items() if k.startswith("NBSIM_")})
+        threads = message["env"].get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        os.chdir(message["cwd"])
+        sys.stdout, sys.stderr = _FrameWriter(connection, _STDOUT), _FrameWriter(connection, _STDERR)
+        return cli_main(list(message["argv"]))
+    finally:
+        sys.stdout, sys.stderr = saved_streams
+        os.chdir(saved_cwd)
+        torch.set_num_threads(saved_threads)
+        for name in [n for n in os.environ if n.startswith("NBSIM_")]:
+            del os.environ[name]
+        os.environ.update(saved_environment)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
