@@ -7,8 +7,8 @@ which times nbsim's cold and warm renders and, with `--c-binary`, the C's whole 
 The `cli` workload times whole processes: the `nbsim` command (warm compile cache) and the C binary,
 alternating, with the same arguments and outputs; `cli_worker` does the same with a running
 `nbsim worker` serving the commands (PyTorch already imported, kernels loaded). The script prints
-a table, says which of issue 6's targets each figure meets, and writes everything as JSON. `--quick` shrinks every detector for a
-smoke run; its figures are not the targets' figures.
+a table, says which of issue 6's targets each figure meets, and writes everything as JSON.
+`--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
 from __future__ import annotations
