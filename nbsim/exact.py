@@ -25,6 +25,7 @@ from .kernel import (
     StepTerms,
     capture_fraction,
     evaluated,
+    frame_slice,
     interpolation_outside,
     pixel_frame,
     pixel_polarization,
@@ -85,7 +86,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
     for k in range(n_sub):
         for s in range(n_src):
             block_inputs = restrict(t, k, s)
-            block = pixel_frame(rows, cols, block_inputs, options)
+            block = frame_slice(f, k, s)
             terms = step_terms(block, block_inputs, grid_shape, options)
             if k == 0 and s == 0 and ordered.first_evaluation is not None:
                 first_inputs = restrict(ordered.first_evaluation, 0, 0)
@@ -105,7 +106,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
             running = _accumulate(running, term, mask, factor)
             last = (terms, f_cell)
     capture = capture_each[:, :, -1] if ordered.oversample_thick else _last_layer_capture(capture_each, options)
-    polar = polar_each[:, :, -1, -1] if ordered.oversample_polar else pixel_polarization(f, rows, cols, t, options)
+    polar = polar_each[:, :, -1, -1] if ordered.oversample_polar else pixel_polarization(f, t, options)
     omega = omega_each[:, :, -1] if ordered.oversample_omega else omega_each[:, :, 0]
     result = running
     for applied_per_step, value in ((ordered.oversample_thick, capture), (ordered.oversample_polar, polar),

@@ -268,6 +268,15 @@ def pixel_frame(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, option
     return frame._replace(cos2theta=cos2theta, valid=valid)
 
 
+def frame_slice(f: PixelFrame, substep: int, source: int | None = None) -> PixelFrame:
+    """The frame of one sub-step (and source) cut from the frame of all: what pixel_frame computes for
+    the restricted inputs, without computing it again."""
+    k = slice(substep, substep + 1)
+    s = slice(None) if source is None else slice(source, source + 1)
+    return f._replace(x=f.x[:, :, k], y=f.y[:, :, k], z=f.z[:, :, k], inverse_path=f.inverse_path[:, :, k],
+                      cos2theta=f.cos2theta[:, :, k, s], valid=None if f.valid is None else f.valid[:, :, k, s])
+
+
 def solid_angle(inverse_path: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     """Pixel solid angle ω = pixel²/R²·close/R (or 1/R² for -point_pixel), from 1/R."""
     pixel_size, close_distance = t.scalars[0], t.scalars[2]
@@ -311,14 +320,12 @@ def _safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Ten
                        torch.zeros_like(numerator))
 
 
-def pixel_polarization(f: PixelFrame, rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
-                       options: KernelOptions) -> torch.Tensor:
+def pixel_polarization(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     """Polarization factor of the first evaluated (sub-step, source) of each pixel, (R, C)."""
     if options.polarization == "none":
         return torch.ones_like(f.inverse_path[:, :, 0])
     if f.valid is None:
-        first = restrict(t, 0, 0)
-        return polarization_factor(pixel_frame(rows, cols, first, options), first, options)[:, :, 0, 0]
+        return polarization_factor(frame_slice(f, 0, 0), restrict(t, 0, 0), options)[:, :, 0, 0]
     polar_all = polarization_factor(f, t, options)
     n_sub, n_src = f.valid.shape[2], f.valid.shape[3]
     order = torch.arange(n_sub * n_src, device=f.valid.device).view(1, 1, n_sub, n_src)
@@ -382,12 +389,10 @@ def step_terms(f: PixelFrame, t: KernelTensors, grid_shape: tuple[int, int, int]
     return terms_from_projections(cell_projections(f, t, options), f.inverse_path, t, grid_shape, options, lookup)
 
 
-def last_layer_capture(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
-                       options: KernelOptions) -> torch.Tensor:
+def last_layer_capture(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     """Capture fraction of the last sensor layer at its first sub-pixel (what nanoBragg applies), (R, C)."""
     k_last = (options.sensor_layers - 1) * options.first_layer_substeps
-    last = restrict(t, k_last)
-    return capture_fraction(pixel_frame(rows, cols, last, options), float(options.sensor_layers - 1), last,
+    return capture_fraction(frame_slice(f, k_last), float(options.sensor_layers - 1), restrict(t, k_last),
                             options)[:, :, 0]
 
 
@@ -397,8 +402,8 @@ def prepare_pixels(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
     three cell projections separate (a stack is a buffer Inductor writes out, needed only between stages)."""
     f = pixel_frame(rows, cols, t, options)
     omega = solid_angle(f.inverse_path[:, :, 0], t, options)
-    capture = last_layer_capture(rows, cols, t, options) if options.use_sensor else torch.ones_like(omega)
-    polar = pixel_polarization(f, rows, cols, t, options)
+    capture = last_layer_capture(f, t, options) if options.use_sensor else torch.ones_like(omega)
+    polar = pixel_polarization(f, t, options)
     valid = f.valid.to(f.x.dtype) if f.valid is not None else torch.ones((1, 1, 1, 1), dtype=f.x.dtype,
                                                                             device=f.x.device)
     projections = cell_projections(f, t, options)

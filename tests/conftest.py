@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,20 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SEED_ARGS = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"
+"""The seeds' benchmark workload, without a detector size."""
+
+
+def snakemake_command(folder: Path, profile: str = "default", config: str = "config.yaml") -> list[str]:
+    """Snakemake on this repository's Snakefile, working in `folder` with its config file and a profile."""
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(folder),
+            "--configfile", str(folder / config), "--workflow-profile",
+            str(REPO_ROOT / "workflow" / "profiles" / profile)]
+
+
+def own_cache_env(folder: Path) -> dict[str, str]:
+    """This process's environment with a compile cache inside `folder`."""
+    return {**os.environ, "NBSIM_CACHE_DIR": str(folder / "cache")}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,10 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import REPO_ROOT
+from .conftest import REPO_ROOT, SEED_ARGS
 
-SEED_16 = ["-default_F", "100", "-cell", "100", "100", "100", "90", "90", "90", "-lambda", "6.2", "-N", "5",
-           "-distance", "100", "-detpixels", "16"]
+SEED_16 = f"{SEED_ARGS} -detpixels 16".split()
 REQUIRED_KEYS = {"cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "repeats", "device", "dtype", "compile",
                  "pixels", "steps", "peak_rss_mb", "torch_version", "cpu"}
 

@@ -14,7 +14,9 @@ from nbsim.kernel import _sincg, pixel_kernel, sin_pi_polynomial
 from nbsim.random import Ran1
 from nbsim.simulator import Renderer, kernel_inputs, resolve
 
-SEED = ("-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100 -detpixels 64").split()
+from .conftest import SEED_ARGS
+
+SEED = f"{SEED_ARGS} -detpixels 64".split()
 
 
 def test_lattice_factor_is_accurate_in_float32_near_large_indices():

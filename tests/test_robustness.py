@@ -28,7 +28,7 @@ from nbsim.nanobragg_args import FLAGS, parse
 from nbsim.simulator import Renderer, resolve
 from nbsim.structure_factors import read_hkl
 
-from .conftest import REPO_ROOT
+from .conftest import REPO_ROOT, SEED_ARGS, own_cache_env, snakemake_command
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 TOKENS = st.one_of(st.sampled_from(sorted(FLAGS) + ["-cell", "-misset", "random", "inf", "nan", "--", "-"]),
@@ -126,7 +126,7 @@ def test_no_shell_strings_and_safe_yaml():
 # --- killed and concurrent jobs -------------------------------------------------------------------
 
 SLOW_POINT = {
-    "scenarios": {"seed": {"args": "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"}},
+    "scenarios": {"seed": {"args": SEED_ARGS}},
     "sweep": {"sizes": [512], "dtypes": ["float64"], "devices": ["cpu"], "compile": ["off"]},
     "timing": {"warmup": 0, "repeats": 1, "threads": 1},
     "reference": {"compile": False},
@@ -134,12 +134,8 @@ SLOW_POINT = {
 
 
 def _snakemake(folder: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(folder),
-         "--configfile", str(folder / "config.yaml"), "--workflow-profile",
-         str(REPO_ROOT / "workflow" / "profiles" / "default"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "NBSIM_CACHE_DIR": str(folder / "cache")})
+    return subprocess.Popen([*snakemake_command(folder), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=own_cache_env(folder))
 
 
 @pytest.mark.slow

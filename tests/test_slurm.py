@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import yaml
 
-from .conftest import REPO_ROOT
+from .conftest import SEED_ARGS, own_cache_env, snakemake_command
 from .slurm_cluster import single_node_slurm, unavailable_reason
 
 REASON = unavailable_reason()
 CONFIG = {
-    "scenarios": {"seed": {"args": "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"}},
+    "scenarios": {"seed": {"args": SEED_ARGS}},
     "sweep": {"sizes": [12], "dtypes": ["float32", "float64"], "devices": ["cpu"], "compile": ["off"]},
     "timing": {"warmup": 0, "repeats": 1, "threads": 1},
     "reference": {"compile": False},
@@ -31,13 +29,11 @@ def test_sweep_runs_every_point_as_a_slurm_job(tmp_path):
         config = {**CONFIG, "slurm": {"partition": partition, "gpu_partition": None, "account": None}}
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
         result = subprocess.run(
-            [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(tmp_path),
-             "--configfile", str(tmp_path / "config.yaml"),
-             "--workflow-profile", str(REPO_ROOT / "workflow" / "profiles" / "slurm"),
-             "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2",
+            [*snakemake_command(tmp_path, profile="slurm"), "--slurm-status-command", "squeue",
+             "--slurm-init-seconds-before-status-checks", "2",
              "--slurm-no-account", "--jobs", "4"],
             capture_output=True, text=True, timeout=1800,
-            env={**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache")})
+            env=own_cache_env(tmp_path))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     records = sorted((tmp_path / "results" / "seed").glob("*/*/timing.json"))
     assert len(records) == 3  # two points and their reference

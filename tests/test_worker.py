@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ARGS = ("-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 3 -distance 100 -detpixels 24 -compile off "
-        "-floatfile float.bin -intfile int.img -nonoise -nopgm").split()
+from .conftest import SEED_ARGS
+
+ARGS = f"{SEED_ARGS} -detpixels 24 -compile off -floatfile float.bin -intfile int.img -nonoise -nopgm".split()
 
 
 def _nbsim(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

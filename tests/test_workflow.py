@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from .conftest import REPO_ROOT
+from .conftest import REPO_ROOT, SEED_ARGS, own_cache_env, snakemake_command
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-PROFILE = REPO_ROOT / "workflow" / "profiles" / "default"
 TINY = {
     "results": "results",
     "compile_cache": "results/compile-cache",
     "scenarios": {
-        "seed": {"args": "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"},
+        "seed": {"args": SEED_ARGS},
         "hkl": {"args": ["-hkl", "inputs/tiny.hkl", "-cell", "30", "30", "30", "90", "90", "90", "-N", "3",
                          "-lambda", "1.0", "-distance", "50", "-pixel", "0.5", "-oversample", "1"]},
     },
@@ -35,10 +31,8 @@ TINY = {
 
 
 def snakemake(folder: Path, *arguments: str, config: str = "config.yaml") -> subprocess.CompletedProcess:
-    return subprocess.run([*SNAKEMAKE, "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(folder),
-                           "--configfile", str(folder / config), "--workflow-profile", str(PROFILE), "--cores", "2",
-                           *arguments], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "NBSIM_CACHE_DIR": str(folder / "cache")})
+    return subprocess.run([*snakemake_command(folder, config=config), "--cores", "2", *arguments],
+                          capture_output=True, text=True, timeout=900, env=own_cache_env(folder))
 
 
 def write_config(folder: Path, config: dict, name: str = "config.yaml") -> None:
@@ -245,8 +239,7 @@ def test_shipped_configs_are_valid(path, tmp_path):
 
 def test_example_sweep_plans_every_point(tmp_path):
     example = REPO_ROOT / "config" / "examples" / "mosaic_sweep.yaml"
-    result = subprocess.run([*SNAKEMAKE, "-s", str(REPO_ROOT / "Snakefile"), "--directory", str(tmp_path),
-                             "--configfile", str(example), "--cores", "2", "--dry-run"],
+    result = subprocess.run([*snakemake_command(tmp_path, config=str(example)), "--cores", "2", "--dry-run"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result)["simulate"] == 12

@@ -37,7 +37,6 @@ rule collate:
 
 rule plots:
     input:
-        timing=f"{RESULTS}/{{scenario}}/tables/timing.csv",
         timings=lambda w: point_files(w.scenario, "timing.json"),
         comparisons=lambda w: point_files(w.scenario, "comparison.json"),
         stores=lambda w: point_files(w.scenario, "image.zarr"),
