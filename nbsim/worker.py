@@ -54,6 +54,13 @@ def socket_path() -> Path:
     return Path("/tmp") / f"nbsim-{os.getuid()}" / f"worker-{digest}.sock"
 
 
+def _private_folder(path: Path) -> bool:
+    """Make the socket's folder (mode 700) if needed; False when it belongs to someone else."""
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    folder = path.parent.stat()
+    return folder.st_uid == os.getuid() and folder.st_mode & 0o077 == 0
+
+
 def source_digest() -> str:
     """The interpreter and nbsim's sources: a worker serves only clients with the same ones."""
     digest = hashlib.sha256(sys.executable.encode())
@@ -65,7 +72,7 @@ def source_digest() -> str:
 
 def _connect(timeout_s: float | None = None) -> socket.socket | None:
     path = socket_path()
-    if not path.exists():
+    if not path.exists() or not _private_folder(path):
         return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.settimeout(timeout_s)
@@ -102,6 +109,7 @@ def run_in_worker(argv: list[str]) -> int | None:
                        if name.startswith("NBSIM_") or name == "OMP_NUM_THREADS"}
         _request(connection, {"command": "run", "argv": argv, "cwd": os.getcwd(), "env": environment,
                               "source": source_digest()})
+        told = False
         try:
             for kind, payload in _frames(connection):
                 if kind == _EXIT:
@@ -109,9 +117,13 @@ def run_in_worker(argv: list[str]) -> int | None:
                 stream = sys.stdout if kind == _STDOUT else sys.stderr
                 stream.write(payload.decode())
                 stream.flush()
+                told = told or kind == _STDERR
         except KeyboardInterrupt:
             print("nbsim: interrupted (the worker finishes the command without printing)", file=sys.stderr)
             return 130
+    if not told:
+        print("nbsim: note: the worker stopped before finishing the command; running it in this process",
+              file=sys.stderr)
     return None
 
 
@@ -153,7 +165,9 @@ def start(idle_timeout_s: float) -> int:
         print(f"nbsim worker: already running: {running}")
         return 0
     path = socket_path()
-    path.parent.mkdir(mode=0o700, exist_ok=True)
+    if not _private_folder(path):
+        print(f"nbsim: error: {path.parent} is not a private folder of this user", file=sys.stderr)
+        return 1
     log = cache_dir() / "worker.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as log_file:
@@ -199,7 +213,9 @@ def serve(idle_timeout_s: float) -> int:
     started = time.time()
     digest = source_digest()
     path = socket_path()
-    path.parent.mkdir(mode=0o700, exist_ok=True)
+    if not _private_folder(path):
+        print(f"nbsim: error: {path.parent} is not a private folder of this user", file=sys.stderr)
+        return 1
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -262,6 +278,8 @@ def _run(connection: socket.socket, cli_main, message: dict) -> int:
         os.chdir(message["cwd"])
         sys.stdout, sys.stderr = _FrameWriter(connection, _STDOUT), _FrameWriter(connection, _STDERR)
         return cli_main(list(message["argv"]))
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 1
     finally:
         sys.stdout, sys.stderr = saved_streams
         os.chdir(saved_cwd)

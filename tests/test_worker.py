@@ -86,3 +86,17 @@ def test_without_a_worker_the_command_runs_in_process(tmp_path, worker_env):
     result = _nbsim(ARGS, tmp_path, worker_env)
     assert result.returncode == 0, result.stderr
     assert "not running" in _nbsim(["worker", "status"], tmp_path, worker_env).stdout
+
+
+def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
+    """The socket's folder must be this user's and private; otherwise no worker is used or started."""
+    from nbsim import worker
+
+    folder = tmp_path / "sockets"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    monkeypatch.setattr(worker, "socket_path", lambda: folder / "worker.sock")
+    (folder / "worker.sock").touch()
+    assert worker.run_in_worker(["-help"]) is None
+    assert worker.start(idle_timeout_s=1.0) == 1
+    assert "not a private folder" in capsys.readouterr().err
