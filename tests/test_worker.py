@@ -31,55 +31,62 @@ def worker_env(tmp_path):
     _nbsim(["worker", "stop"], tmp_path, env)
 
 
-def test_worker_renders_what_the_process_renders(tmp_path, worker_env):
+@pytest.fixture
+def running_worker(tmp_path, worker_env):
+    """worker_env with its worker started."""
+    started = _nbsim(["worker", "start", "--idle-timeout", "300"], tmp_path, worker_env)
+    assert started.returncode == 0 and "started" in started.stdout, started.stdout + started.stderr
+    return worker_env
+
+
+def _client(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """A Python script run as the `nbsim` command, with ARGS as its arguments."""
+    return subprocess.run([sys.executable, "-c", script, *ARGS], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_worker_renders_what_the_process_renders(tmp_path, running_worker):
+    """Same files and output as a run in its own process (NBSIM_WORKER=off, which the worker does not serve)."""
     alone, served = tmp_path / "alone", tmp_path / "served"
     alone.mkdir()
     served.mkdir()
-    in_process = _nbsim(ARGS, alone, {**worker_env, "NBSIM_WORKER": "off"})
+    in_process = _nbsim(ARGS, alone, {**running_worker, "NBSIM_WORKER": "off"})
     assert in_process.returncode == 0, in_process.stderr
-
-    started = _nbsim(["worker", "start", "--idle-timeout", "300"], tmp_path, worker_env)
-    assert started.returncode == 0 and "started" in started.stdout, started.stdout + started.stderr
     for _ in range(2):
-        by_worker = _nbsim(ARGS, served, worker_env)
+        by_worker = _nbsim(ARGS, served, running_worker)
         assert by_worker.returncode == 0, by_worker.stderr
-    status = _nbsim(["worker", "status"], tmp_path, worker_env)
+    status = _nbsim(["worker", "status"], tmp_path, running_worker)
     assert status.returncode == 0 and "2 commands served" in status.stdout
 
     assert by_worker.stdout == in_process.stdout
     for name in ("float.bin", "int.img"):
         assert (served / name).read_bytes() == (alone / name).read_bytes()
 
-    bad = _nbsim([*ARGS, "-lambda", "-1"], served, worker_env)
+    bad = _nbsim([*ARGS, "-lambda", "-1"], served, running_worker)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("nbsim: error:"), bad.stderr
 
-    stopped = _nbsim(["worker", "stop"], tmp_path, worker_env)
+    stopped = _nbsim(["worker", "stop"], tmp_path, running_worker)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
-    assert _nbsim(["worker", "status"], tmp_path, worker_env).returncode == 1
+    assert _nbsim(["worker", "status"], tmp_path, running_worker).returncode == 1
 
 
-def test_client_does_not_import_torch(tmp_path, worker_env):
+def test_client_does_not_import_torch(tmp_path, running_worker):
     """With a worker running, an `nbsim` command loads neither torch nor numpy."""
-    assert _nbsim(["worker", "start", "--idle-timeout", "300"], tmp_path, worker_env).returncode == 0
-    script = ("import json, sys\nfrom nbsim.worker import main\nstatus = main(sys.argv[1:])\n"
-              "print(json.dumps([status, 'torch' in sys.modules, 'numpy' in sys.modules]))\n")
-    result = subprocess.run([sys.executable, "-c", script, *ARGS], cwd=tmp_path, env=worker_env,
-                            capture_output=True, text=True, timeout=300)
+    result = _client("import json, sys\nfrom nbsim.worker import main\nstatus = main(sys.argv[1:])\n"
+                     "print(json.dumps([status, 'torch' in sys.modules, 'numpy' in sys.modules]))\n",
+                     tmp_path, running_worker)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, False, False], result.stderr
     assert np.fromfile(tmp_path / "float.bin", dtype=np.float32).max() > 0
 
 
-def test_worker_with_other_sources_steps_aside(tmp_path, worker_env):
+def test_worker_with_other_sources_steps_aside(tmp_path, running_worker):
     """A worker started from other nbsim sources stops, and the command runs in its own process."""
-    assert _nbsim(["worker", "start", "--idle-timeout", "300"], tmp_path, worker_env).returncode == 0
-    script = ("import sys\nimport nbsim.worker as worker\nworker.source_digest = lambda: 'other sources'\n"
-              "sys.exit(worker.main(sys.argv[1:]))\n")
-    result = subprocess.run([sys.executable, "-c", script, *ARGS], cwd=tmp_path, env=worker_env,
-                            capture_output=True, text=True, timeout=300)
+    result = _client("import sys\nimport nbsim.worker as worker\nworker.source_digest = lambda: 'other sources'\n"
+                     "sys.exit(worker.main(sys.argv[1:]))\n", tmp_path, running_worker)
     assert result.returncode == 0 and "other nbsim sources" in result.stderr
     assert (tmp_path / "float.bin").is_file()
-    assert _nbsim(["worker", "status"], tmp_path, worker_env).returncode == 1
+    assert _nbsim(["worker", "status"], tmp_path, running_worker).returncode == 1
 
 
 def test_without_a_worker_the_command_runs_in_process(tmp_path, worker_env):
