@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -101,6 +102,12 @@ def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path,
             raise RuntimeError(f"{command[0]} failed: {(completed.stderr.strip().splitlines() or [''])[-1]}")
         return elapsed
 
+    def worker_status() -> subprocess.CompletedProcess:
+        return subprocess.run([*worker_control, "status"], capture_output=True, text=True, env=environment)
+
+    if worker and worker_status().returncode == 0:
+        return {"command": nbsim_command, "error": "a worker already serves this cache folder; stop it first"}
+    result = {}
     try:
         if worker:
             timed([*worker_control, "start", "--idle-timeout", "600"], "nbsim")
@@ -110,12 +117,18 @@ def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path,
             nbsim_times.append(timed(nbsim_command, "nbsim"))
             if c_command:
                 c_times.append(timed(c_command, "c"))
+        if worker:
+            served = re.search(r"(\d+) commands served", worker_status().stdout)
+            result["worker_commands_served"] = int(served.group(1)) if served else 0
+            if result["worker_commands_served"] != options.repeats + 1:
+                raise RuntimeError(f"the worker served {result['worker_commands_served']} of "
+                                   f"{options.repeats + 1} commands")
     except RuntimeError as error:
         return {"command": nbsim_command, "error": str(error)}
     finally:
         if worker:
             subprocess.run([*worker_control, "stop"], capture_output=True, env=environment)
-    result = {"first_run_s": cold_s, "nbsim_times_s": nbsim_times, "nbsim_median_s": statistics.median(nbsim_times)}
+    result |= {"first_run_s": cold_s, "nbsim_times_s": nbsim_times, "nbsim_median_s": statistics.median(nbsim_times)}
     if c_times:
         result |= {"c_times_s": c_times, "c_median_s": statistics.median(c_times),
                    "speedup": statistics.median(c_times) / statistics.median(nbsim_times)}

@@ -59,42 +59,43 @@ def kernel_callable(stages: tuple[Stage, ...], options: KernelOptions, grid_shap
     """A callable (rows, cols, tensors, out) that runs the stages in the requested mode and writes
     the last stage's (rows, cols) values into `out`.
 
-    The last stage writes straight into `out` (a contiguous block of rows of the image), so a tile
-    needs no freshly allocated result and no copy; other outputs go through a scratch tile.
+    An ahead-of-time CPU kernel writes straight into `out` when it is a contiguous block of image
+    rows, so a tile needs no freshly allocated result and no copy; otherwise (and in the other modes)
+    the tile is computed apart and copied in.
     """
-    runners = [_runner(stage, options, grid_shape, mode, writes_out=index == len(stages) - 1)
+    writes_out = mode == "aot"
+    runners = [_runner(stage, options, grid_shape, mode, writes_out=writes_out and index == len(stages) - 1)
                for index, stage in enumerate(stages)]
 
     def call(rows: torch.Tensor, cols: torch.Tensor, tensors, out: torch.Tensor) -> None:
-        target = out
-        if mode != "eager" and (len(rows) < 2 or len(cols) < 2 or not out.is_contiguous()):
+        n_rows, n_cols = len(rows), len(cols)
+        if mode != "eager":
             rows, cols = _at_least_two(rows), _at_least_two(cols)
-            target = out.new_empty((len(rows), len(cols)))
         leading = (rows, cols)
         for runner in runners[:-1]:
             leading = (runner(leading, tensors),)
+        if not writes_out:
+            out.copy_(runners[-1](leading, tensors)[:n_rows, :n_cols])
+            return
+        direct = out.device.type == "cpu" and out.is_contiguous() and (len(rows), len(cols)) == (n_rows, n_cols)
+        target = out if direct else out.new_empty((len(rows), len(cols)))
         runners[-1]((target, *leading), tensors)
         if target is not out:
-            out.copy_(target[:out.shape[0], :out.shape[1]])
+            out.copy_(target[:n_rows, :n_cols])
 
     return call
 
 
 def _runner(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int], mode: str, writes_out: bool):
     if mode == "eager":
-        function = _writing_into(stage.function) if writes_out else stage.function
-        return lambda leading, tensors: function(*leading, tensors, grid_shape=grid_shape, options=options)
+        return lambda leading, tensors: stage.function(*leading, tensors, grid_shape=grid_shape, options=options)
     if mode == "jit":
-        return _jit(stage, options, grid_shape, writes_out)
+        return _jit(stage, options, grid_shape)
     return _aot(stage, options, grid_shape, writes_out)
 
 
-def _writing_into(function: Callable) -> Callable:
-    """The stage function as one that writes its value into its first argument, `out`."""
-    return functools.partial(_write_into, function)
-
-
 def _write_into(function: Callable, out: torch.Tensor, *arguments, **keywords) -> None:
+    """The stage function writing its value into `out` (what an ahead-of-time package runs)."""
     out.copy_(function(*arguments, **keywords))
 
 
@@ -112,20 +113,19 @@ def _at_least_two(index: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _jit(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int], writes_out: bool):
+def _jit(stage: Stage, options: KernelOptions, grid_shape: tuple[int, int, int]):
     """torch.compile of one stage with only the tile's rows and columns dynamic.
 
     Python floats in the kernel are constants (physics parameters arrive as tensors), so Dynamo
     specialises on them instead of re-tracing to turn them into tensors; duck shaping is off so a
     square tile does not tie rows to columns.
     """
-    function = _writing_into(stage.function) if writes_out else stage.function
-    compiled = torch.compile(functools.partial(function, grid_shape=grid_shape, options=options),
+    compiled = torch.compile(functools.partial(stage.function, grid_shape=grid_shape, options=options),
                              dynamic=False, options=dict(stage.inductor_options))
 
     def call(leading: tuple, tensors):
         flat, _ = tree_flatten(leading)
-        for tensor, dims in zip(flat, _leading_dims(leading, options, writes_out), strict=True):
+        for tensor, dims in zip(flat, pixel_dims(leading, options), strict=True):
             for dim in dims:
                 torch._dynamo.mark_dynamic(tensor, dim)
         with torch._dynamo.config.patch(specialize_float=True), \
@@ -221,7 +221,7 @@ class AotStage:
                  "cols": torch.export.Dim("cols", min=2, max=MAX_PIXELS_PER_SIDE)}
         dynamic = tuple({dim: named[name] for dim, name in d.items()} or None for d in dims) \
             + tuple(None for _ in flat_tensors)
-        function = _writing_into(self.stage.function) if self.writes_out else self.stage.function
+        function = functools.partial(_write_into, self.stage.function) if self.writes_out else self.stage.function
         module = _Exported(function, self.options, self.grid_shape, leading_spec, tensors_spec)
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)

@@ -327,6 +327,10 @@ class Renderer:
         """
         setup = self.setup
         xmin, xmax, ymin, ymax = setup.roi
+        if out is not None and (tuple(out.shape) != setup.shape or out.dtype != self.dtype
+                                or out.device != self.device):
+            raise NbsimError(f"out must be a {setup.shape[0]}x{setup.shape[1]} {self.dtype} tensor on {self.device}, "
+                             f"not {'x'.join(map(str, out.shape))} {out.dtype} on {out.device}")
         image = out if out is not None else torch.empty(setup.shape, device=self.device, dtype=self.dtype)
         if not setup.roi_is_whole_detector:
             image.zero_()
@@ -338,13 +342,13 @@ class Renderer:
         if switch is not None:
             interpolated_until, trigger = switch
             for start, count in interpolated_until:
-                rows_needed = -(-count // len(self.cols))
                 if count:
-                    block = torch.empty_like(region[:rows_needed])
-                    self._render_rows(start, start + rows_needed, "interpolate", block)
-                    flat_region = region[start - ymin:start - ymin + rows_needed].reshape(-1)
-                    positions = self._unmasked_positions(start, rows_needed)[:count]
-                    flat_region[positions] = block.reshape(-1)[positions]
+                    positions = self._unmasked_positions(start, ymax + 1 - start)[:count]
+                    rows, cols = np.divmod(positions, len(self.cols))
+                    block = torch.empty_like(region[:int(rows[-1]) + 1])
+                    self._render_rows(start, start + len(block), "interpolate", block)
+                    rows, cols = torch.as_tensor(rows, device=self.device), torch.as_tensor(cols, device=self.device)
+                    region[start - ymin + rows, cols] = block[rows, cols]
             fixed[trigger] = OrderedOptions(interpolation_switch=True)
         if self.inputs.first_evaluation is not None:
             for pixel in self._thread_first_pixels():

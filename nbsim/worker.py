@@ -6,19 +6,22 @@ that has PyTorch and nbsim imported and keeps loaded kernels; while it runs, eac
 options>` command is a light client (this module never imports torch) that sends its arguments, working
 folder and NBSIM_* variables to the worker and relays its output and exit status. The worker serves one
 command at a time and exits after an idle timeout, on `nbsim worker stop`, or when it finds the nbsim
-sources changed. Without a worker, or with NBSIM_WORKER=off, the command runs in its own process.
-`nbsim bench` always runs in its own process (its timings and peak memory are per process).
+sources changed. Without a worker, or with NBSIM_WORKER=off, the command runs in its own process, as it
+does when the client sees other CUDA devices than the worker. `nbsim bench` always runs in its own
+process (its timings and peak memory are per process).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -29,16 +32,19 @@ from .cache import cache_dir
 
 DEFAULT_IDLE_TIMEOUT_S = 1800.0
 START_TIMEOUT_S = 120.0
+ASK_TIMEOUT_S = 10.0
 _HEADER = struct.Struct("!cI")
-_STDOUT, _STDERR, _EXIT = b"o", b"e", b"x"
+_STDOUT, _STDERR, _EXIT, _DECLINE = b"o", b"e", b"x", b"d"
+_ABSENT, _BUSY = "absent", "busy"
 
 
 def main(argv: list[str] | None = None) -> int:
     """The `nbsim` entry point: worker control, else the command in the worker or in this process."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "worker":
-        return worker_command(argv[1:])
-    if argv and argv[0] != "bench" and os.environ.get("NBSIM_WORKER", "").lower() != "off":
+    command = [a for a in argv if a != "--debug"]
+    if command and command[0] == "worker":
+        return worker_command(command[1:])
+    if command and command[0] != "bench" and os.environ.get("NBSIM_WORKER", "").lower() != "off":
         status = run_in_worker(argv)
         if status is not None:
             return status
@@ -55,10 +61,12 @@ def socket_path() -> Path:
 
 
 def _private_folder(path: Path) -> bool:
-    """Make the socket's folder (mode 700) if needed; False when it belongs to someone else."""
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    folder = path.parent.stat()
-    return folder.st_uid == os.getuid() and folder.st_mode & 0o077 == 0
+    """Make the socket's folder (mode 700) if needed; False unless it is a real folder of this user
+    that nobody else can enter."""
+    with contextlib.suppress(FileExistsError):
+        path.parent.mkdir(mode=0o700)
+    folder = path.parent.lstat()
+    return stat.S_ISDIR(folder.st_mode) and folder.st_uid == os.getuid() and folder.st_mode & 0o077 == 0
 
 
 def source_digest() -> str:
@@ -100,31 +108,44 @@ def _frames(connection: socket.socket):
 
 
 def run_in_worker(argv: list[str]) -> int | None:
-    """Run `nbsim argv` in the worker and relay its output; None when no worker serves this client."""
+    """Run `nbsim argv` in the worker and relay its output; None when no worker serves this client
+    (nothing was printed then, so the command can run in this process instead)."""
     connection = _connect()
     if connection is None:
         return None
+    relayed = False
     with connection:
-        environment = {name: value for name, value in os.environ.items()
-                       if name.startswith("NBSIM_") or name == "OMP_NUM_THREADS"}
-        _request(connection, {"command": "run", "argv": argv, "cwd": os.getcwd(), "env": environment,
-                              "source": source_digest()})
-        told = False
         try:
+            _request(connection, {
+                "command": "run", "argv": argv, "cwd": os.getcwd(), "source": source_digest(),
+                "env": {name: value for name, value in os.environ.items()
+                        if name.startswith("NBSIM_") or name == "OMP_NUM_THREADS"},
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "umask": _current_umask()})
             for kind, payload in _frames(connection):
                 if kind == _EXIT:
                     return json.loads(payload)
+                if kind == _DECLINE:
+                    sys.stderr.write(payload.decode())
+                    return None
                 stream = sys.stdout if kind == _STDOUT else sys.stderr
                 stream.write(payload.decode())
                 stream.flush()
-                told = told or kind == _STDERR
+                relayed = True
         except KeyboardInterrupt:
             print("nbsim: interrupted (the worker finishes the command without printing)", file=sys.stderr)
             return 130
-    if not told:
-        print("nbsim: note: the worker stopped before finishing the command; running it in this process",
-              file=sys.stderr)
+        except OSError:
+            pass
+    if relayed:
+        print("nbsim: error: the worker stopped during the command (see nbsim worker status)", file=sys.stderr)
+        return 1
     return None
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def worker_command(argv: list[str]) -> int:
@@ -134,35 +155,48 @@ def worker_command(argv: list[str]) -> int:
     parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
                         help=f"exit after this long without a command (default {DEFAULT_IDLE_TIMEOUT_S:g})")
     options = parser.parse_args(argv)
+    if not options.idle_timeout > 0:
+        parser.error("--idle-timeout must be a positive number of seconds")
     if options.action == "serve":
         return serve(options.idle_timeout)
     if options.action == "start":
         return start(options.idle_timeout)
     answer = _ask(options.action)
-    if answer is None:
+    if answer == _ABSENT:
         print(f"nbsim worker: not running ({socket_path()})")
         return 0 if options.action == "stop" else 1
+    if answer == _BUSY:
+        print("nbsim worker: running a command" + (" (it stops after that command)" if options.action == "stop"
+                                                   else ""))
+        return 0
     print(f"nbsim worker: {answer}")
     return 0
 
 
-def _ask(command: str) -> str | None:
-    connection = _connect(timeout_s=10.0)
+def _ask(command: str) -> str:
+    """The worker's one-line answer to `command`, or _ABSENT, or _BUSY when it does not answer in time
+    (the request stays queued and is served after the current command)."""
+    connection = _connect(timeout_s=ASK_TIMEOUT_S)
     if connection is None:
-        return None
+        return _ABSENT
     with connection:
-        _request(connection, {"command": command})
-        for kind, payload in _frames(connection):
-            if kind == _STDOUT:
-                return payload.decode()
-    return None
+        try:
+            _request(connection, {"command": command})
+            for kind, payload in _frames(connection):
+                if kind == _STDOUT:
+                    return payload.decode()
+        except TimeoutError:
+            return _BUSY
+        except OSError:
+            return _ABSENT
+    return _ABSENT
 
 
 def start(idle_timeout_s: float) -> int:
     """Launch the worker in the background and wait until it answers."""
     running = _ask("status")
-    if running is not None:
-        print(f"nbsim worker: already running: {running}")
+    if running != _ABSENT:
+        print(f"nbsim worker: already running{'' if running == _BUSY else ': ' + running}")
         return 0
     path = socket_path()
     if not _private_folder(path):
@@ -177,8 +211,8 @@ def start(idle_timeout_s: float) -> int:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         answer = _ask("status")
-        if answer is not None:
-            print(f"nbsim worker: started: {answer}")
+        if answer != _ABSENT:
+            print(f"nbsim worker: started{'' if answer == _BUSY else ': ' + answer}")
             return 0
         if process.poll() is not None:
             break
@@ -207,31 +241,44 @@ class _FrameWriter(io.TextIOBase):
 
 
 def serve(idle_timeout_s: float) -> int:
-    """The worker: import everything once, then serve commands one at a time until idle or stopped."""
+    """The worker: import everything once, then serve commands one at a time until idle or stopped.
+    A lock next to the socket keeps a second worker for the same folder from starting."""
     from . import cli
 
-    started = time.time()
-    digest = source_digest()
     path = socket_path()
     if not _private_folder(path):
         print(f"nbsim: error: {path.parent} is not a private folder of this user", file=sys.stderr)
         return 1
-    path.unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    os.chmod(path, 0o600)
-    bound_inode = path.stat().st_ino
-    listener.listen(16)
-    listener.settimeout(idle_timeout_s)
-    served = 0
-    try:
-        while True:
+    with open(path.with_suffix(".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("nbsim worker: another worker serves this cache folder", file=sys.stderr)
+            return 0
+        path.unlink(missing_ok=True)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(path))
+            os.chmod(path, 0o600)
+            listener.listen(16)
+            listener.settimeout(idle_timeout_s)
             try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                return 0
-            with connection:
-                connection.settimeout(None)
+                _serve_connections(listener, path, cli.main)
+            finally:
+                path.unlink(missing_ok=True)
+    return 0
+
+
+def _serve_connections(listener: socket.socket, path: Path, cli_main) -> None:
+    started, digest, served = time.time(), source_digest(), 0
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except TimeoutError:
+            return
+        with connection:
+            connection.settimeout(None)
+            try:
                 message = json.loads(connection.makefile("rb").readline() or b"{}")
                 command = message.get("command")
                 if command == "status":
@@ -239,20 +286,20 @@ def serve(idle_timeout_s: float) -> int:
                                                f"{served} commands served, socket {path}")
                 elif command == "stop":
                     _send(connection, _STDOUT, f"stopped (pid {os.getpid()})")
-                    return 0
+                    return
                 elif command == "run" and message.get("source") != digest:
-                    _send(connection, _STDERR, "nbsim: note: the worker was started with other nbsim sources "
-                                               "and has stopped; running in this process\n")
-                    return 0
+                    _send(connection, _DECLINE, "nbsim: note: the worker was started with other nbsim sources "
+                                                "and has stopped; running in this process\n")
+                    return
+                elif command == "run" and message.get("cuda_visible_devices") != devices:
+                    _send(connection, _DECLINE, "")
                 elif command == "run":
                     served += 1
-                    status = _run(connection, cli.main, message)
-                    _send(connection, _EXIT, json.dumps(status))
-    finally:
-        listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            if path.stat().st_ino == bound_inode:  # not a newer worker's socket
-                path.unlink()
+                    _send(connection, _EXIT, json.dumps(_run(connection, cli_main, message)))
+            except Exception as error:  # noqa: BLE001 - one bad request must not end the worker
+                _send(connection, _STDERR, f"nbsim: error: the worker could not run the command: "
+                                           f"{type(error).__name__}: {error}\n")
+                _send(connection, _EXIT, "2")
 
 
 def _send(connection: socket.socket, kind: bytes, text: str) -> None:
@@ -262,26 +309,31 @@ def _send(connection: socket.socket, kind: bytes, text: str) -> None:
 
 
 def _run(connection: socket.socket, cli_main, message: dict) -> int:
-    """One command with the client's folder, NBSIM_* variables, thread count and output streams."""
+    """One command with the client's folder, umask, NBSIM_* variables, thread count and output streams."""
     import torch
 
     saved_environment = {name: value for name, value in os.environ.items() if name.startswith("NBSIM_")}
     saved_cwd, saved_threads = os.getcwd(), torch.get_num_threads()
     saved_streams = sys.stdout, sys.stderr
+    saved_umask = os.umask(int(message["umask"]))
     try:
+        os.chdir(message["cwd"])
         for name in saved_environment:
             del os.environ[name]
         os.environ.update({k: v for k, v in message["env"].items() if k.startswith("NBSIM_")})
         threads = message["env"].get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
-        os.chdir(message["cwd"])
         sys.stdout, sys.stderr = _FrameWriter(connection, _STDOUT), _FrameWriter(connection, _STDERR)
         return cli_main(list(message["argv"]))
     except SystemExit as stop:
-        return stop.code if isinstance(stop.code, int) else 1
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
     finally:
         sys.stdout, sys.stderr = saved_streams
+        os.umask(saved_umask)
         os.chdir(saved_cwd)
         torch.set_num_threads(saved_threads)
         for name in [n for n in os.environ if n.startswith("NBSIM_")]:

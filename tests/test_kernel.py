@@ -98,3 +98,37 @@ def test_mosaic_domains_are_seeded_and_domain_zero_is_identity():
     assert not torch.allclose(matrices[1], torch.eye(3, dtype=torch.float64))
     other = resolve(nbsim.config_from_args(SEED + ["-mosaic", "0.5", "-mosaic_dom", "4", "-mosaic_seed", "10"]))
     assert not np.array_equal(first.axes, other.mosaic.axes)
+
+
+def test_interpolation_switch_within_a_narrow_region(tmp_path):
+    """Where nanoBragg stops interpolating (a step leaves the HKL grid), a region of interest narrower
+    than the detector renders what masking the same columns renders: both skip those pixels, so the
+    switch comes at the same pixel, and the pixels interpolated before it land in a strided view."""
+    from nbsim.io import write_smv
+
+    hkl = tmp_path / "small.hkl"
+    hkl.write_text("".join(f"{h} {k} {l} {10 + abs(h) + 2 * abs(k) + 3 * abs(l)}\n"
+                           for h in range(-6, 7) for k in range(-6, 7) for l in range(-6, 7)))
+    args = (f"-hkl {hkl} -cell 30 30 30 90 90 90 -N 3 -lambda 1 -distance 150 -detpixels_x 16 -detpixels_y 64 "
+            "-pixel 0.5 -interpolate -Xbeam 1 -Ybeam 1").split()
+    mask = np.zeros((64, 16), dtype=np.uint16)
+    mask[:, 2:14] = 1
+    write_smv(tmp_path / "mask.img", mask, [])
+    by_roi = Renderer(resolve(nbsim.config_from_args([*args, "-roi", "2", "13", "0", "63"])), dtype=torch.float64,
+                      compile=False)
+    by_mask = Renderer(resolve(nbsim.config_from_args([*args, "-mask", str(tmp_path / "mask.img")])),
+                       dtype=torch.float64, compile=False)
+    interpolated = by_roi._interpolation_switch()[0][0][1]
+    assert interpolated >= 2 * 12, "the switch must come after two or more rows for this test to mean anything"
+    np.testing.assert_array_equal(by_roi().numpy(), by_mask().numpy())
+
+
+def test_renderer_refuses_an_output_buffer_of_the_wrong_kind():
+    from nbsim.errors import NbsimError
+
+    renderer = Renderer(resolve(nbsim.config_from_args(SEED)), dtype=torch.float32, compile=False)
+    for wrong in (torch.empty(64, 63), torch.empty(64, 64, dtype=torch.float64)):
+        with pytest.raises(NbsimError, match="out must be a 64x64 torch.float32 tensor on cpu"):
+            renderer(out=wrong)
+    buffer = torch.empty(64, 64)
+    assert renderer(out=buffer) is buffer

@@ -68,7 +68,11 @@ def test_compiled_kernel_matches_reference(name, mode, in_golden_dir, monkeypatc
     assert renderer.mode == mode
     image = renderer().numpy()
     _assert_close(image, case.float_image(), 0.99999, 1e-3)
-    for xmin, xmax, ymin, ymax in [(3, 40, 5, 30), (7, 7, 9, 9), (0, case.shape[1] - 1, 11, 11)]:
+    tiled = Renderer(resolve(nbsim.config_from_args(case.args)), dtype=torch.float32, compile=True,
+                     tile_elements=16 * case.shape[1])().numpy()
+    np.testing.assert_allclose(tiled, image, rtol=1e-6, atol=0)
+    last_column = case.shape[1] - 1
+    for xmin, xmax, ymin, ymax in [(3, 40, 5, 30), (7, 7, 9, 9), (0, last_column, 11, 11), (0, last_column, 20, 60)]:
         roi = ["-roi", str(xmin), str(xmax), str(ymin), str(ymax)]
         region = Renderer(resolve(nbsim.config_from_args([*case.args, *roi])), dtype=torch.float32,
                           compile=True)().numpy()

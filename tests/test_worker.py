@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -103,7 +104,26 @@ def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
     folder.mkdir(mode=0o755)
     folder.chmod(0o755)
     monkeypatch.setattr(worker, "socket_path", lambda: folder / "worker.sock")
-    (folder / "worker.sock").touch()
-    assert worker.run_in_worker(["-help"]) is None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(folder / "worker.sock"))
+        listener.listen(1)
+        listener.settimeout(1)
+        assert worker.run_in_worker(["-help"]) is None
+        with pytest.raises(TimeoutError):
+            listener.accept()
     assert worker.start(idle_timeout_s=1.0) == 1
     assert "not a private folder" in capsys.readouterr().err
+
+
+def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, running_worker, monkeypatch):
+    from nbsim import worker
+
+    monkeypatch.setenv("NBSIM_CACHE_DIR", running_worker["NBSIM_CACHE_DIR"])
+    with worker._connect(timeout_s=60) as connection:
+        worker._request(connection, {"command": "run", "argv": ["-help"], "cwd": str(tmp_path / "gone"),
+                                     "source": worker.source_digest(), "env": {}, "umask": 0o022,
+                                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
+        frames = list(worker._frames(connection))
+    assert frames[-1] == (b"x", b"2")
+    assert frames[0][0] == b"e" and b"FileNotFoundError" in frames[0][1]
+    assert "1 commands served" in worker._ask("status")
