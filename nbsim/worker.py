@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -70,9 +71,14 @@ def _private_folder(path: Path) -> bool:
 
 
 def source_digest() -> str:
-    """The interpreter and nbsim's sources: a worker serves only clients with the same ones."""
+    """The interpreter, PyTorch's version file and nbsim's sources (found without importing torch): a
+    worker serves only clients with the same ones."""
     digest = hashlib.sha256(sys.executable.encode())
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    torch_spec = importlib.util.find_spec("torch")
+    paths = sorted(Path(__file__).parent.glob("*.py"))
+    if torch_spec is not None and torch_spec.origin is not None:
+        paths.append(Path(torch_spec.origin).with_name("version.py"))
+    for path in paths:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
