@@ -309,12 +309,9 @@ class Renderer:
         substeps, sources, orientations = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0],
                                            tensors.beam_terms.shape[2])
         self.steps_per_pixel = substeps * sources * orientations
-        if self.mode == "eager" or self.step_ordered:
-            self.values_per_pixel = self.steps_per_pixel
-        elif self.steps_per_pixel == 1:
-            self.values_per_pixel = 1
-        else:
-            self.values_per_pixel = 3 * substeps * orientations + substeps * sources + substeps + 1
+        self.values_per_pixel = (self.steps_per_pixel if self.mode == "eager" or self.step_ordered
+                                 or self.steps_per_pixel == 1
+                                 else 3 * substeps * orientations + substeps * sources + substeps + 1)
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]

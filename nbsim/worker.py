@@ -70,6 +70,11 @@ def _private_folder(path: Path) -> bool:
     return stat.S_ISDIR(folder.st_mode) and folder.st_uid == os.getuid() and folder.st_mode & 0o077 == 0
 
 
+def _refuse_shared_folder(path: Path) -> int:
+    print(f"nbsim: error: {path.parent} is not a private folder of this user", file=sys.stderr)
+    return 1
+
+
 def source_digest() -> str:
     """The interpreter, PyTorch's version file and nbsim's sources (found without importing torch): a
     worker serves only clients with the same ones."""
@@ -206,8 +211,7 @@ def start(idle_timeout_s: float) -> int:
         return 0
     path = socket_path()
     if not _private_folder(path):
-        print(f"nbsim: error: {path.parent} is not a private folder of this user", file=sys.stderr)
-        return 1
+        return _refuse_shared_folder(path)
     log = cache_dir() / "worker.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as log_file:
@@ -253,8 +257,7 @@ def serve(idle_timeout_s: float) -> int:
 
     path = socket_path()
     if not _private_folder(path):
-        print(f"nbsim: error: {path.parent} is not a private folder of this user", file=sys.stderr)
-        return 1
+        return _refuse_shared_folder(path)
     with open(path.with_suffix(".lock"), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
