@@ -10,7 +10,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import resource
 import shutil
 import socket
@@ -27,9 +26,10 @@ import torch
 
 from . import __version__
 from .cache import configure_compile_cache
-from .compiled import CACHE_EVENTS
+from .cpu import cpu_name
 from .errors import NbsimError
 from .io import write_float_image
+from .kernel.backends import CACHE_EVENTS
 from .nanobragg_args import FLAGS, PATH, parse
 from .simulator import Renderer, resolve
 
@@ -47,7 +47,10 @@ class BenchResult:
     warmup: int
     device: str
     dtype: str
-    compile: bool
+    compile: bool | str
+    """As requested: True (on), False (off) or "auto"."""
+    mode: str
+    """What rendered after the cold call: 'eager', 'jit' or 'aot'."""
     pixels: int
     steps: int
     peak_rss_mb: float
@@ -66,16 +69,6 @@ class BenchResult:
     correlation: float | None = None
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports kB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -86,7 +79,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compile: bool, warmup: int,
+def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compile: bool | str, warmup: int,
                repeats: int, overrides: dict | None = None,
                output_dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, BenchResult]:
     """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too.
@@ -94,7 +87,7 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
     Warm renders reuse one output buffer, as a caller rendering repeatedly would. `overrides`
     replaces simulator options by name after the arguments are parsed.
     """
-    if compile:
+    if compile is not False:
         configure_compile_cache()
     hits_before = _cache_hits()
     start = time.perf_counter()
@@ -106,7 +99,7 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
     image = renderer()
     _synchronize(device)
     cold = time.perf_counter() - start
-    cache = "unused" if not compile else ("hit" if _cache_hits() > hits_before else "miss")
+    cache = "unused" if renderer.mode == "eager" else ("hit" if _cache_hits() > hits_before else "miss")
     buffer = torch.empty_like(image)
     for _ in range(warmup):
         renderer(out=buffer)
@@ -120,7 +113,8 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
     result = BenchResult(
         cold_s=cold, warm_median_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times),
         warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=str(dtype).replace("torch.", ""),
-        compile=compile, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps, peak_rss_mb=peak_rss_mb(),
+        compile=compile, mode=renderer.mode, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
+        peak_rss_mb=peak_rss_mb(),
         threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
@@ -207,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--compile", default="on", choices=("on", "off"))
+    parser.add_argument("--compile", default="on", choices=("on", "off", "auto"))
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for nbsim (default: torch's)")
     parser.add_argument("--floatfile", default=None, help="also write nbsim's image (raw float32)")
     parser.add_argument("--c-binary", default=None, help="path of a nanoBragg binary to time the same way")
@@ -217,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from .cli import resolve_device, resolve_dtype
+    from .devices import resolve_device, resolve_dtype
 
     try:
         options = _parser().parse_args(argv)
@@ -231,11 +225,13 @@ def main(argv: list[str]) -> int:
     if options.threads:
         torch.set_num_threads(options.threads)
     device = resolve_device(options.device)
-    image, result = time_nbsim(nanobragg_args, device, resolve_dtype(options.dtype), options.compile == "on",
+    image, result = time_nbsim(nanobragg_args, device, resolve_dtype(options.dtype),
+                               {"on": True, "off": False}.get(options.compile, options.compile),
                                options.warmup, options.repeats)
     if options.floatfile:
         write_float_image(options.floatfile, image)
-    print(f"nbsim {result.device} {result.dtype} compile={options.compile}: cold {result.cold_s:.3f} s, "
+    print(f"nbsim {result.device} {result.dtype} compile={options.compile} ({result.mode}, kernel cache "
+          f"{result.compile_cache}): cold {result.cold_s:.3f} s, "
           f"warm median {result.warm_median_s:.4f} s (min {result.warm_min_s:.4f}, max {result.warm_max_s:.4f}) "
           f"over {result.repeats} runs, {result.pixels} pixels x {result.steps} steps, "
           f"peak RSS {result.peak_rss_mb:.0f} MB")

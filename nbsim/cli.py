@@ -11,6 +11,7 @@ import torch
 
 from . import __version__
 from .cache import configure_compile_cache
+from .devices import resolve_device, resolve_dtype
 from .errors import NbsimError
 from .io import write_float_image, write_pgm, write_smv
 from .nanobragg_args import FLAGS, RunOptions, parse
@@ -18,7 +19,8 @@ from .outputs import integer_image, noise_image, pgm_image, smv_fields, statisti
 from .simulator import Renderer, Setup, resolve
 from .vectors import DEGREES_PER_RADIAN
 
-USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile on|off]
+USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
+       nbsim kernels build|list   (see nbsim kernels -h)
        nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off]
                    [--floatfile F] [--c-binary PATH] -- <nanoBragg options>
 
@@ -38,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench import main as bench_main
 
             return bench_main(argv[1:])
+        if argv and argv[0] == "kernels":
+            from .kernels_command import main as kernels_main
+
+            return kernels_main(argv[1:])
         if argv and argv[0] in ("--version", "-version"):
             print(f"nbsim {__version__}")
             return 0
@@ -62,20 +68,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def resolve_device(name: str) -> torch.device:
-    """A torch device, or a one-line error when the requested accelerator is not there."""
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise NbsimError(f"device '{name}' requested but CUDA is not available on this machine")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise NbsimError(f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
-    return device
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "float64": torch.float64}[name]
-
-
 def _check_output_paths(run: RunOptions) -> None:
     for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
         if path is None:
@@ -97,7 +89,7 @@ def simulate_command(argv: list[str]) -> int:
         print(f"WARNING: {line}")
     for line in describe(setup):
         print(line)
-    if run.compile:
+    if run.compile != "off":
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
     image = renderer().detach().to("cpu", torch.float32).numpy()

@@ -158,7 +158,7 @@ def _check_value(flag: str, kind: str, value: str) -> None:
         raise NbsimError(f"{flag} expects a file name, got '{value}'")
     if kind == WORD:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
-                   "-compile": ("on", "off")}.get(flag)
+                   "-compile": ("auto", "on", "off")}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):
                 raise NbsimError(f"{flag} expects an attenuation depth in um or 'inf', got '{value}'")
@@ -494,7 +494,8 @@ class RunOptions:
     printout_pixel: tuple[int, int] | None
     device: str = "cpu"
     dtype: str = "float32"
-    compile: bool = True
+    compile: str = "auto"
+    """"auto" (compile when the kernel is cached or building it pays), "on" or "off"."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -519,7 +520,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         noisefile=state["noisefile"] if state["calculate_noise"] else None,
         intfile_scale=state["intfile_scale"], pgm_scale=state["pgm_scale"], adc=state["adc"], seed=seed,
         printout_pixel=state["printout_pixel"], device=nbsim_options.get("-device", "cpu"),
-        dtype=nbsim_options.get("-dtype", "float32"), compile=nbsim_options.get("-compile", "on") == "on",
+        dtype=nbsim_options.get("-dtype", "float32"), compile=nbsim_options.get("-compile", "auto"),
         notes=notes)
     return config, run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,22 +14,16 @@ from torch.utils._pytree import tree_flatten
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
-from .compiled import choose_mode, kernel_callable
 from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
-from .exact import OrderedOptions, Trace, render_ordered
 from .geometry import DetectorGeometry, build_geometry
-from .kernel import (
-    OUT_OF_RANGE_STAGES,
-    PIXEL_STAGES,
-    SINGLE_STEP_STAGES,
-    KernelOptions,
-    KernelTensors,
-    Projection,
-)
+from .kernel.backends import OUT_OF_RANGE_STAGES, PIXEL_STAGES, SINGLE_STEP_STAGES, Structure, kernel_callable
+from .kernel.inputs import kernel_inputs
+from .kernel.ordered import OrderedOptions, Trace, render_ordered
+from .kernel.policy import PROBE_PIXEL_STEPS, plan_compile, start_background_build
 from .random import Ran1
 from .structure_factors import HKLGrid, build_grid, read_hkl
-from .vectors import cross, norm, unit
+from .vectors import norm
 
 R_E_SQR_M2 = 7.94079248018965e-30
 AVOGADRO = 6.02214179e23
@@ -83,7 +78,6 @@ class Setup:
     grid: HKLGrid | None
     lookup: str
     oversample: int
-    recommended_oversample: int
     sensor: SensorLayers
     fluence: float
     background: float
@@ -100,6 +94,11 @@ class Setup:
     @property
     def roi_is_whole_detector(self) -> bool:
         return self.roi == (0, self.shape[1] - 1, 0, self.shape[0] - 1)
+
+    @property
+    def photon_scale(self) -> float:
+        """r_e² · fluence / steps: what every pixel's step sum is multiplied by."""
+        return R_E_SQR_M2 * self.fluence / self.steps
 
 
 def resolve(config: SimulationConfig) -> Setup:
@@ -147,7 +146,6 @@ def resolve(config: SimulationConfig) -> Setup:
     mask = _read_mask(config.detector.mask_file, geometry) if config.detector.mask_file else None
     return Setup(config=config, geometry=geometry, lattice=lattice, n_cells=n_cells, phi=phi, mosaic=mosaic,
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
-                 recommended_oversample=recommended,
                  sensor=sensor_layers(config.detector.sensor_thickness_um,
                                       config.detector.sensor_absorption_depth_um, config.detector.sensor_layers),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
@@ -202,83 +200,6 @@ def _read_mask(path: str, geometry: DetectorGeometry) -> np.ndarray:
     return data != 0
 
 
-@dataclass
-class KernelSetup:
-    """The setup as kernel inputs on one device and dtype, plus the compile-time choices."""
-
-    tensors: KernelTensors
-    grid_shape: tuple[int, int, int]
-    options: KernelOptions
-    first_evaluation: KernelTensors | None
-    """The inputs with the unrotated crystal's orientations (the phi-step quirk), or None."""
-
-
-def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) -> KernelSetup:
-    """Precompute (in float64, keeping gradients) everything that does not depend on the pixel, and cast
-    it to the compute device and dtype."""
-    device = torch.device(device)
-    g = setup.geometry
-    config = setup.config
-
-    def to(value) -> torch.Tensor:
-        return torch.as_tensor(value, dtype=torch.float64).to(device=device, dtype=dtype)
-
-    subpixel = g.pixel_size_m / setup.oversample
-    sub_index = torch.arange(setup.oversample, dtype=torch.float64)
-    sub_s, sub_f = torch.meshgrid(sub_index, sub_index, indexing="ij")
-    layers = setup.sensor.layers
-    fast_offset = (subpixel * (sub_f.reshape(-1) + 0.5)).repeat(layers)
-    slow_offset = (subpixel * (sub_s.reshape(-1) + 0.5)).repeat(layers)
-    depth = torch.arange(layers, dtype=torch.float64).repeat_interleave(setup.oversample ** 2) * setup.sensor.step_m
-    origins = (g.pix0_m + fast_offset.unsqueeze(-1) * g.fdet + slow_offset.unsqueeze(-1) * g.sdet
-               + depth.unsqueeze(-1) * g.odet)
-
-    def projection(vectors: torch.Tensor) -> Projection:
-        return Projection(origin=to(origins @ vectors.T), fast=to(vectors @ g.fdet), slow=to(vectors @ g.sdet),
-                          vectors=to(vectors))
-
-    incident = setup.sources.incident
-    inv_wavelength = 1.0 / setup.sources.wavelength_A
-    polar_b = unit(cross(g.polar.expand_as(incident), incident))
-    polar_e = unit(cross(incident, polar_b))
-    cells = setup.cells_A
-
-    def orientation(cells_A: torch.Tensor) -> dict:
-        """The crystal-orientation fields of the kernel inputs, for one set of (a, b, c) vectors."""
-        return dict(cells=tuple(projection(cells_A[:, v, :]) for v in range(3)),
-                    beam_terms=to(torch.stack([(incident @ cells_A[:, v, :].T) * inv_wavelength.unsqueeze(-1)
-                                               for v in range(3)])))
-
-    if setup.grid is not None:
-        padded = setup.grid.padded(config.structure.default_F)
-        grid = torch.as_tensor(padded.reshape(-1), dtype=dtype, device=device)
-        grid_min, grid_max, grid_shape = setup.grid.index_min, setup.grid.index_max, padded.shape
-    else:
-        grid = torch.zeros(1, dtype=dtype, device=device)
-        grid_min, grid_max, grid_shape = (0, 0, 0), (0, 0, 0), (1, 1, 1)
-    beam, detector = config.beam, config.detector
-    scalars = torch.stack([to(v) for v in (
-        g.pixel_size_m, g.distance_m, g.close_distance_m, R_E_SQR_M2 * setup.fluence / setup.steps,
-        setup.background, beam.kahn_polarization, setup.sensor.mu_per_m * setup.sensor.step_m, beam.dmin_A,
-        config.structure.default_F, config.crystal.fudge)])
-    tensors = KernelTensors(
-        origins=to(origins), frame=to(torch.stack([g.fdet, g.sdet, g.beam])),
-        **orientation(cells), incident=projection(incident), odet=projection(g.odet.unsqueeze(0)),
-        polar_e=projection(polar_e), polar_b=projection(polar_b), inv_wavelength=to(inv_wavelength), grid=grid,
-        grid_min=to(grid_min), grid_max=to(grid_max), n_cells=to(setup.n_cells),
-        reciprocal=to(setup.lattice.reciprocal_per_A), scalars=scalars)
-    options = KernelOptions(
-        shape=config.crystal.shape, lookup=setup.lookup, point_pixel=detector.point_pixel, curved=detector.curved,
-        polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
-        use_dmin=beam.dmin_A > 0, sensor_layers=layers, use_sensor=setup.sensor.thickness_m > 0,
-        first_layer_substeps=setup.oversample ** 2, cell_counts=tuple(setup.n_cells))
-    first = None
-    if setup.first_evaluation_cells_A is not None:
-        unrotated = setup.first_evaluation_cells_A
-        first = tensors._replace(**orientation(unrotated))
-    return KernelSetup(tensors=tensors, grid_shape=grid_shape, options=options, first_evaluation=first)
-
-
 def openmp_row_chunks(rows: int, threads: int) -> list[tuple[int, int]]:
     """Row ranges of each thread under OpenMP's static schedule (libgomp's split)."""
     base, extra = divmod(rows, threads)
@@ -294,27 +215,40 @@ class Renderer:
     """Renders a resolved setup on one device and dtype; reusable for repeated (timed) calls."""
 
     def __init__(self, setup: Setup, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 compile: bool = True, tile_elements: int = TILE_ELEMENTS, reference_threads: int = 2):
+                 compile: bool | str = True, tile_elements: int = TILE_ELEMENTS, reference_threads: int = 2):
         self.setup = setup
         self.device = torch.device(device)
         self.dtype = dtype
         self.reference_threads = reference_threads
         self.inputs = kernel_inputs(setup, self.device, dtype)
         needs_grad = any(t.requires_grad for t in tree_flatten(self.inputs.tensors)[0])
-        self.mode = choose_mode(compile, self.device, needs_grad)
         self.tile_elements = tile_elements
         detector = setup.config.detector
         self.step_ordered = detector.oversample_thick or detector.oversample_polar or detector.oversample_omega
         tensors = self.inputs.tensors
-        substeps, sources, orientations = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0],
-                                           tensors.beam_terms.shape[2])
-        self.steps_per_pixel = substeps * sources * orientations
-        self.values_per_pixel = (self.steps_per_pixel if self.mode == "eager" or self.step_ordered
-                                 or self.steps_per_pixel == 1
-                                 else 3 * substeps * orientations + substeps * sources + substeps + 1)
+        self.counts = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0], tensors.beam_terms.shape[2])
+        self.steps_per_pixel = math.prod(self.counts)
+        self.structure = Structure(self.inputs.options, single_step=self.steps_per_pixel == 1)
+        # Step-ordered renders run eagerly whatever the mode: in `auto` there is nothing worth building.
+        self.plan = plan_compile("off" if self.step_ordered and compile == "auto" else compile, self.device, dtype,
+                                 needs_grad, self.structure)
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
+
+    @property
+    def mode(self) -> str:
+        """How the kernel runs now: 'eager', 'jit' or 'aot' (`auto` may switch from eager on the first call)."""
+        return self.plan.mode
+
+    @property
+    def values_per_pixel(self) -> int:
+        """Values a tile holds per pixel: every pixel-step when eager, else the per-pixel terms handed
+        from the first compiled stage to the fused step sum."""
+        if self.mode == "eager" or self.step_ordered or self.steps_per_pixel == 1:
+            return self.steps_per_pixel
+        substeps, sources, orientations = self.counts
+        return 3 * substeps * orientations + substeps * sources + substeps + 1
 
     def __call__(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The (slow, fast) image: zero outside the ROI and on masked pixels.
@@ -329,6 +263,7 @@ class Renderer:
             raise NbsimError(f"out must be a {setup.shape[0]}x{setup.shape[1]} {self.dtype} tensor on {self.device}, "
                              f"not {'x'.join(map(str, out.shape))} {out.dtype} on {out.device}")
         image = out if out is not None else torch.empty(setup.shape, device=self.device, dtype=self.dtype)
+        build_later = self.plan.pending is not None and not self._compile_now()
         if not setup.roi_is_whole_detector:
             image.zero_()
         region = image[ymin:ymax + 1, xmin:xmax + 1]
@@ -357,7 +292,30 @@ class Renderer:
             region[row - ymin, col - xmin] = value
         if self.mask is not None:
             region.mul_(torch.as_tensor(self.mask, device=self.device, dtype=self.dtype))
+        if build_later:
+            start_background_build(self.plan)
+            self.plan.pending = None
         return image
+
+    def _compile_now(self) -> bool:
+        """Settle `auto` mode on the first call: time the eager kernel on a probe of the image, and switch
+        to the compiled kernel when building it costs less than the eager render it saves
+        (nbsim.kernel.policy). True when it switched."""
+        pending, self.plan.pending = self.plan.pending, None
+        _, _, ymin, ymax = self.setup.roi
+        rows = ymax + 1 - ymin
+        probe_rows = max(1, min(rows, PROBE_PIXEL_STEPS // max(1, len(self.cols) * self.steps_per_pixel)))
+        lookup = self.inputs.options.lookup
+        started = time.perf_counter()
+        self._render_rows(ymin, ymin + probe_rows, lookup, torch.empty((probe_rows, len(self.cols)),
+                                                                        device=self.device, dtype=self.dtype))
+        passes = 2 if lookup == "interpolate" else 1
+        eager_estimate_s = (time.perf_counter() - started) * rows / probe_rows * passes
+        self.plan.pending = pending
+        if not self.plan.compile_pays(eager_estimate_s):
+            return False
+        self.plan = dataclasses.replace(self.plan, mode=pending, pending=None)
+        return True
 
     def trace(self, row: int, col: int) -> tuple[float, Trace]:
         """Value and last-step trace of one pixel (for -printout_pixel)."""
@@ -371,8 +329,7 @@ class Renderer:
     def _ordered(self, row: int, col: int, ordered: OrderedOptions) -> tuple[torch.Tensor, Trace]:
         rows = torch.tensor([row], device=self.device, dtype=self.dtype)
         cols = torch.tensor([col], device=self.device, dtype=self.dtype)
-        value, trace = render_ordered(rows, cols, self.inputs.tensors, self.inputs.grid_shape, self.inputs.options,
-                                      ordered)
+        value, trace = render_ordered(rows, cols, self.inputs.tensors, self.inputs.options, ordered)
         return value[0, 0], trace
 
     def _row_tiles(self, start: int, stop: int):
@@ -387,13 +344,12 @@ class Renderer:
         """Render ROI rows [start, stop) into `out` (rows × ROI columns), tile by tile."""
         options = dataclasses.replace(self.inputs.options, lookup=lookup)
         stages = SINGLE_STEP_STAGES if self.steps_per_pixel == 1 else PIXEL_STAGES
-        kernel = kernel_callable(stages, options, self.inputs.grid_shape, self.mode)
+        kernel = kernel_callable(stages, options, self.mode)
         ordered = OrderedOptions(**self._ordered_flags())
         for first, rows in self._row_tiles(start, stop):
             block = out[first - start:first - start + len(rows)]
             if self.step_ordered:
-                block.copy_(render_ordered(rows, self.cols, self.inputs.tensors, self.inputs.grid_shape, options,
-                                           ordered)[0])
+                block.copy_(render_ordered(rows, self.cols, self.inputs.tensors, options, ordered)[0])
             else:
                 kernel(rows, self.cols, self.inputs.tensors, block)
 
@@ -432,7 +388,7 @@ class Renderer:
         pixels still interpolated) and the pixel whose step triggers the switch.
         """
         _, _, ymin, ymax = self.setup.roi
-        kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.inputs.grid_shape, self.mode)
+        kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.mode)
         flags = torch.empty((ymax + 1 - ymin, len(self.cols)), dtype=torch.bool, device=self.device)
         for first, rows in self._row_tiles(ymin, ymax + 1):
             kernel(rows, self.cols, self.inputs.tensors, flags[first - ymin:first - ymin + len(rows)])
@@ -462,6 +418,10 @@ class Renderer:
 
 
 def simulate(config: SimulationConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-             compile: bool = False) -> torch.Tensor:
-    """Render the image nanoBragg would produce for `config`, as a (slow, fast) tensor."""
+             compile: bool | str = "auto") -> torch.Tensor:
+    """Render the image nanoBragg would produce for `config`, as a (slow, fast) tensor.
+
+    `compile`: "auto" (compiled when the kernel is cached or building it pays, see nbsim.kernel.policy),
+    True/"on" or False/"off".
+    """
     return Renderer(resolve(config), device=device, dtype=dtype, compile=compile)()

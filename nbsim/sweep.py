@@ -7,6 +7,7 @@ functions; they are plain Python so they can be tested and reused without Snakem
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -15,6 +16,7 @@ import platform
 import shlex
 import shutil
 import sys
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .errors import NbsimError
+from .kernel.modes import choose_mode
 
 AXES = ("size", "dtype", "device", "compile")
 
@@ -52,14 +55,10 @@ class Point:
         return f"n{self.size}" + self._extras_suffix
 
     @property
-    def kernel_name(self) -> str:
-        """The compiled kernel variant: every axis but the size (only a tile's rows and columns are dynamic)."""
-        return f"{self.dtype}-{self.device}" + self._extras_suffix
-
-    @property
     def prebuilds_kernel(self) -> bool:
-        """Compiled CPU points load an ahead-of-time kernel that a `kernel` job builds first."""
-        return self.compile and self.device == "cpu"
+        """Points that load ahead-of-time kernels (asked of the renderer's own mode choice) get them from
+        a `kernel` job first."""
+        return choose_mode(self.compile, self.device.split(":")[0], needs_grad=False) == "aot"
 
 
 def _slug(value: Any) -> str:
@@ -100,14 +99,45 @@ def nbsim_reference_point(point: Point) -> Point:
     return Point(point.scenario, point.size, "float64", "cpu", True, point.extras)
 
 
-def kernel_points(points: list[Point], compiled_reference: bool) -> list[Point]:
-    """One point (the smallest) per (scenario, kernel variant) that a compiled CPU job will load;
-    `compiled_reference` adds the float64 variants the nbsim references use."""
+@dataclass(frozen=True)
+class KernelJob:
+    """One `kernel` job: the ahead-of-time kernels of one structure, dtype and device."""
+
+    structure: str
+    """nbsim.kernel.backends.Structure as JSON."""
+    dtype: str
+    device: str
+
+
+def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
+                base: Path) -> tuple[dict[str, KernelJob], dict[Point, str]]:
+    """The kernel jobs of a sweep (by name) and each prebuilding point's kernel job name. Points share a
+    job when their structure, dtype and device agree, whatever their sizes and values;
+    `compiled_reference` adds the float64 kernels the nbsim references use."""
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
-    chosen: dict[tuple, Point] = {}
-    for point in sorted((p for p in candidates if p.prebuilds_kernel), key=lambda p: p.size):
-        chosen.setdefault((point.scenario, point.kernel_name), point)
-    return list(chosen.values())
+    jobs: dict[str, KernelJob] = {}
+    names: dict[Point, str] = {}
+    for point in candidates:
+        if not point.prebuilds_kernel or point in names:
+            continue
+        args, overrides = point_arguments(config, point, base)
+        structure = structure_of(tuple(args), tuple(sorted(overrides.items())))
+        name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
+        jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
+        names[point] = name
+    return jobs, names
+
+
+@functools.cache
+def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
+    """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with."""
+    from .nanobragg_args import parse
+    from .simulator import Renderer, resolve
+
+    config, _ = parse(list(args))
+    if overrides:
+        config = config.with_options(**dict(overrides))
+    return Renderer(resolve(config), compile="off").structure
 
 
 def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
@@ -298,7 +328,7 @@ def _use_job_resources(compile_cache: str, threads: int) -> None:
 def run_point(job: PointJob, store: Path, timing_path: Path) -> dict:
     """Render and time one point; write its store and timing JSON (or a 'skipped' record)."""
     from .bench import time_nbsim
-    from .cli import resolve_device, resolve_dtype
+    from .devices import resolve_device, resolve_dtype
 
     _use_job_resources(job.compile_cache, job.threads)
     record = {"scenario": job.scenario, "point": job.point, "args": job.args, "overrides": job.overrides,
@@ -321,21 +351,29 @@ def run_point(job: PointJob, store: Path, timing_path: Path) -> dict:
     return record
 
 
-def build_kernel(args: list[str], overrides: dict[str, Any], dtype: str, threads: int, compile_cache: str,
-                 marker: Path) -> dict:
-    """Compile (or find in the shared cache) the CPU kernel of one variant by rendering it once; the
-    marker JSON records the build time and whether the cache already held it. Kernel jobs run in
-    parallel before the timed jobs, which then start warm."""
-    import torch
+def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path) -> dict:
+    """Build (or find in the shared cache) the ahead-of-time kernels of one structure; the marker JSON
+    records each stage's build time and whether the cache already held it. Kernel jobs run in parallel
+    before the timed jobs, which then start warm."""
+    import socket
 
-    from .bench import time_nbsim
-    from .cli import resolve_dtype
+    from .cache import configure_compile_cache
+    from .cpu import cpu_name
+    from .devices import resolve_device, resolve_dtype
+    from .kernel.backends import Structure, ensure_package
 
     _use_job_resources(compile_cache, threads)
-    _, result = time_nbsim(args, torch.device("cpu"), resolve_dtype(dtype), True, 0, 1, overrides=overrides)
-    record = {"args": args, "overrides": overrides, "dtype": dtype, "build_s": result.cold_s,
-              "compile_cache": result.compile_cache, "host": result.host, "cpu": result.cpu,
-              "slurm_job_id": result.slurm_job_id, "versions": package_versions()}
+    configure_compile_cache()
+    device, dtype = resolve_device(job.device), resolve_dtype(job.dtype)
+    stages = []
+    for variant in Structure.from_json(job.structure).stage_variants():
+        started = time.perf_counter()
+        built = ensure_package(variant, dtype, device)
+        stages.append({"stage": variant.stage.function.__name__, "package": variant.package(dtype, device).name,
+                       "cache": "miss" if built else "hit", "build_s": time.perf_counter() - started})
+    record = {**asdict(job), "stages": stages, "build_s": sum(s["build_s"] for s in stages),
+              "host": socket.gethostname(), "cpu": cpu_name(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+              "versions": package_versions()}
     write_json(marker, record)
     return record
 

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     command = [a for a in argv if a != "--debug"]
     if command and command[0] == "worker":
         return worker_command(command[1:])
-    if command and command[0] != "bench" and os.environ.get("NBSIM_WORKER", "").lower() != "off":
+    if command and command[0] not in ("bench", "kernels") and os.environ.get("NBSIM_WORKER", "").lower() != "off":
         status = run_in_worker(argv)
         if status is not None:
             return status

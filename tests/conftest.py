@@ -30,9 +30,13 @@ def own_cache_env(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def private_compile_cache(tmp_path_factory):
-    """Compiled kernels go to a folder of the test session, unless NBSIM_CACHE_DIR says otherwise."""
+    """Compiled kernels go to a folder of the test session, unless NBSIM_CACHE_DIR says otherwise; no
+    background kernel builds."""
     if "NBSIM_CACHE_DIR" not in os.environ:
         os.environ["NBSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("nbsim-cache"))
+    # Kernels built behind a test's back would compete with the suite for the CPU (tests that check the
+    # background build turn it on themselves).
+    os.environ.setdefault("NBSIM_BACKGROUND_BUILD", "off")
     yield Path(os.environ["NBSIM_CACHE_DIR"])
 
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import nbsim
-from nbsim.kernel import _sincg, pixel_kernel, sin_pi_polynomial
+from nbsim.kernel.inputs import kernel_inputs
+from nbsim.kernel.physics import pixel_kernel, sin_pi_polynomial, sincg_parts
 from nbsim.random import Ran1
-from nbsim.simulator import Renderer, kernel_inputs, resolve
+from nbsim.simulator import Renderer, resolve
 
 from .conftest import SEED_ARGS
 
@@ -26,7 +27,7 @@ def test_lattice_factor_is_accurate_in_float32_near_large_indices():
     exact = torch.sin(n * math.pi * h64) / torch.sin(math.pi * h64)
     h32 = h64.to(torch.float32)
     fraction = h32 - torch.ceil(h32 - 0.5)
-    ours = _sincg(fraction, torch.tensor(n))
+    ours = torch.div(*sincg_parts(fraction, torch.tensor(n)))
     naive = torch.sin(n * math.pi * h32) / torch.sin(math.pi * h32)
     # Both see the same float32 rounding of h; only the formula differs.
     reference = torch.sin(n * math.pi * h32.double()) / torch.sin(math.pi * h32.double())
@@ -54,7 +55,7 @@ def test_kernel_traces_as_one_graph():
     """No .item()/.cpu()/Python branching on tensor values in the hot path: Dynamo sees one graph."""
     setup = resolve(nbsim.config_from_args(SEED + ["-mosaic", "0.3", "-mosaic_dom", "3", "-round_xtal"]))
     inputs = kernel_inputs(setup, "cpu", torch.float32)
-    kernel = functools.partial(pixel_kernel, grid_shape=inputs.grid_shape, options=inputs.options)
+    kernel = functools.partial(pixel_kernel, options=inputs.options)
     rows, cols = torch.arange(4.0), torch.arange(64.0)
     explanation = torch._dynamo.explain(kernel)(rows, cols, inputs.tensors)
     assert explanation.graph_break_count == 0

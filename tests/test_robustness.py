@@ -23,7 +23,7 @@ from nbsim.beam import read_source_file
 from nbsim.crystal import read_mosflm_matrix
 from nbsim.errors import NbsimError
 from nbsim.io import read_smv
-from nbsim.kernel import _sincg, lattice_factor, sin_pi_polynomial
+from nbsim.kernel.physics import lattice_factor, sin_pi_polynomial, sincg_parts
 from nbsim.nanobragg_args import FLAGS, parse
 from nbsim.simulator import Renderer, resolve
 from nbsim.structure_factors import read_hkl
@@ -81,14 +81,14 @@ def test_smv_reader_never_crashes(tmp_path_factory, content, header):
 def test_lattice_factor_is_finite_at_nodes(dtype):
     """Exactly integer h, k, l (δ = 0) give N, not 0/0, in every shape; the compiled sine too."""
     zero = torch.zeros(4, dtype=dtype)
-    assert torch.equal(_sincg(zero, torch.tensor(7.0, dtype=dtype)), torch.full_like(zero, 7.0))
+    assert torch.equal(torch.div(*sincg_parts(zero, torch.tensor(7.0, dtype=dtype))), torch.full_like(zero, 7.0))
     assert torch.equal(sin_pi_polynomial(zero), zero)
-    from nbsim.kernel import KernelOptions
+    from nbsim.kernel.inputs import KernelOptions
 
     for shape in ("square", "round", "gauss", "tophat"):
         value = lattice_factor(zero, zero, zero, torch.tensor([3.0, 4.0, 5.0], dtype=dtype),
                                torch.eye(3, dtype=dtype) * 0.01, torch.tensor(1.0, dtype=dtype),
-                               KernelOptions(shape=shape, cell_counts=(3, 4, 5)))
+                               KernelOptions(shape=shape))
         assert torch.isfinite(value).all() and float(value[0]) > 0
 
 
@@ -193,7 +193,7 @@ def test_concurrent_processes_share_one_compiled_kernel(tmp_path):
     script = (
         "import json, sys, torch, nbsim\n"
         "from nbsim.simulator import Renderer, resolve\n"
-        "from nbsim.compiled import CACHE_EVENTS\n"
+        "from nbsim.kernel.backends import CACHE_EVENTS\n"
         "config = nbsim.config_from_args(sys.argv[1:])\n"
         "image = Renderer(resolve(config), dtype=torch.float32, compile=True)()\n"
         "reference = Renderer(resolve(config), dtype=torch.float64, compile=False)()\n"

@@ -1,6 +1,7 @@
 """Configuration validation, the sweep's points, and the parameters each job receives."""
 
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import sys
@@ -27,10 +28,8 @@ C_BINARY = sweep.c_binary_path(config, CONFIG_BASE)
 POINTS = {(p.scenario, p.name): p for p in sweep.sweep_points(config)}
 REFERENCES = {(p.scenario, p.reference_name): p for p in sweep.reference_points(list(POINTS.values()))}
 COMPILED_NBSIM_REFERENCE = not C_BINARY and config["reference"]["compile"]
-KERNELS = {
-    (p.scenario, p.kernel_name): p
-    for p in sweep.kernel_points(list(POINTS.values()), COMPILED_NBSIM_REFERENCE)
-}
+# One kernel job per (structure, dtype, device): points of any size and value share it.
+KERNELS, KERNEL_OF_POINT = sweep.kernel_jobs(config, list(POINTS.values()), COMPILED_NBSIM_REFERENCE, CONFIG_BASE)
 AXES = [*sweep.AXES, *sorted(config["sweep"].get("extra") or {})]
 
 
@@ -67,18 +66,11 @@ def point_job(wildcards):
 
 
 def kernel_job(wildcards):
-    point = KERNELS[(wildcards.scenario, wildcards.kernel)]
-    args, overrides = sweep.point_arguments(config, point, CONFIG_BASE)
-    return dict(
-        args=args,
-        overrides=overrides,
-        dtype=point.dtype,
-        compile_cache=COMPILE_CACHE,
-    )
+    return dict(job=asdict(KERNELS[wildcards.kernel]), compile_cache=COMPILE_CACHE)
 
 
 def kernel_marker(point):
-    return f"{RESULTS}/{point.scenario}/kernels/{point.kernel_name}.json"
+    return f"{RESULTS}/kernels/{KERNEL_OF_POINT[point]}.json"
 
 
 def point_kernel(wildcards):

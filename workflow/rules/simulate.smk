@@ -1,14 +1,15 @@
 """One timed simulation per point, and one reference image per (scenario, size, extra values); before them,
-one untimed job per compiled CPU kernel variant builds it into the shared cache (in parallel)."""
+one untimed job per kernel structure, dtype and device builds its ahead-of-time kernels into the shared
+cache (in parallel)."""
 
 
 rule kernel:
     output:
-        f"{RESULTS}/{{scenario}}/kernels/{{kernel}}.json",
+        f"{RESULTS}/kernels/{{kernel}}.json",
     log:
-        f"{RESULTS}/logs/kernel/{{scenario}}/{{kernel}}.log",
+        f"{RESULTS}/logs/kernel/{{kernel}}.log",
     params:
-        job=kernel_job,
+        kernel=kernel_job,
     threads: 1
     priority: 10
     resources:

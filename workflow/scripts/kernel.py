@@ -1,9 +1,9 @@
-"""Snakemake script: build one compiled CPU kernel variant into the shared cache (nbsim.sweep.build_kernel)."""
+"""Snakemake script: build one structure's ahead-of-time kernels into the shared cache (nbsim.sweep.build_kernel)."""
 
 from pathlib import Path
 
-from nbsim.sweep import build_kernel, run_logged
+from nbsim.sweep import KernelJob, build_kernel, run_logged
 
-job = snakemake.params.job  # noqa: F821
-run_logged(snakemake.log[0], build_kernel, job["args"], job["overrides"], job["dtype"], snakemake.threads,  # noqa: F821
-           job["compile_cache"], Path(snakemake.output[0]))  # noqa: F821
+params = snakemake.params.kernel  # noqa: F821
+run_logged(snakemake.log[0], build_kernel, KernelJob(**params["job"]), snakemake.threads,  # noqa: F821
+           params["compile_cache"], Path(snakemake.output[0]))  # noqa: F821

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernel import (
-    KernelOptions,
-    KernelTensors,
+from .inputs import KernelOptions, KernelTensors
+from .physics import (
     StepTerms,
     capture_fraction,
     evaluated,
@@ -65,19 +64,17 @@ class Trace:
     capture: float
 
 
-def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
-                   options: KernelOptions, ordered: OrderedOptions) -> tuple[torch.Tensor, Trace]:
+def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, options: KernelOptions,
+                   ordered: OrderedOptions) -> tuple[torch.Tensor, Trace]:
     """Pixel values (R, C) evaluated in nanoBragg's loop order, and the trace of pixel (0, 0)."""
-    scale, background = t.scalars[3], t.scalars[4]
+    scale, background = t.scalars.scale, t.scalars.background
     f = pixel_frame(rows, cols, t, options)
     n_sub, n_src = f.cos2theta.shape[2], f.cos2theta.shape[3]
-    layer_of = torch.div(torch.arange(n_sub, device=rows.device), options.first_layer_substeps,
-                         rounding_mode="floor").to(f.x.dtype)
     omega_each = solid_angle(f.inverse_path, t, options)
     # With -oversample_thick the fraction is evaluated even without a sensor thickness, as in
     # nanoBragg (where it is then exp(0) − exp(0) = 0 and the image is blank).
-    capture_each = (capture_fraction(f, layer_of, t, options) if options.use_sensor or ordered.oversample_thick
-                    else torch.ones_like(omega_each))
+    capture_each = (capture_fraction(f, t.layer_of_substep, t, options)
+                    if options.use_sensor or ordered.oversample_thick else torch.ones_like(omega_each))
     polar_each = (torch.ones_like(f.cos2theta) if options.polarization == "none"
                   else polarization_factor(f, t, options))
     running = torch.full_like(omega_each[:, :, 0], float(background))
@@ -87,14 +84,14 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
         for s in range(n_src):
             block_inputs = restrict(t, k, s)
             block = frame_slice(f, k, s)
-            terms = step_terms(block, block_inputs, grid_shape, options)
+            terms = step_terms(block, block_inputs, options)
             if k == 0 and s == 0 and ordered.first_evaluation is not None:
                 first_inputs = restrict(ordered.first_evaluation, 0, 0)
-                terms = _with_first_evaluation(terms, step_terms(block, first_inputs, grid_shape, options))
-            mask = evaluated(terms, block.valid, t)[:, :, 0, 0, :]
+                terms = _with_first_evaluation(terms, step_terms(block, first_inputs, options))
+            mask = evaluated(terms, None if block.valid is None else block.valid.unsqueeze(-1), t)[:, :, 0, 0, :]
             f_cell = terms.f_cell[:, :, 0, 0, :]
             if interpolating:
-                f_cell, interpolating = _switching_lookup(terms, mask, t, grid_shape)
+                f_cell, interpolating = _switching_lookup(terms, mask, t)
             term = f_cell * f_cell * terms.f_latt[:, :, 0, 0, :] ** 2
             factor = torch.ones_like(running)
             if ordered.oversample_thick:
@@ -105,7 +102,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
                 factor = factor * omega_each[:, :, k]
             running = _accumulate(running, term, mask, factor)
             last = (terms, f_cell)
-    capture = capture_each[:, :, -1] if ordered.oversample_thick else _last_layer_capture(capture_each, options)
+    capture = capture_each[:, :, -1] if ordered.oversample_thick else _last_layer_capture(capture_each, t, options)
     polar = polar_each[:, :, -1, -1] if ordered.oversample_polar else pixel_polarization(f, t, options)
     omega = omega_each[:, :, -1] if ordered.oversample_omega else omega_each[:, :, 0]
     result = running
@@ -135,13 +132,12 @@ def _with_first_evaluation(terms: StepTerms, first: StepTerms) -> StepTerms:
     return StepTerms(*fields)
 
 
-def _switching_lookup(terms: StepTerms, mask: torch.Tensor, t: KernelTensors,
-                      grid_shape: tuple[int, int, int]) -> tuple[torch.Tensor, bool]:
+def _switching_lookup(terms: StepTerms, mask: torch.Tensor, t: KernelTensors) -> tuple[torch.Tensor, bool]:
     """Interpolated F up to the first out-of-range evaluated step, default_F there, nearest after."""
-    default_F = t.scalars[8]
+    default_F = t.scalars.default_F
     interpolated = terms.f_cell[:, :, 0, 0, :]
     nearest = structure_factor(terms.h, terms.k, terms.l, terms.h0, terms.k0, terms.l0, t.grid, t.grid_min,
-                               t.grid_max, grid_shape, default_F, "nearest")[:, :, 0, 0, :]
+                               t.grid_max, t.grid_extent, default_F, "nearest")[:, :, 0, 0, :]
     outside = interpolation_outside(terms, t)[:, :, 0, 0, :] & mask
     if not bool(outside.any()):
         return interpolated, True
@@ -151,10 +147,10 @@ def _switching_lookup(terms: StepTerms, mask: torch.Tensor, t: KernelTensors,
     return f_cell, False
 
 
-def _last_layer_capture(capture_each: torch.Tensor, options: KernelOptions) -> torch.Tensor:
+def _last_layer_capture(capture_each: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     if not options.use_sensor:
         return torch.ones_like(capture_each[:, :, 0])
-    return capture_each[:, :, (options.sensor_layers - 1) * options.first_layer_substeps]
+    return capture_each.index_select(2, t.last_layer_substep)[:, :, 0]
 
 
 def _trace(terms: StepTerms, f_cell: torch.Tensor, running: torch.Tensor, polar: torch.Tensor,

@@ -15,34 +15,16 @@ multiply-adds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from .structure_factors import lagrange_weights
+from ..structure_factors import lagrange_weights
+from .inputs import KernelOptions, KernelTensors, Projection
 
 ROUND_SHAPE_NORM = 0.723601254558268
 GAUSS_WIDTH = 0.63
 TOPHAT_RADIUS_SQR = 0.3969
-
-
-@dataclass(frozen=True)
-class KernelOptions:
-    """Choices that change the code the kernel compiles to (hashable, passed as constants)."""
-
-    shape: str = "square"
-    lookup: str = "default"  # "default" (no grid), "nearest" or "interpolate"
-    point_pixel: bool = False
-    curved: bool = False
-    polarization: str = "kahn"  # "none" (-nopolar), "unpolarized" (K = 0) or "kahn"
-    use_dmin: bool = False
-    sensor_layers: int = 1
-    use_sensor: bool = False
-    first_layer_substeps: int = 1
-    cell_counts: tuple[int, int, int] = (1, 1, 1)
-    """Na, Nb, Nc as compile-time constants (the square shape's Chebyshev recurrence unrolls over them)."""
 
 
 # sin(πx)/x as a polynomial in x² on |x| ≤ ½. float64: Taylor, 10 terms (truncation 4e-17). float32:
@@ -72,7 +54,7 @@ def sin_pi_polynomial(x: torch.Tensor) -> torch.Tensor:
     return total * x
 
 
-def _sincg_parts(fraction: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sincg_parts(fraction: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerator and denominator of |sin(Nπh)/sin(πh)| from the fractional index δ = h − h0.
 
     With integer h0 the ratio is ±sin(Nπδ)/sin(πδ); intensities use its square, so the sign is
@@ -86,11 +68,6 @@ def _sincg_parts(fraction: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor,
     return numerator, denominator
 
 
-def _sincg(fraction: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    numerator, denominator = _sincg_parts(fraction, n)
-    return numerator / denominator
-
-
 def _sinc3(x: torch.Tensor) -> torch.Tensor:
     """Fourier transform of a sphere, 3(sin x − x cos x)/x³, with its limit 1 at x = 0."""
     at_zero = x == 0
@@ -99,13 +76,13 @@ def _sinc3(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gather(grid: torch.Tensor, h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
-            grid_min: torch.Tensor, grid_shape: tuple[int, int, int]) -> torch.Tensor:
+            grid_min: torch.Tensor, grid_extent: torch.Tensor) -> torch.Tensor:
     """grid[h, k, l] for integer-valued indices within one node of the file's range.
 
     The table carries a border of default_F one node wide (see HKLGrid.padded), so its first
-    entry is index grid_min − 1.
+    entry is index grid_min − 1; grid_extent holds the padded table's (h, k, l) sizes.
     """
-    nk, nl = grid_shape[1], grid_shape[2]
+    nk, nl = grid_extent[1], grid_extent[2]
     index = ((h - grid_min[0] + 1.0) * nk + (k - grid_min[1] + 1.0)) * nl + (l - grid_min[2] + 1.0)
     return grid[index.to(torch.int64)]
 
@@ -113,7 +90,7 @@ def _gather(grid: torch.Tensor, h: torch.Tensor, k: torch.Tensor, l: torch.Tenso
 def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
                      h0: torch.Tensor, k0: torch.Tensor, l0: torch.Tensor,
                      grid: torch.Tensor, grid_min: torch.Tensor, grid_max: torch.Tensor,
-                     grid_shape: tuple[int, int, int], default_F: torch.Tensor, lookup: str) -> torch.Tensor:
+                     grid_extent: torch.Tensor, default_F: torch.Tensor, lookup: str) -> torch.Tensor:
     """F_cell at fractional (h, k, l): default_F, nearest grid node, or tricubic interpolation."""
     if lookup == "default":
         return default_F.expand_as(h)
@@ -121,7 +98,7 @@ def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
         # Clamping to one node beyond the range lands on the default_F border: no separate bounds test.
         low, high = grid_min - 1.0, grid_max + 1.0
         return _gather(grid, torch.clamp(h0, low[0], high[0]), torch.clamp(k0, low[1], high[1]),
-                       torch.clamp(l0, low[2], high[2]), grid_min, grid_shape)
+                       torch.clamp(l0, low[2], high[2]), grid_min, grid_extent)
     h_floor, k_floor, l_floor = torch.floor(h), torch.floor(k), torch.floor(l)
     wh = lagrange_weights(h - h_floor)
     wk = lagrange_weights(k - k_floor)
@@ -130,7 +107,7 @@ def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
     for i in range(4):
         for j in range(4):
             for m in range(4):
-                node = _gather(grid, h_floor + (i - 1), k_floor + (j - 1), l_floor + (m - 1), grid_min, grid_shape)
+                node = _gather(grid, h_floor + (i - 1), k_floor + (j - 1), l_floor + (m - 1), grid_min, grid_extent)
                 total = total + wh[i] * wk[j] * wl[m] * node
     return total
 
@@ -141,10 +118,9 @@ def lattice_factor(dh: torch.Tensor, dk: torch.Tensor, dl: torch.Tensor, n_cells
     na, nb, nc = n_cells[0], n_cells[1], n_cells[2]
     if options.shape == "square":
         numerator, denominator = torch.ones_like(dh), torch.ones_like(dh)
-        for count, fraction, n in zip(options.cell_counts, (dh, dk, dl), (na, nb, nc), strict=True):
-            if count > 1:
-                top, bottom = _sincg_parts(fraction, n)
-                numerator, denominator = numerator * top, denominator * bottom
+        for fraction, n in ((dh, na), (dk, nb), (dl, nc)):
+            top, bottom = sincg_parts(fraction, n)
+            numerator, denominator = numerator * top, denominator * bottom
         return numerator / denominator
     volume = na * nb * nc
     if options.shape == "round":
@@ -159,61 +135,33 @@ def lattice_factor(dh: torch.Tensor, dk: torch.Tensor, dl: torch.Tensor, n_cells
     return volume * (rad_star_sqr * fudge < TOPHAT_RADIUS_SQR).to(dh.dtype)
 
 
-class Projection(NamedTuple):
-    """Projections v·p of pixel positions onto V fixed vectors.
-
-    On a flat detector p = P_k + F·f̂ + S·ŝ, so v·p = origin[k, v] + F·fast[v] + S·slow[v];
-    `vectors` (V, 3) serve the curved detector, whose positions are not linear in F and S.
-    """
-
-    origin: torch.Tensor
-    fast: torch.Tensor
-    slow: torch.Tensor
-    vectors: torch.Tensor
+Index = int | torch.Tensor
+"""A position along a count dimension: a Python int, or a one-element int64 tensor (a run-time value)."""
 
 
-class KernelTensors(NamedTuple):
-    """Inputs shared by every tile (all on the compute device and dtype; built by the simulator).
-
-    origins: sub-step origins P_k (K, 3) in m. frame rows: fdet, sdet, beam. cells: projections onto
-    the a, b, c axes of every orientation (O each). beam_terms: (a·i)/λ etc., (3, S, O). incident, odet,
-    polar_e, polar_b: projections onto the source directions, the detector normal and the per-source
-    polarization frame. scalars: pixel size, distance, close distance, scale (r_e²·fluence/steps), I_bg,
-    Kahn factor, μ·layer step, dmin (Å), default_F, fudge.
-    """
-
-    origins: torch.Tensor
-    frame: torch.Tensor
-    cells: tuple[Projection, Projection, Projection]
-    beam_terms: torch.Tensor
-    incident: Projection
-    odet: Projection
-    polar_e: Projection
-    polar_b: Projection
-    inv_wavelength: torch.Tensor
-    grid: torch.Tensor
-    grid_min: torch.Tensor
-    grid_max: torch.Tensor
-    n_cells: torch.Tensor
-    reciprocal: torch.Tensor
-    scalars: torch.Tensor
+def _take(x: torch.Tensor, dim: int, index: Index) -> torch.Tensor:
+    """x restricted to position `index` of dimension `dim`, which keeps its length 1."""
+    if isinstance(index, torch.Tensor):
+        return x.index_select(dim, index)
+    return x.narrow(dim, index, 1)
 
 
-def restrict(t: KernelTensors, substep: int | None = None, source: int | None = None) -> KernelTensors:
+def restrict(t: KernelTensors, substep: Index | None = None, source: Index | None = None) -> KernelTensors:
     """The inputs for one sub-step and/or one source only (for step-ordered evaluation)."""
     if substep is not None:
-        k = slice(substep, substep + 1)
-        t = t._replace(origins=t.origins[k], cells=tuple(p._replace(origin=p.origin[k]) for p in t.cells),
-                       incident=t.incident._replace(origin=t.incident.origin[k]),
-                       odet=t.odet._replace(origin=t.odet.origin[k]),
-                       polar_e=t.polar_e._replace(origin=t.polar_e.origin[k]),
-                       polar_b=t.polar_b._replace(origin=t.polar_b.origin[k]))
+        def at_substep(p: Projection) -> Projection:
+            return p._replace(origin=_take(p.origin, 0, substep))
+
+        t = t._replace(origins=_take(t.origins, 0, substep), layer_of_substep=_take(t.layer_of_substep, 0, substep),
+                       cells=tuple(at_substep(p) for p in t.cells), incident=at_substep(t.incident),
+                       odet=at_substep(t.odet), polar_e=at_substep(t.polar_e), polar_b=at_substep(t.polar_b))
     if source is not None:
-        s = slice(source, source + 1)
-        t = t._replace(beam_terms=t.beam_terms[:, s], inv_wavelength=t.inv_wavelength[s],
-                       **{name: Projection(p.origin[:, s], p.fast[s], p.slow[s], p.vectors[s])
-                          for name, p in (("incident", t.incident), ("polar_e", t.polar_e),
-                                          ("polar_b", t.polar_b))})
+        def at_source(p: Projection) -> Projection:
+            return Projection(_take(p.origin, 1, source), _take(p.fast, 0, source), _take(p.slow, 0, source),
+                              _take(p.vectors, 0, source))
+
+        t = t._replace(beam_terms=_take(t.beam_terms, 1, source), inv_wavelength=_take(t.inv_wavelength, 0, source),
+                       incident=at_source(t.incident), polar_e=at_source(t.polar_e), polar_b=at_source(t.polar_b))
     return t
 
 
@@ -250,7 +198,7 @@ def project(f: PixelFrame, projection: Projection, options: KernelOptions) -> to
 
 def pixel_frame(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, options: KernelOptions) -> PixelFrame:
     """Positions of every (pixel, sub-step), 1/|p|, and cos 2θ for every source."""
-    pixel_size, distance, dmin = t.scalars[0], t.scalars[1], t.scalars[7]
+    pixel_size, distance, dmin = t.scalars.pixel_size_m, t.scalars.distance_m, t.scalars.dmin_A
     fdet, sdet, beam = t.frame[0], t.frame[1], t.frame[2]
     fast = (cols * pixel_size).view(1, -1, 1)
     slow = (rows * pixel_size).view(-1, 1, 1)
@@ -268,18 +216,20 @@ def pixel_frame(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, option
     return frame._replace(cos2theta=cos2theta, valid=valid)
 
 
-def frame_slice(f: PixelFrame, substep: int, source: int | None = None) -> PixelFrame:
+def frame_slice(f: PixelFrame, substep: Index, source: Index | None = None) -> PixelFrame:
     """The frame of one sub-step (and source) cut from the frame of all: what pixel_frame computes for
     the restricted inputs, without computing it again."""
-    k = slice(substep, substep + 1)
-    s = slice(None) if source is None else slice(source, source + 1)
-    return f._replace(x=f.x[:, :, k], y=f.y[:, :, k], z=f.z[:, :, k], inverse_path=f.inverse_path[:, :, k],
-                      cos2theta=f.cos2theta[:, :, k, s], valid=None if f.valid is None else f.valid[:, :, k, s])
+    def at(x: torch.Tensor) -> torch.Tensor:
+        x = _take(x, 2, substep)
+        return x if source is None or x.dim() < 4 else _take(x, 3, source)
+
+    return f._replace(x=at(f.x), y=at(f.y), z=at(f.z), inverse_path=at(f.inverse_path), cos2theta=at(f.cos2theta),
+                      valid=None if f.valid is None else at(f.valid))
 
 
 def solid_angle(inverse_path: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     """Pixel solid angle ω = pixel²/R²·close/R (or 1/R² for -point_pixel), from 1/R."""
-    pixel_size, close_distance = t.scalars[0], t.scalars[2]
+    pixel_size, close_distance = t.scalars.pixel_size_m, t.scalars.close_distance_m
     inverse_sqr = inverse_path * inverse_path
     if options.point_pixel:
         return inverse_sqr
@@ -289,7 +239,7 @@ def solid_angle(inverse_path: torch.Tensor, t: KernelTensors, options: KernelOpt
 def capture_fraction(f: PixelFrame, layer: torch.Tensor | float, t: KernelTensors,
                      options: KernelOptions) -> torch.Tensor:
     """Fraction of photons absorbed in sensor layer `layer`, for every (pixel, sub-step): (R, C, K)."""
-    mu_step = t.scalars[6]
+    mu_step = t.scalars.mu_layer_step
     parallax = project(f, t.odet, options)[..., 0] * f.inverse_path
     return torch.exp(-layer * mu_step / parallax) - torch.exp(-(layer + 1.0) * mu_step / parallax)
 
@@ -310,7 +260,7 @@ def polarization_factor(f: PixelFrame, t: KernelTensors, options: KernelOptions)
     radius_sqr = e_out * e_out + b_out * b_out
     cos2psi = torch.where(radius_sqr > 0, _safe_ratio(e_out * e_out - b_out * b_out, radius_sqr),
                           torch.ones_like(radius_sqr))
-    return 0.5 * (1.0 + cos2theta_sqr - t.scalars[5] * cos2psi * (1.0 - cos2theta_sqr))
+    return 0.5 * (1.0 + cos2theta_sqr - t.scalars.kahn_factor * cos2psi * (1.0 - cos2theta_sqr))
 
 
 def _safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -349,9 +299,11 @@ class StepTerms(NamedTuple):
 class PixelTerms(NamedTuple):
     """What the step sum needs from each pixel, computed once per pixel (the first kernel stage).
 
-    projections (3, R, C, K, O), or three (R, C, K, O): a·p, b·p, c·p; inverse_path (R, C, K); factor (R, C):
-    scale·capture·polar·ω; valid (R, C, K, S): 1 where -dmin keeps the source (shape (1, 1, 1, 1)
-    when -dmin is off).
+    Pixels come last ("pixels-last" layout), so the compiled step sum runs its SIMD lanes across
+    neighbouring pixels and loops over the steps, whose counts are only known at run time:
+    projections (3, K, O, R, C), or three (K, O, R, C): a·p, b·p, c·p; inverse_path (K, R, C);
+    factor (R, C): scale·capture·polar·ω; valid (K, S, R, C): 1 where -dmin keeps the source (shape
+    (1, 1, 1, 1) when -dmin is off).
     """
 
     projections: torch.Tensor
@@ -360,8 +312,14 @@ class PixelTerms(NamedTuple):
     valid: torch.Tensor
 
 
-def miller_indices(projections: torch.Tensor, inverse_path: torch.Tensor, t: KernelTensors):
-    """h = a·(d − i)/λ = (a·p)/|p|/λ − (a·i)/λ from the projections: three (R, C, K, S, O) tensors."""
+def miller_indices(projections: torch.Tensor, inverse_path: torch.Tensor, t: KernelTensors,
+                   pixels_last: bool = False) -> list[torch.Tensor]:
+    """h = a·(d − i)/λ = (a·p)/|p|/λ − (a·i)/λ from the projections: three (R, C, K, S, O) tensors from
+    (R, C, K, O) projections and (R, C, K) 1/|p|, or, pixels last, three (K, S, O, R, C) from (K, O, R, C)
+    and (K, R, C)."""
+    if pixels_last:
+        scale = (inverse_path.unsqueeze(1) * t.inv_wavelength.view(-1, 1, 1)).unsqueeze(2)
+        return [projections[v].unsqueeze(1) * scale - t.beam_terms[v].unsqueeze(-1).unsqueeze(-1) for v in range(3)]
     scale = (inverse_path.unsqueeze(-1) * t.inv_wavelength).unsqueeze(-1)
     return [projections[v].unsqueeze(3) * scale - t.beam_terms[v] for v in range(3)]
 
@@ -372,31 +330,31 @@ def cell_projections(f: PixelFrame, t: KernelTensors, options: KernelOptions) ->
 
 
 def terms_from_projections(projections: torch.Tensor, inverse_path: torch.Tensor, t: KernelTensors,
-                           grid_shape: tuple[int, int, int], options: KernelOptions,
-                           lookup: str | None = None) -> StepTerms:
-    """Miller indices, lattice factor and structure factor for every step."""
-    default_F, fudge = t.scalars[8], t.scalars[9]
-    h, k, l = miller_indices(projections, inverse_path, t)
+                           options: KernelOptions, lookup: str | None = None,
+                           pixels_last: bool = False) -> StepTerms:
+    """Miller indices, lattice factor and structure factor for every step (layout: miller_indices)."""
+    default_F, fudge = t.scalars.default_F, t.scalars.fudge
+    h, k, l = miller_indices(projections, inverse_path, t, pixels_last)
     h0, k0, l0 = torch.ceil(h - 0.5), torch.ceil(k - 0.5), torch.ceil(l - 0.5)
     f_latt = lattice_factor(h - h0, k - k0, l - l0, t.n_cells, t.reciprocal, fudge, options)
-    f_cell = structure_factor(h, k, l, h0, k0, l0, t.grid, t.grid_min, t.grid_max, grid_shape, default_F,
+    f_cell = structure_factor(h, k, l, h0, k0, l0, t.grid, t.grid_min, t.grid_max, t.grid_extent, default_F,
                               lookup or options.lookup)
     return StepTerms(h, k, l, h0, k0, l0, f_latt, f_cell)
 
 
-def step_terms(f: PixelFrame, t: KernelTensors, grid_shape: tuple[int, int, int], options: KernelOptions,
+def step_terms(f: PixelFrame, t: KernelTensors, options: KernelOptions,
                lookup: str | None = None) -> StepTerms:
-    return terms_from_projections(cell_projections(f, t, options), f.inverse_path, t, grid_shape, options, lookup)
+    return terms_from_projections(cell_projections(f, t, options), f.inverse_path, t, options, lookup)
 
 
 def last_layer_capture(f: PixelFrame, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
     """Capture fraction of the last sensor layer at its first sub-pixel (what nanoBragg applies), (R, C)."""
-    k_last = (options.sensor_layers - 1) * options.first_layer_substeps
-    return capture_fraction(frame_slice(f, k_last), float(options.sensor_layers - 1), restrict(t, k_last),
+    index = t.last_layer_substep
+    return capture_fraction(frame_slice(f, index), t.layer_of_substep.index_select(0, index), restrict(t, index),
                             options)[:, :, 0]
 
 
-def prepare_pixels(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
+def prepare_pixels(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
                    options: KernelOptions, stacked: bool = True) -> PixelTerms:
     """First stage: everything per pixel (and sub-step) that the steps share. `stacked=False` keeps the
     three cell projections separate (a stack is a buffer Inductor writes out, needed only between stages)."""
@@ -404,66 +362,45 @@ def prepare_pixels(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, gri
     omega = solid_angle(f.inverse_path[:, :, 0], t, options)
     capture = last_layer_capture(f, t, options) if options.use_sensor else torch.ones_like(omega)
     polar = pixel_polarization(f, t, options)
-    valid = f.valid.to(f.x.dtype) if f.valid is not None else torch.ones((1, 1, 1, 1), dtype=f.x.dtype,
-                                                                            device=f.x.device)
-    projections = cell_projections(f, t, options)
-    return PixelTerms(projections=torch.stack(projections) if stacked else projections, inverse_path=f.inverse_path,
-                      factor=t.scalars[3] * capture * polar * omega, valid=valid)
+    valid = (_pixels_last(f.valid.to(f.x.dtype)) if f.valid is not None
+             else torch.ones((1, 1, 1, 1), dtype=f.x.dtype, device=f.x.device))
+    projections = [p.permute(2, 3, 0, 1) for p in cell_projections(f, t, options)]
+    return PixelTerms(projections=torch.stack(projections) if stacked else projections,
+                      inverse_path=_pixels_last(f.inverse_path), factor=t.scalars.scale * capture * polar * omega,
+                      valid=valid)
 
 
-def sum_steps(p: PixelTerms, t: KernelTensors, grid_shape: tuple[int, int, int],
+def _pixels_last(x: torch.Tensor) -> torch.Tensor:
+    """An (R, C, ...) tensor as a contiguous (..., R, C) one: the step sum's loads along the pixels are
+    then plain vector loads. (A copy, not .contiguous(), whose check would specialise counts of 1.)"""
+    order = (*range(2, x.dim()), 0, 1)
+    return x.permute(order).clone(memory_format=torch.contiguous_format)
+
+
+def sum_steps(p: PixelTerms, t: KernelTensors,
               options: KernelOptions) -> torch.Tensor:
     """Second stage: r_e²·fluence/steps·(I_bg + Σ F_cell²·F_latt²)·capture·polar·ω for each pixel, (R, C)."""
-    terms = terms_from_projections(p.projections, p.inverse_path, t, grid_shape, options)
+    terms = terms_from_projections(p.projections, p.inverse_path, t, options, pixels_last=True)
     intensity = torch.square(terms.f_cell * terms.f_latt)
     if options.use_dmin:
-        intensity = intensity * p.valid.unsqueeze(-1)
-    return p.factor * (t.scalars[4] + intensity.sum(dim=(2, 3, 4)))
+        intensity = intensity * p.valid.unsqueeze(2)
+    return p.factor * (t.scalars.background + intensity.sum(dim=(0, 1, 2)))
 
 
-def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, grid_shape: tuple[int, int, int],
+def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
                  options: KernelOptions) -> torch.Tensor:
     """Final pixel values (R, C) for a tile, both stages at once (the single-step kernel)."""
-    return sum_steps(prepare_pixels(rows, cols, t, grid_shape, options, stacked=False), t, grid_shape, options)
+    return sum_steps(prepare_pixels(rows, cols, t, options, stacked=False), t, options)
 
 
-def steps_out_of_range(p: PixelTerms, t: KernelTensors, grid_shape: tuple[int, int, int],
+def steps_out_of_range(p: PixelTerms, t: KernelTensors,
                        options: KernelOptions) -> torch.Tensor:
     """(R, C) flags: does any evaluated step of the pixel fall too close to the HKL grid edge to
     interpolate? (nanoBragg then uses default_F for that step and switches interpolation off.)"""
-    terms = terms_from_projections(p.projections, p.inverse_path, t, grid_shape, options, lookup="default")
-    outside = interpolation_outside(terms, t) & evaluated(terms, p.valid > 0 if options.use_dmin else None, t)
-    return outside.any(dim=4).any(dim=3).any(dim=2)
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One compiled kernel of a pipeline: its function, the Inductor options it needs, and the
-    NamedTuple its outputs form (None: a single tensor)."""
-
-    function: Callable
-    inductor_options: tuple[tuple[str, object], ...] = ()
-    output: type | None = None
-
-
-# The step sum is a single reduction whose per-step intermediates should stay in registers, not be
-# written out, so Inductor is told not to materialise them (and that the clamped table index needs
-# no bounds check). The per-pixel stage keeps Inductor's defaults.
-FUSED_STEPS = (("realize_reads_threshold", 1 << 20), ("realize_opcount_threshold", 1 << 20),
-               ("realize_acc_reads_threshold", 1 << 20), ("assert_indirect_indexing", False))
-PIXEL_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(sum_steps, FUSED_STEPS))
-# With a single step per pixel there is nothing to share between steps: one kernel, no hand-over, and
-# no per-pixel intermediates written out.
-SINGLE_STEP_STAGES = (Stage(pixel_kernel, FUSED_STEPS),)
-OUT_OF_RANGE_STAGES = (Stage(prepare_pixels, output=PixelTerms), Stage(steps_out_of_range, FUSED_STEPS))
-
-
-def pixel_dims(leading: tuple, options: KernelOptions) -> list[dict[int, str]]:
-    """Which dimensions of a stage's leading inputs (flattened) are the tile's rows and columns."""
-    if isinstance(leading[0], PixelTerms):
-        return [{1: "rows", 2: "cols"}, {0: "rows", 1: "cols"}, {0: "rows", 1: "cols"},
-                {0: "rows", 1: "cols"} if options.use_dmin else {}]
-    return [{0: "rows"}, {0: "cols"}]
+    terms = terms_from_projections(p.projections, p.inverse_path, t, options, lookup="default", pixels_last=True)
+    outside = interpolation_outside(terms, t) & evaluated(terms, p.valid.unsqueeze(2) > 0 if options.use_dmin
+                                                          else None, t)
+    return outside.any(dim=0).any(dim=0).any(dim=0)
 
 
 def interpolation_outside(terms: StepTerms, t: KernelTensors) -> torch.Tensor:
@@ -475,10 +412,11 @@ def interpolation_outside(terms: StepTerms, t: KernelTensors) -> torch.Tensor:
 
 
 def evaluated(terms: StepTerms, valid: torch.Tensor | None, t: KernelTensors) -> torch.Tensor:
-    """Steps nanoBragg evaluates fully: not cut by -dmin (valid), and F_latt ≠ 0 unless there is water."""
-    mask = (terms.f_latt != 0) | (t.scalars[4] != 0)
+    """Steps nanoBragg evaluates fully: not cut by -dmin (`valid`, broadcastable to the steps), and
+    F_latt ≠ 0 unless there is water."""
+    mask = (terms.f_latt != 0) | (t.scalars.background != 0)
     if valid is not None:
-        mask = mask & valid.unsqueeze(-1)
+        mask = mask & valid
     return mask
 
 

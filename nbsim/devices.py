@@ -1,0 +1,23 @@
+"""The compute device and dtype named on a command line, checked against this machine."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import NbsimError
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def resolve_device(name: str) -> torch.device:
+    """A torch device, or a one-line error when the requested accelerator is not there."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NbsimError(f"device '{name}' requested but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise NbsimError(f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return device
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    return DTYPES[name]

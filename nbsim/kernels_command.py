@@ -1,0 +1,122 @@
+"""`nbsim kernels build|list`: prebuild ahead-of-time kernels into the cache (NBSIM_CACHE_DIR) and show it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .errors import NbsimError
+
+COMMON_LOOKUPS = ("default", "nearest", "interpolate")
+USAGE = """usage: nbsim kernels build [--dtype T ...] [--device D] [-- <nanoBragg options>]
+       nbsim kernels list
+
+build: compile the ahead-of-time kernels of the common structures (a square crystal with default_F,
+nearest or interpolated structure factors, one or many steps per pixel), or of the structure of the
+nanoBragg options after --, into the kernel cache (NBSIM_CACHE_DIR, default ~/.cache/nbsim).
+list: the cached kernels, with what each was built for."""
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] == "list":
+        return list_command(argv[1:])
+    if argv[0] == "build":
+        return build_command(argv[1:])
+    raise NbsimError(f"unknown kernels command '{argv[0]}' (use build or list)")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise NbsimError(f"kernels: {message}")
+
+
+def build_command(argv: list[str]) -> int:
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = _Parser(prog="nbsim kernels build", add_help=False)
+    parser.add_argument("--dtype", nargs="+", default=["float32", "float64"], choices=("float32", "float64"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--structure", help=argparse.SUPPRESS)
+    parser.add_argument("--lock", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv[:split])
+    nanobragg_args = argv[split + 1:]
+    from .kernel.backends import locked
+
+    if options.lock is None:
+        return _build(options, nanobragg_args)
+    with locked(Path(options.lock), blocking=False) as free:
+        return _build(options, nanobragg_args) if free else 0
+
+
+def _build(options: argparse.Namespace, nanobragg_args: list[str]) -> int:
+    from .cache import configure_compile_cache
+    from .devices import resolve_device, resolve_dtype
+    from .kernel.backends import ensure_package, kernels_dir
+
+    device = resolve_device(options.device)
+    structures = _structures(options.structure, nanobragg_args)
+    configure_compile_cache()
+    variants = {(v.key(resolve_dtype(d), device), d): v for s in structures for v in s.stage_variants()
+                for d in options.dtype}
+    print(f"{len(variants)} kernel(s) for {len(structures)} structure(s) into {kernels_dir()}", flush=True)
+    for (_, dtype), variant in variants.items():
+        started = time.perf_counter()
+        built = ensure_package(variant, resolve_dtype(dtype), device)
+        state = f"built in {time.perf_counter() - started:.1f} s" if built else "cached"
+        print(f"  {variant.stage.function.__name__} {dtype} {device.type} {_non_default(variant.options)}: {state}",
+              flush=True)
+    return 0
+
+
+def _structures(structure_json: str | None, nanobragg_args: list[str]):
+    from .kernel.backends import Structure
+    from .kernel.inputs import KernelOptions
+
+    if structure_json is not None:
+        return [Structure.from_json(structure_json)]
+    if nanobragg_args:
+        import torch
+
+        from .nanobragg_args import parse
+        from .simulator import Renderer, resolve
+
+        config, _ = parse(nanobragg_args)
+        return [Renderer(resolve(config), dtype=torch.float64, compile="off").structure]
+    return [Structure(KernelOptions(lookup=lookup), single_step) for lookup in COMMON_LOOKUPS
+            for single_step in (True, False)]
+
+
+def _non_default(options) -> str:
+    from dataclasses import fields
+
+    from .kernel.inputs import KernelOptions
+
+    defaults = KernelOptions()
+    changed = [f"{f.name}={getattr(options, f.name)}" for f in fields(options)
+               if getattr(options, f.name) != getattr(defaults, f.name)]
+    return " ".join(changed) or "(default options)"
+
+
+def list_command(argv: list[str]) -> int:
+    if argv:
+        raise NbsimError(f"kernels list takes no arguments (got {' '.join(argv)})")
+    from .kernel.backends import cached_descriptions, kernels_dir, runs_here
+
+    descriptions = cached_descriptions()
+    print(f"{len(descriptions)} kernel(s) in {kernels_dir()}")
+    if descriptions:
+        print(f"{'stage':<20} {'dtype':<8} {'device':<6} {'build s':>7}  {'built':<24} {'usable':<6} options")
+    for d in descriptions:
+        options = " ".join(f"{k}={v}" for k, v in sorted(d["options"].items())) or "-"
+        usable = "yes" if runs_here(d) else "no"
+        print(f"{d['stage']:<20} {d['dtype']:<8} {d['device']:<6} {d.get('build_s', float('nan')):>7.1f}  "
+              f"{d.get('built', '?'):<24} {usable:<6} {options}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,207 @@
+"""Compiled kernels: one per structure (never per count or value), the auto mode, and the kernel cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import nbsim
+from nbsim.kernel.backends import CACHE_EVENTS, Structure, kernels_dir, locked, missing_packages
+from nbsim.kernel.inputs import KernelOptions
+from nbsim.kernel.policy import CompilePlan, plan_compile, start_background_build
+from nbsim.simulator import Renderer, resolve
+
+from .conftest import GOLDEN, requires_golden
+
+TRICLINIC = ("-cell 70 80 90 75 85 95 -misset 10 20 30 -lambda 1.5 -distance 200 -pixel 0.8 -detpixels 24 "
+             "-mosaic 0.4 -mosaic_seed 3").split()
+
+
+def _render(args: list[str], dtype: torch.dtype, compile: bool | str) -> tuple[Renderer, torch.Tensor]:
+    renderer = Renderer(resolve(nbsim.config_from_args(args)), dtype=dtype, compile=compile)
+    return renderer, renderer()
+
+
+def _assert_matches_eager(args: list[str], image: torch.Tensor) -> None:
+    _, eager = _render(args, torch.float64, False)
+    scale = float(eager.abs().max())
+    assert scale > 0
+    assert float((image.double() - eager).abs().max()) <= 1e-3 * scale
+
+
+def _hkl_file(path: Path, extent: int) -> str:
+    path.write_text("\n".join(f"{h} {k} {l} {5 + abs(h) + 2 * abs(k) + 3 * abs(l)}"
+                              for h in range(-extent, extent + 1) for k in range(-extent, extent + 1)
+                              for l in range(-extent, extent + 1)) + "\n")
+    return str(path)
+
+
+@pytest.mark.slow
+@requires_golden
+def test_one_ahead_of_time_kernel_serves_every_count_table_and_value(tmp_path, monkeypatch):
+    """The first render of a structure builds its stages; other counts (domains, N, phi steps, sources,
+    sub-pixels), another HKL table and other values (λ, distance, misset) then load the same kernels."""
+    monkeypatch.setenv("NBSIM_COMPILE_MODE", "aot")
+    hkl = ["-hkl", str(GOLDEN / "synthetic_P1.hkl")]
+    first = [*TRICLINIC, *hkl, "-N", "5", "-mosaic_dom", "2", "-oversample", "2"]
+    renderer, image = _render(first, torch.float32, True)
+    assert renderer.mode == "aot"
+    _assert_matches_eager(first, image)
+    built = CACHE_EVENTS["aot_miss"]
+    variations = [
+        [*TRICLINIC, *hkl, "-N", "7", "-mosaic_dom", "3", "-oversample", "1"],
+        [*TRICLINIC, *hkl, "-N", "6", "-mosaic_dom", "1", "-mosaic", "0", "-phisteps", "3", "-osc", "0.3",
+         "-oversample", "3"],
+        [*TRICLINIC, "-hkl", _hkl_file(tmp_path / "other.hkl", 4), "-N", "5", "-mosaic_dom", "4",
+         "-hdivrange", "0.3", "-hdivsteps", "3", "-oversample", "2"],
+        [*TRICLINIC, *hkl, "-N", "5", "-mosaic_dom", "2", "-oversample", "2", "-lambda", "1.2", "-distance", "180",
+         "-misset", "5", "15", "25"],
+    ]
+    for args in variations:
+        renderer, image = _render(args, torch.float32, True)
+        assert renderer.mode == "aot" and renderer.steps_per_pixel > 1
+        _assert_matches_eager(args, image)
+    assert CACHE_EVENTS["aot_miss"] == built, "a new count, table or value compiled a new kernel"
+
+
+@pytest.mark.slow
+def test_jit_serves_new_step_counts_without_recompiling(monkeypatch):
+    """torch.compile marks every count dynamic: a second step count reuses the first one's graphs."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("NBSIM_COMPILE_MODE", "jit")
+    base = [*TRICLINIC, "-default_F", "100", "-N", "4", "-detpixels", "12"]
+    compiled_graphs = []
+    for domains, oversample in (("2", "2"), ("5", "3")):
+        args = [*base, "-mosaic_dom", domains, "-oversample", oversample]
+        before = counters["stats"]["unique_graphs"]
+        renderer, image = _render(args, torch.float32, True)
+        assert renderer.mode == "jit"
+        compiled_graphs.append(counters["stats"]["unique_graphs"] - before)
+        _assert_matches_eager(args, image)
+    assert compiled_graphs[0] >= 1
+    assert compiled_graphs[1] == 0, f"the second step count compiled {compiled_graphs[1]} new graph(s)"
+
+
+def test_cache_key_holds_structure_only():
+    """Stages that do not read an option share a package; dtype and device split them; no count enters."""
+    options = KernelOptions(lookup="nearest", polarization="kahn")
+    steps = Structure(options, single_step=False).stage_variants()
+    assert [v.stage.function.__name__ for v in steps] == ["prepare_pixels", "sum_steps"]
+    prepare, step_sum = steps
+    assert prepare.options == KernelOptions(polarization="kahn")  # the lookup is not read per pixel
+    assert step_sum.options == KernelOptions(lookup="nearest")  # nor the polarization in the step sum
+    other_shape = Structure(KernelOptions(lookup="nearest", polarization="kahn", shape="round"), False)
+    assert other_shape.stage_variants()[0].key(torch.float32, torch.device("cpu")) == \
+        prepare.key(torch.float32, torch.device("cpu"))
+    assert prepare.key(torch.float32, torch.device("cpu")) != prepare.key(torch.float64, torch.device("cpu"))
+    description = json.dumps(prepare.description(torch.float32, torch.device("cpu")))
+    for word in ("shape", "grid", "steps", "count", "size"):
+        assert word not in description
+    interpolated = Structure(KernelOptions(lookup="interpolate"), single_step=True).stage_variants()
+    assert [v.stage.function.__name__ for v in interpolated] == \
+        ["pixel_kernel", "prepare_pixels", "steps_out_of_range", "pixel_kernel"]
+
+
+def _fake_cache(tmp_path: Path, monkeypatch, structure: Structure, dtype: torch.dtype) -> None:
+    """A kernel cache whose packages of `structure` exist (empty files: enough for every lookup that
+    does not load them)."""
+    monkeypatch.setenv("NBSIM_CACHE_DIR", str(tmp_path / "cache"))
+    kernels_dir().mkdir(parents=True)
+    for variant in structure.stage_variants():
+        package = variant.package(dtype, torch.device("cpu"))
+        package.touch()
+        package.with_suffix(".json").write_text(json.dumps(
+            {**variant.description(dtype, torch.device("cpu")), "build_s": 12.5, "built": "today"}))
+
+
+def test_auto_uses_a_cached_kernel_and_else_plans_to_build(tmp_path, monkeypatch):
+    monkeypatch.delenv("NBSIM_COMPILE_MODE", raising=False)
+    cpu = torch.device("cpu")
+    structure = Structure(KernelOptions(), single_step=True)
+    monkeypatch.setenv("NBSIM_CACHE_DIR", str(tmp_path / "empty"))
+    uncached = plan_compile("auto", cpu, torch.float32, False, structure)
+    assert (uncached.mode, uncached.pending, len(uncached.missing)) == ("eager", "aot", 1)
+    assert plan_compile("on", cpu, torch.float32, False, structure).mode == "aot"
+    assert plan_compile(False, cpu, torch.float32, False, structure).mode == "eager"
+    assert plan_compile("auto", cpu, torch.float32, True, structure).pending == "jit"
+    _fake_cache(tmp_path, monkeypatch, structure, torch.float32)
+    assert not missing_packages(structure, torch.float32, cpu)
+    cached = plan_compile("auto", cpu, torch.float32, False, structure)
+    assert (cached.mode, cached.pending) == ("aot", None)
+    assert plan_compile("auto", cpu, torch.float64, False, structure).mode == "eager"  # other dtype: not cached
+    with pytest.raises(ValueError, match="compile must be one of"):
+        plan_compile("sometimes", cpu, torch.float32, False, structure)
+
+
+def test_compiling_pays_only_for_long_eager_renders(tmp_path, monkeypatch):
+    structure = Structure(KernelOptions(lookup="nearest"), single_step=False)
+    _fake_cache(tmp_path, monkeypatch, Structure(KernelOptions(), single_step=True), torch.float32)
+    plan = plan_compile("auto", torch.device("cpu"), torch.float32, False, structure)
+    assert len(plan.missing) == 2
+    assert plan.estimated_build_s() == pytest.approx(25.0)  # this machine's past builds: 12.5 s a stage
+    assert not plan.compile_pays(20.0)
+    assert plan.compile_pays(60.0)
+
+
+def test_auto_renders_an_uncached_structure_eagerly_without_building(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NBSIM_COMPILE_MODE", raising=False)
+    args = [*TRICLINIC, "-default_F", "100", "-N", "4", "-mosaic_dom", "3"]
+    started = time.perf_counter()
+    renderer, image = _render(args, torch.float32, "auto")
+    assert time.perf_counter() - started < 20, "auto mode waited for a build"
+    assert renderer.mode == "eager" and renderer.plan.pending is None
+    _assert_matches_eager(args, image)
+    assert not list((tmp_path / "cache").rglob("*.pt2"))
+
+
+def test_background_build_runs_once_per_structure(tmp_path, monkeypatch):
+    """auto mode's build for the next run: a detached `nbsim kernels build`, not started while one runs."""
+    structure = Structure(KernelOptions(), single_step=True)
+    _fake_cache(tmp_path, monkeypatch, structure, torch.float32)
+    monkeypatch.setenv("NBSIM_BACKGROUND_BUILD", "on")
+    plan = CompilePlan("eager", structure, torch.float32, torch.device("cpu"), pending="aot",
+                       missing=structure.stage_variants())
+    lock = next(kernels_dir().glob("*.lock"), None)
+    assert lock is None
+    assert start_background_build(plan)
+    log = kernels_dir() / "background-build.log"
+    deadline = time.monotonic() + 120
+    while "cached" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "pixel_kernel float32 cpu (default options): cached" in log.read_text()
+    [build_lock] = kernels_dir().glob("build-*.lock")
+    with locked(build_lock):
+        assert not start_background_build(plan), "a second build of the same structure was started"
+    monkeypatch.setenv("NBSIM_BACKGROUND_BUILD", "off")
+    assert not start_background_build(plan)
+
+
+def _nbsim(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nbsim.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_kernels_command_lists_and_reports_cached_builds(tmp_path, monkeypatch):
+    structure = Structure(KernelOptions(), single_step=True)
+    _fake_cache(tmp_path, monkeypatch, structure, torch.float32)
+    env = {**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache")}
+    listed = _nbsim("kernels", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "1 kernel(s) in" in listed.stdout
+    assert "pixel_kernel" in listed.stdout and "float32" in listed.stdout and " yes " in listed.stdout
+    built = _nbsim("kernels", "build", "--dtype", "float32", "--", "-default_F", "100", "-cell", "100", "100", "100",
+                   "90", "90", "90", "-N", "5", "-detpixels", "8", env=env)
+    assert built.returncode == 0, built.stderr
+    assert "1 kernel(s) for 1 structure(s)" in built.stdout and ": cached" in built.stdout
+    bad = _nbsim("kernels", "frob", env=env)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "nbsim: error: unknown kernels command 'frob' (use build or list)"
