@@ -6,8 +6,12 @@ Each kernel workload runs `nbsim bench --json` in a fresh process (so peak RSS i
 which times nbsim's cold and warm renders and, with `--c-binary`, the C's whole process the same way.
 The `cli` workload times whole processes: the `nbsim` command (warm compile cache) and the C binary,
 alternating, with the same arguments and outputs; `cli_worker` does the same with a running
-`nbsim worker` serving the commands (PyTorch already imported, kernels loaded). The script prints
-a table, says which of issue 6's targets each figure meets, and writes everything as JSON.
+`nbsim worker` serving the commands (PyTorch already imported, kernels loaded). The `new_values`
+workload builds the heavy structure once in an empty kernel cache, then starts a new process for each
+other count, HKL table and value, each of which must load the kernel (not build it) and render its first
+image in at most a second; `first_image` times the first image of an uncached structure with
+`-compile auto` against `off` and `on` (and `auto` once the cache holds it). The script prints tables,
+says which targets each figure meets, and writes everything as JSON.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
@@ -55,13 +59,30 @@ class Workload:
 
 
 WORKLOADS = (
-    Workload("seed_f32", tuple(SEED_ARGS), 4096, 256, min_speedup=25.0),
-    Workload("seed_f64", tuple(SEED_ARGS), 4096, 256, dtype="float64", min_speedup=6.0),
-    Workload("heavy_f32", tuple(HEAVY_ARGS), 1024, 128, min_speedup=10.0),
+    Workload("seed_f32", tuple(SEED_ARGS), 4096, 256, min_speedup=50.0),
+    Workload("seed_f64", tuple(SEED_ARGS), 4096, 256, dtype="float64", min_speedup=25.0),
+    Workload("heavy_f32", tuple(HEAVY_ARGS), 1024, 128, min_speedup=20.0),
     Workload("heavy_4096_rss", tuple(HEAVY_ARGS), 4096, 256, max_peak_rss_mb=2048.0, with_c=False),
     Workload("seed_cuda", tuple(SEED_ARGS), 4096, 256, device="cuda"),
 )
 CLI_WORKLOADS = ("cli", "cli_worker")
+NEW_VALUES_DETPIXELS = 256
+NEW_VALUES_MAX_COLD_S = 1.0
+VARIATIONS = {
+    "mosaic domains": ["-mosaic_dom", "7"],
+    "N": ["-N", "7"],
+    "Na Nb Nc": ["-Na", "8", "-Nb", "9", "-Nc", "11"],
+    "phi steps": ["-phisteps", "5"],
+    "divergence grid": ["-hdivsteps", "5", "-vdivsteps", "4"],
+    "oversample": ["-oversample", "3"],
+    "automatic oversample": ["-oversample", "0"],
+    "another HKL file": ["-hkl", "{other_hkl}"],
+    "lambda distance misset": ["-lambda", "1.2", "-distance", "180", "-misset", "5", "15", "25"],
+}
+"""The `new_values` workload's variations of the heavy arguments: each a new count, table or value."""
+FIRST_IMAGE_CASES = (("seed_f32", tuple(SEED_ARGS), 4096, 256), ("heavy_f32", tuple(HEAVY_ARGS), 1024, 128))
+FIRST_IMAGE_MARGIN_S = 2.0
+COLD_WORKLOADS = ("new_values", "first_image")
 
 
 def nanobragg_args(workload: Workload, golden: Path, quick: bool) -> list[str]:
@@ -135,8 +156,95 @@ def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path,
     return {"command": nbsim_command, "c_command": c_command, "result": result}
 
 
-def _environment(options: argparse.Namespace) -> dict[str, str]:
-    return {**os.environ, "NBSIM_CACHE_DIR": str(options.cache_dir)}
+def _environment(options: argparse.Namespace, cache_dir: Path | None = None) -> dict[str, str]:
+    return {**os.environ, "NBSIM_CACHE_DIR": str(cache_dir or options.cache_dir), "NBSIM_BACKGROUND_BUILD": "off"}
+
+
+def bench_once(args: list[str], compile: str, cache_dir: Path, options: argparse.Namespace, folder: Path,
+               name: str) -> dict:
+    """One `nbsim bench --repeats 1 --warmup 0` process: its cold render (parse, set-up, kernel load or
+    build, first image), the mode that rendered and the kernel cache state, and the process's wall time."""
+    json_path = folder / f"{name}.json"
+    command = [sys.executable, "-m", "nbsim.cli", "bench", "--compile", compile, "--repeats", "1", "--warmup", "0",
+               "--json", str(json_path), "--", *args]
+    begin = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, env=_environment(options, cache_dir))
+    process_s = time.perf_counter() - begin
+    if completed.returncode != 0:
+        raise RuntimeError(f"{name}: {(completed.stderr.strip().splitlines() or ['failed'])[-1]}")
+    result = json.loads(json_path.read_text())
+    return {"command": command, "cold_s": result["cold_s"], "mode": result["mode"],
+            "kernel_cache": result["compile_cache"], "process_s": process_s}
+
+
+def run_new_values(options: argparse.Namespace, folder: Path) -> dict:
+    """One compiled run of the heavy structure in an empty cache, then a new process per variation (other
+    counts, another HKL table, other values): each must load, not build, and render in ≤ 1 s."""
+    cache = folder / "new-values-cache"
+    other_hkl = folder / "other.hkl"
+    other_hkl.write_text("\n".join(f"{h} {k} {l} {50 + 7 * abs(h) + 3 * abs(k) + abs(l)}" for h in range(-12, 13)
+                                    for k in range(-9, 10) for l in range(-15, 16)) + "\n")
+    pixels = WORKLOADS[2].quick_detpixels if options.quick else NEW_VALUES_DETPIXELS
+    base = [arg.format(golden=options.golden) for arg in HEAVY_ARGS] + ["-detpixels", str(pixels)]
+    try:
+        first = bench_once(base, "on", cache, options, folder, "new-values-first")
+        variations = {}
+        for label, extra in VARIATIONS.items():
+            args = base + [arg.format(other_hkl=other_hkl) for arg in extra]
+            variations[label] = bench_once(args, "auto", cache, options, folder, "new-values")
+    except RuntimeError as error:
+        return {"error": str(error)}
+    return {"result": {"first": first, "variations": variations, "detpixels": pixels}}
+
+
+def run_first_image(options: argparse.Namespace, folder: Path) -> dict:
+    """The first image of a structure in a new process, with an empty kernel cache: `auto` against the
+    better of eager (`off`) and compile-then-render (`on`), and then `auto` again with the cache filled."""
+    cases = {}
+    try:
+        for name, args, detpixels, quick_detpixels in FIRST_IMAGE_CASES:
+            full = [arg.format(golden=options.golden) for arg in args] + [
+                "-detpixels", str(quick_detpixels if options.quick else detpixels)]
+            runs = {mode: bench_once(full, mode, folder / f"first-{name}-{mode}", options, folder, "first")
+                    for mode in ("auto", "off", "on")}
+            runs["auto_cached"] = bench_once(full, "auto", folder / f"first-{name}-on", options, folder, "first")
+            best = min(runs["off"]["cold_s"], runs["on"]["cold_s"])
+            cases[name] = {"runs": runs, "best_s": best,
+                           "within_margin": runs["auto"]["cold_s"] <= best + FIRST_IMAGE_MARGIN_S}
+    except RuntimeError as error:
+        return {"error": str(error)}
+    return {"result": cases}
+
+
+def cold_verdict(name: str, record: dict) -> str:
+    if "error" in record:
+        return "failed: " + record["error"]
+    if name == "new_values":
+        runs = record["result"]["variations"].values()
+        met = all(r["kernel_cache"] == "hit" and r["cold_s"] <= NEW_VALUES_MAX_COLD_S for r in runs)
+    else:
+        met = all(case["within_margin"] for case in record["result"].values())
+    return "met" if met else "NOT met"
+
+
+def cold_rows(name: str, record: dict) -> list[str]:
+    """Table rows of a cold workload: one per variation or first-image run."""
+    if "error" in record:
+        return [f"| {name} | - | - | - | - | failed: {record['error']} |"]
+    rows = []
+    if name == "new_values":
+        first = record["result"]["first"]
+        rows.append(f"| {name} | first run (builds) | {first['cold_s']:.2f} | {first['mode']} | "
+                    f"{first['kernel_cache']} | {first['process_s']:.2f} |")
+        for label, run in record["result"]["variations"].items():
+            rows.append(f"| {name} | {label} | {run['cold_s']:.3f} | {run['mode']} | {run['kernel_cache']} | "
+                        f"{run['process_s']:.2f} |")
+        return rows
+    for case, data in record["result"].items():
+        for mode, run in data["runs"].items():
+            rows.append(f"| {name} | {case} -compile {mode} | {run['cold_s']:.2f} | {run['mode']} | "
+                        f"{run['kernel_cache']} | {run['process_s']:.2f} |")
+    return rows
 
 
 def verdict(workload: Workload | None, record: dict) -> str:
@@ -185,7 +293,7 @@ def table_row(name: str, record: dict, verdict_text: str, target: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = [w.name for w in WORKLOADS] + list(CLI_WORKLOADS)
+    names = [w.name for w in WORKLOADS] + list(CLI_WORKLOADS) + list(COLD_WORKLOADS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--c-binary", default=os.environ.get("NBSIM_C_BINARY"),
                         help="nanoBragg binary to compare with (default: $NBSIM_C_BINARY)")
@@ -201,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be at least 1")
     if options.c_binary and not os.access(options.c_binary, os.X_OK):
         parser.error(f"C binary {options.c_binary} is missing or not executable")
-    if any(name.startswith("heavy") for name in options.only) and not (options.golden / "synthetic_P1.hkl").is_file():
+    if any(name.startswith("heavy") or name in COLD_WORKLOADS for name in options.only) \
+            and not (options.golden / "synthetic_P1.hkl").is_file():
         parser.error(f"heavy workloads need {options.golden / 'synthetic_P1.hkl'}")
 
     import torch
@@ -230,9 +339,27 @@ def main(argv: list[str] | None = None) -> int:
             record["verdict"] = verdict(None, record)
             records[name] = record
             rows.append(table_row(name, record, record["verdict"], target_text(None)))
+        cold_table = []
+        for name in COLD_WORKLOADS:
+            if name not in options.only:
+                continue
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            record = (run_new_values if name == "new_values" else run_first_image)(options, Path(scratch))
+            record["verdict"] = cold_verdict(name, record)
+            records[name] = record
+            cold_table += cold_rows(name, record)
     header = ["| workload | nbsim warm s | C s | speedup | correlation | peak RSS MB | target | verdict |",
               "|---|---|---|---|---|---|---|---|"]
     print("\n".join(header + rows))
+    if cold_table:
+        print("\n| workload | run | first render s | mode | kernel cache | process s |\n|---|---|---|---|---|---|")
+        print("\n".join(cold_table))
+        for name in COLD_WORKLOADS:
+            if name in records:
+                target = (f"each variation loads the kernel and renders in <= {NEW_VALUES_MAX_COLD_S:g} s"
+                          if name == "new_values" else
+                          f"auto <= better of off and on + {FIRST_IMAGE_MARGIN_S:g} s")
+                print(f"{name}: {target}: {records[name]['verdict']}")
     summary = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": options.quick, "repeats": options.repeats,
         "c_binary": options.c_binary, "machine": {"platform": platform.platform(), "cores": os.cpu_count(),

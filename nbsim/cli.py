@@ -93,6 +93,8 @@ def simulate_command(argv: list[str]) -> int:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
     image = renderer().detach().to("cpu", torch.float32).numpy()
+    if renderer.plan.note:
+        print(f"  {renderer.plan.note}")
     stats = statistics(image, setup)
     wavelength_A = float(config.beam.wavelength_A)
     fields = smv_fields(setup.geometry, setup, wavelength_A)

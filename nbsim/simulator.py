@@ -293,7 +293,9 @@ class Renderer:
         if self.mask is not None:
             region.mul_(torch.as_tensor(self.mask, device=self.device, dtype=self.dtype))
         if build_later:
-            start_background_build(self.plan)
+            started = start_background_build(self.plan)
+            self.plan.note += ("; building it in the background for the next run" if started
+                               else "; not built now (background builds off, or one is running)")
             self.plan.pending = None
         return image
 
@@ -312,9 +314,14 @@ class Renderer:
         passes = 2 if lookup == "interpolate" else 1
         eager_estimate_s = (time.perf_counter() - started) * rows / probe_rows * passes
         self.plan.pending = pending
+        build_s = self.plan.estimated_build_s()
         if not self.plan.compile_pays(eager_estimate_s):
+            self.plan.note = (f"kernel not compiled yet: eager render (about {eager_estimate_s:.1f} s) is quicker "
+                              f"than compiling first (about {build_s:.0f} s)")
             return False
-        self.plan = dataclasses.replace(self.plan, mode=pending, pending=None)
+        self.plan = dataclasses.replace(self.plan, mode=pending, pending=None,
+                                        note=f"compiling the kernel first (about {build_s:.0f} s) is quicker than "
+                                             f"an eager render (about {eager_estimate_s:.0f} s)")
         return True
 
     def trace(self, row: int, col: int) -> tuple[float, Trace]:

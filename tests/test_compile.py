@@ -18,7 +18,7 @@ from nbsim.kernel.inputs import KernelOptions
 from nbsim.kernel.policy import CompilePlan, plan_compile, start_background_build
 from nbsim.simulator import Renderer, resolve
 
-from .conftest import GOLDEN, requires_golden
+from .conftest import GOLDEN, SEED_ARGS, requires_golden
 
 TRICLINIC = ("-cell 70 80 90 75 85 95 -misset 10 20 30 -lambda 1.5 -distance 200 -pixel 0.8 -detpixels 24 "
              "-mosaic 0.4 -mosaic_seed 3").split()
@@ -198,8 +198,7 @@ def test_kernels_command_lists_and_reports_cached_builds(tmp_path, monkeypatch):
     assert listed.returncode == 0, listed.stderr
     assert "1 kernel(s) in" in listed.stdout
     assert "pixel_kernel" in listed.stdout and "float32" in listed.stdout and " yes " in listed.stdout
-    built = _nbsim("kernels", "build", "--dtype", "float32", "--", "-default_F", "100", "-cell", "100", "100", "100",
-                   "90", "90", "90", "-N", "5", "-detpixels", "8", env=env)
+    built = _nbsim("kernels", "build", "--dtype", "float32", "--", *SEED_ARGS.split(), "-detpixels", "8", env=env)
     assert built.returncode == 0, built.stderr
     assert "1 kernel(s) for 1 structure(s)" in built.stdout and ": cached" in built.stdout
     bad = _nbsim("kernels", "frob", env=env)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -51,7 +53,7 @@ def test_cli_float64_outputs_match_reference(name, tmp_path, in_golden_dir, caps
 @pytest.mark.parametrize("name", case_params())
 def test_float32_matches_reference(name, in_golden_dir):
     case = load_case(name)
-    image = nbsim.simulate(nbsim.config_from_args(case.args), dtype=torch.float32)
+    image = nbsim.simulate(nbsim.config_from_args(case.args), dtype=torch.float32, compile=False)
     assert image.dtype == torch.float32
     _assert_close(image.numpy(), case.float_image(), 0.99999, 1e-3)
 
@@ -78,6 +80,30 @@ def test_compiled_kernel_matches_reference(name, mode, in_golden_dir, monkeypatc
                           compile=True)().numpy()
         np.testing.assert_allclose(region[ymin:ymax + 1, xmin:xmax + 1], image[ymin:ymax + 1, xmin:xmax + 1],
                                    rtol=1e-6, atol=0)
+
+
+SUITE_STRUCTURES = ("single-square-default", "steps-square-default")
+"""The structures whose compiled kernels the suite builds, in both dtypes: between them they render 13 of
+the 21 golden cases. NBSIM_FULL_PARITY=1 builds every structure (about 24 kernels, 10 minutes on 2 cores)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", case_params())
+def test_compiled_kernels_match_reference(name, dtype, in_golden_dir, monkeypatch):
+    """Every golden case through the ahead-of-time kernels of its structure (built once per structure,
+    whatever the case's counts and values), to the eager tests' tolerances."""
+    monkeypatch.setenv("NBSIM_COMPILE_MODE", "aot")
+    case = load_case(name)
+    renderer = Renderer(resolve(nbsim.config_from_args(case.args)), dtype=dtype, compile=True)
+    if renderer.structure.name not in SUITE_STRUCTURES and not os.environ.get("NBSIM_FULL_PARITY"):
+        pytest.skip(f"structure {renderer.structure.name} is not built by the suite (NBSIM_FULL_PARITY=1 builds it)")
+    assert renderer.mode == "aot"
+    image = renderer().numpy()
+    if dtype == torch.float64:
+        _assert_close(image, case.float_image(), 0.999999, 1e-5)
+    else:
+        _assert_close(image, case.float_image(), 0.99999, 1e-3)
 
 
 @requires_golden

@@ -43,6 +43,8 @@ class CompilePlan:
     device: torch.device
     pending: str | None = None
     missing: list[StageVariant] = field(default_factory=list)
+    note: str = ""
+    """What `auto` decided and why, for the command line's summary."""
 
     def estimated_build_s(self) -> float:
         """Seconds to build what is missing: this machine's past builds when it has any, else a default."""
