@@ -21,7 +21,7 @@ from .vectors import DEGREES_PER_RADIAN
 
 USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
        nbsim kernels build|list   (see nbsim kernels -h)
-       nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off]
+       nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
                    [--floatfile F] [--c-binary PATH] -- <nanoBragg options>
 
 nbsim renders the image nanoBragg renders for the same options and writes the same files
