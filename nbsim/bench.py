@@ -27,6 +27,7 @@ import torch
 from . import __version__
 from .cache import configure_compile_cache
 from .cpu import cpu_name
+from .devices import dtype_name
 from .errors import NbsimError
 from .io import write_float_image
 from .kernel.backends import CACHE_EVENTS
@@ -112,7 +113,7 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
         times.append(time.perf_counter() - begin)
     result = BenchResult(
         cold_s=cold, warm_median_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times),
-        warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=str(dtype).replace("torch.", ""),
+        warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=dtype_name(dtype),
         compile=compile, mode=renderer.mode, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
         peak_rss_mb=peak_rss_mb(),
         threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,

@@ -21,3 +21,8 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name resolve_dtype takes: "float32" for torch.float32."""
+    return str(dtype).removeprefix("torch.")

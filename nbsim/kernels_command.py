@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from .errors import NbsimError
@@ -55,20 +54,20 @@ def build_command(argv: list[str]) -> int:
 def _build(options: argparse.Namespace, nanobragg_args: list[str]) -> int:
     from .cache import configure_compile_cache
     from .devices import resolve_device, resolve_dtype
-    from .kernel.backends import ensure_package, kernels_dir
+    from .kernel.backends import ensure_packages, kernels_dir
 
     device = resolve_device(options.device)
     structures = _structures(options.structure, nanobragg_args)
     configure_compile_cache()
-    variants = {(v.key(resolve_dtype(d), device), d): v for s in structures for v in s.stage_variants()
-                for d in options.dtype}
-    print(f"{len(variants)} kernel(s) for {len(structures)} structure(s) into {kernels_dir()}", flush=True)
-    for (_, dtype), variant in variants.items():
-        started = time.perf_counter()
-        built = ensure_package(variant, resolve_dtype(dtype), device)
-        state = f"built in {time.perf_counter() - started:.1f} s" if built else "cached"
-        print(f"  {variant.stage.function.__name__} {dtype} {device.type} {_non_default(variant.options)}: {state}",
-              flush=True)
+    by_dtype = {name: list({v.key(resolve_dtype(name), device): v for s in structures
+                            for v in s.stage_variants()}.values()) for name in options.dtype}
+    print(f"{sum(map(len, by_dtype.values()))} kernel(s) for {len(structures)} structure(s) into {kernels_dir()}",
+          flush=True)
+    for name, variants in by_dtype.items():
+        for variant, built, seconds in ensure_packages(variants, resolve_dtype(name), device):
+            options_text = " ".join(f"{k}={v}" for k, v in variant.options.non_default().items())
+            print(f"  {variant.stage.function.__name__} {name} {device.type} {options_text or '(default options)'}: "
+                  f"{f'built in {seconds:.1f} s' if built else 'cached'}", flush=True)
     return 0
 
 
@@ -79,26 +78,12 @@ def _structures(structure_json: str | None, nanobragg_args: list[str]):
     if structure_json is not None:
         return [Structure.from_json(structure_json)]
     if nanobragg_args:
-        import torch
-
         from .nanobragg_args import parse
-        from .simulator import Renderer, resolve
+        from .simulator import structure_for
 
-        config, _ = parse(nanobragg_args)
-        return [Renderer(resolve(config), dtype=torch.float64, compile="off").structure]
+        return [structure_for(parse(nanobragg_args)[0])]
     return [Structure(KernelOptions(lookup=lookup), single_step) for lookup in COMMON_LOOKUPS
             for single_step in (True, False)]
-
-
-def _non_default(options) -> str:
-    from dataclasses import fields
-
-    from .kernel.inputs import KernelOptions
-
-    defaults = KernelOptions()
-    changed = [f"{f.name}={getattr(options, f.name)}" for f in fields(options)
-               if getattr(options, f.name) != getattr(defaults, f.name)]
-    return " ".join(changed) or "(default options)"
 
 
 def list_command(argv: list[str]) -> int:

@@ -303,7 +303,6 @@ class Renderer:
         """Settle `auto` mode on the first call: time the eager kernel on a probe of the image, and switch
         to the compiled kernel when building it costs less than the eager render it saves
         (nbsim.kernel.policy). True when it switched."""
-        pending, self.plan.pending = self.plan.pending, None
         _, _, ymin, ymax = self.setup.roi
         rows = ymax + 1 - ymin
         probe_rows = max(1, min(rows, PROBE_PIXEL_STEPS // max(1, len(self.cols) * self.steps_per_pixel)))
@@ -313,13 +312,12 @@ class Renderer:
                                                                         device=self.device, dtype=self.dtype))
         passes = 2 if lookup == "interpolate" else 1
         eager_estimate_s = (time.perf_counter() - started) * rows / probe_rows * passes
-        self.plan.pending = pending
-        build_s = self.plan.estimated_build_s()
+        build_s = self.plan.estimated_build_s
         if not self.plan.compile_pays(eager_estimate_s):
             self.plan.note = (f"kernel not compiled yet: eager render (about {eager_estimate_s:.1f} s) is quicker "
                               f"than compiling first (about {build_s:.0f} s)")
             return False
-        self.plan = dataclasses.replace(self.plan, mode=pending, pending=None,
+        self.plan = dataclasses.replace(self.plan, mode=self.plan.pending, pending=None,
                                         note=f"compiling the kernel first (about {build_s:.0f} s) is quicker than "
                                              f"an eager render (about {eager_estimate_s:.0f} s)")
         return True
@@ -422,6 +420,11 @@ class Renderer:
         if self.mask is None:
             return np.ones((stop - first, len(self.cols)), dtype=bool)
         return self.mask[first - ymin:stop - ymin]
+
+
+def structure_for(config: SimulationConfig) -> Structure:
+    """The kernel structure `config` renders with (what decides which compiled kernels it loads)."""
+    return Renderer(resolve(config), compile="off").structure
 
 
 def simulate(config: SimulationConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

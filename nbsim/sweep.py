@@ -16,7 +16,6 @@ import platform
 import shlex
 import shutil
 import sys
-import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -132,12 +131,12 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
 def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
     """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with."""
     from .nanobragg_args import parse
-    from .simulator import Renderer, resolve
+    from .simulator import structure_for
 
     config, _ = parse(list(args))
     if overrides:
         config = config.with_options(**dict(overrides))
-    return Renderer(resolve(config), compile="off").structure
+    return structure_for(config)
 
 
 def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
@@ -360,17 +359,15 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
     from .cache import configure_compile_cache
     from .cpu import cpu_name
     from .devices import resolve_device, resolve_dtype
-    from .kernel.backends import Structure, ensure_package
+    from .kernel.backends import Structure, ensure_packages
 
     _use_job_resources(compile_cache, threads)
     configure_compile_cache()
     device, dtype = resolve_device(job.device), resolve_dtype(job.dtype)
-    stages = []
-    for variant in Structure.from_json(job.structure).stage_variants():
-        started = time.perf_counter()
-        built = ensure_package(variant, dtype, device)
-        stages.append({"stage": variant.stage.function.__name__, "package": variant.package(dtype, device).name,
-                       "cache": "miss" if built else "hit", "build_s": time.perf_counter() - started})
+    stages = [{"stage": variant.stage.function.__name__, "package": variant.package(dtype, device).name,
+               "cache": "miss" if built else "hit", "build_s": seconds}
+              for variant, built, seconds in ensure_packages(Structure.from_json(job.structure).stage_variants(),
+                                                             dtype, device)]
     record = {**asdict(job), "stages": stages, "build_s": sum(s["build_s"] for s in stages),
               "host": socket.gethostname(), "cpu": cpu_name(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
               "versions": package_versions()}

@@ -146,7 +146,7 @@ def test_compiling_pays_only_for_long_eager_renders(tmp_path, monkeypatch):
     _fake_cache(tmp_path, monkeypatch, Structure(KernelOptions(), single_step=True), torch.float32)
     plan = plan_compile("auto", torch.device("cpu"), torch.float32, False, structure)
     assert len(plan.missing) == 2
-    assert plan.estimated_build_s() == pytest.approx(25.0)  # this machine's past builds: 12.5 s a stage
+    assert plan.estimated_build_s == pytest.approx(25.0)  # this machine's past builds: 12.5 s a stage
     assert not plan.compile_pays(20.0)
     assert plan.compile_pays(60.0)
 

@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..cache import cache_dir
 from ..cpu import cpu_flags
+from ..devices import dtype_name
 from .inputs import (
     COLS,
     EXAMPLE_SIZES,
@@ -116,9 +117,8 @@ class Structure:
     @property
     def name(self) -> str:
         """A short readable name: steps per pixel, shape, lookup and every other non-default option."""
-        defaults = KernelOptions()
-        flags = [f"{name}_{getattr(self.options, name)}" for name in ALL_OPTIONS
-                 if name not in ("shape", "lookup") and getattr(self.options, name) != getattr(defaults, name)]
+        flags = [f"{name}_{value}" for name, value in self.options.non_default().items()
+                 if name not in ("shape", "lookup")]
         return "-".join(["single" if self.single_step else "steps", self.options.shape, self.options.lookup, *flags])
 
     def to_json(self) -> str:
@@ -140,10 +140,9 @@ class StageVariant:
 
     def description(self, dtype: torch.dtype, device: torch.device) -> dict:
         """Everything the compiled code depends on, and nothing else (no count, shape or value)."""
-        return {"nbsim": _nbsim_version(), "torch": torch.__version__, "source": _source_digest(),
-                "machine": platform.machine(), "isa": cpu_flags(), "stage": self.stage.function.__name__,
+        return {**_build_environment(), "stage": self.stage.function.__name__,
                 "options": {name: getattr(self.options, name) for name in self.stage.reads},
-                "writes_out": self.writes_out, "dtype": str(dtype).removeprefix("torch."), "device": device.type}
+                "writes_out": self.writes_out, "dtype": dtype_name(dtype), "device": device.type}
 
     def key(self, dtype: torch.dtype, device: torch.device) -> str:
         text = json.dumps(self.description(dtype, device), sort_keys=True)
@@ -321,6 +320,15 @@ def ensure_package(variant: StageVariant, dtype: torch.dtype, device: torch.devi
         return True
 
 
+def ensure_packages(variants: list[StageVariant], dtype: torch.dtype,
+                    device: torch.device) -> Iterator[tuple[StageVariant, bool, float]]:
+    """ensure_package for each variant in turn: (variant, whether it was built now, seconds taken)."""
+    for variant in variants:
+        started = time.perf_counter()
+        built = ensure_package(variant, dtype, device)
+        yield variant, built, time.perf_counter() - started
+
+
 def _example_leading(stage: Stage, options: KernelOptions, tensors) -> tuple:
     """Leading inputs of EXAMPLE_SIZES for tracing a stage: rows and columns, or what the stage before
     it returns for them (run eagerly)."""
@@ -396,15 +404,15 @@ def cached_descriptions() -> list[dict]:
 
 def runs_here(description: dict) -> bool:
     """Was a cached package built for this nbsim, PyTorch, kernel source and processor?"""
-    current = {"nbsim": _nbsim_version(), "torch": torch.__version__, "source": _source_digest(),
-               "machine": platform.machine(), "isa": cpu_flags()}
-    return all(description.get(key) == value for key, value in current.items())
+    return all(description.get(key) == value for key, value in _build_environment().items())
 
 
-def _nbsim_version() -> str:
+def _build_environment() -> dict[str, str]:
+    """What every package of this installation and machine depends on: versions, kernel source, processor."""
     from .. import __version__
 
-    return __version__
+    return {"nbsim": __version__, "torch": torch.__version__, "source": _source_digest(),
+            "machine": platform.machine(), "isa": cpu_flags()}
 
 
 @functools.cache

@@ -49,6 +49,12 @@ class KernelOptions:
         defaults = KernelOptions()
         return dataclasses.replace(defaults, **{name: getattr(self, name) for name in fields})
 
+    def non_default(self) -> dict[str, object]:
+        """The fields that differ from the defaults, by name (in field order)."""
+        defaults = KernelOptions()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(defaults, f.name)}
+
 
 class Projection(NamedTuple):
     """Projections v·p of pixel positions onto V fixed vectors.

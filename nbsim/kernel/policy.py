@@ -12,6 +12,7 @@ NBSIM_BACKGROUND_BUILD=off turns the background build off.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import statistics
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..devices import dtype_name
 from .backends import StageVariant, Structure, cached_descriptions, kernels_dir, locked, missing_packages
 from .modes import choose_mode
 
@@ -46,8 +48,10 @@ class CompilePlan:
     note: str = ""
     """What `auto` decided and why, for the command line's summary."""
 
+    @functools.cached_property
     def estimated_build_s(self) -> float:
-        """Seconds to build what is missing: this machine's past builds when it has any, else a default."""
+        """Seconds to build what is missing: this machine's past builds when it has any, else a default
+        (read from the cache once per plan)."""
         if self.pending == "jit":
             return DEFAULT_BUILD_S["jit"] * len(self.structure.stage_variants())
         past = [d["build_s"] for d in cached_descriptions() if "build_s" in d]
@@ -56,7 +60,7 @@ class CompilePlan:
 
     def compile_pays(self, eager_estimate_s: float) -> bool:
         """Does building, then rendering compiled, beat rendering eagerly?"""
-        return eager_estimate_s > self.estimated_build_s() + eager_estimate_s / COMPILED_SPEEDUP
+        return eager_estimate_s > self.estimated_build_s + eager_estimate_s / COMPILED_SPEEDUP
 
 
 def plan_compile(compile: bool | str, device: torch.device, dtype: torch.dtype, needs_grad: bool,
@@ -84,7 +88,7 @@ def start_background_build(plan: CompilePlan) -> bool:
     folder = kernels_dir()
     folder.mkdir(parents=True, exist_ok=True)
     structure = plan.structure.to_json()
-    dtype = str(plan.dtype).removeprefix("torch.")
+    dtype = dtype_name(plan.dtype)
     name = hashlib.sha256(f"{structure}{dtype}{plan.device}".encode()).hexdigest()[:16]
     lock = folder / f"build-{name}.lock"
     with locked(lock, blocking=False) as free:
