@@ -84,7 +84,7 @@ def test_compiled_kernel_matches_reference(name, mode, in_golden_dir, monkeypatc
 
 SUITE_STRUCTURES = ("single-square-default", "steps-square-default")
 """The structures whose float32 kernels the suite builds: between them they render 13 of the 21 golden
-cases. NBSIM_FULL_PARITY=1 builds every structure in both dtypes (24 kernels, 10-15 minutes on 2 cores)."""
+cases. NBSIM_FULL_PARITY=1 builds every structure in both dtypes (24 kernels, about 37 minutes on 2 cores)."""
 
 
 @pytest.mark.slow
