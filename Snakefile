@@ -17,7 +17,6 @@ if not workflow.overwrite_configfiles:
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/simulate.smk"
-include: "workflow/rules/compare.smk"
 include: "workflow/rules/collate.smk"
 
 

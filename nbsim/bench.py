@@ -31,7 +31,7 @@ from .devices import dtype_name
 from .errors import NbsimError
 from .io import write_float_image
 from .kernel.backends import CACHE_EVENTS
-from .nanobragg_args import FLAGS, PATH, parse
+from .nanobragg_args import absolute_file_arguments, parse
 from .simulator import Renderer, resolve
 
 
@@ -57,7 +57,8 @@ class BenchResult:
     peak_rss_mb: float
     threads: int
     compile_cache: str
-    """'hit' (compiled kernel loaded from the cache), 'miss' (compiled now) or 'unused' (eager)."""
+    """'hit' (compiled kernel loaded from the cache), 'miss' (compiled now), 'loaded' (already in this
+    process's memory) or 'unused' (eager)."""
     torch_version: str
     nbsim_version: str
     cpu: str
@@ -90,7 +91,7 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
     """
     if compile is not False:
         configure_compile_cache()
-    hits_before = _cache_hits()
+    events_before = _cache_events()
     start = time.perf_counter()
     config, _ = parse(argv)
     if overrides:
@@ -100,7 +101,7 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
     image = renderer()
     _synchronize(device)
     cold = time.perf_counter() - start
-    cache = "unused" if renderer.mode == "eager" else ("hit" if _cache_hits() > hits_before else "miss")
+    cache = _cache_state(renderer.mode, events_before, _cache_events())
     buffer = torch.empty_like(image)
     for _ in range(warmup):
         renderer(out=buffer)
@@ -123,23 +124,23 @@ def time_nbsim(argv: list[str], device: torch.device, dtype: torch.dtype, compil
     return image.detach().to("cpu", output_dtype).numpy(), result
 
 
-def _cache_hits() -> int:
-    """Compiled kernels loaded from the persistent cache so far in this process (both modes)."""
-    hits = CACHE_EVENTS["aot_hit"]
+def _cache_events() -> tuple[int, int]:
+    """(loaded from the persistent cache, compiled) kernels so far in this process, both modes."""
+    hits, misses = CACHE_EVENTS["aot_hit"], CACHE_EVENTS["aot_miss"]
     if "torch._dynamo" in sys.modules:
         from torch._dynamo.utils import counters
 
         hits += int(counters["inductor"]["fxgraph_cache_hit"])
-    return hits
+        misses += int(counters["inductor"]["fxgraph_cache_miss"])
+    return hits, misses
 
 
-def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:
-    """The arguments with every file value (after -hkl, -mat, ... ) made absolute against `base`."""
-    result = list(argv)
-    for i, arg in enumerate(argv[:-1]):
-        if FLAGS.get(arg) == (PATH,) and not Path(argv[i + 1]).is_absolute():
-            result[i + 1] = str((base / argv[i + 1]).resolve())
-    return result
+def _cache_state(mode: str, before: tuple[int, int], after: tuple[int, int]) -> str:
+    if mode == "eager":
+        return "unused"
+    if after[1] > before[1]:
+        return "miss"
+    return "hit" if after[0] > before[0] else "loaded"
 
 
 def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,

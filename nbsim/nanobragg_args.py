@@ -581,3 +581,12 @@ def _read_sources(path: str):
     from .beam import read_source_file
 
     return read_source_file(path)
+
+
+def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:
+    """The arguments with every file value (after -hkl, -mat, ... ) made absolute against `base`."""
+    result = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if FLAGS.get(arg) == (PATH,) and not Path(argv[i + 1]).is_absolute():
+            result[i + 1] = str((base / argv[i + 1]).resolve())
+    return result

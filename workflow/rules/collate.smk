@@ -3,10 +3,9 @@
 
 rule collate:
     input:
-        timings=lambda w: point_files(w.scenario, "timing.json"),
-        comparisons=lambda w: point_files(w.scenario, "comparison.json"),
-        stores=lambda w: point_files(w.scenario, "image.zarr"),
-        references=lambda w: sorted(set(reference_timings(w).values())),
+        records=lambda w: batch_files(w, "records.json"),
+        stores=lambda w: batch_files(w, "images.zarr"),
+        references=reference_records,
     output:
         timing_csv=report(
             f"{RESULTS}/{{scenario}}/tables/timing.csv",
@@ -27,7 +26,6 @@ rule collate:
         f"{RESULTS}/logs/collate/{{scenario}}.log",
     params:
         axes=AXES,
-        references=reference_timings,
     localrule: True
     conda:
         "../envs/nbsim.yaml"
@@ -37,10 +35,9 @@ rule collate:
 
 rule plots:
     input:
-        timings=lambda w: point_files(w.scenario, "timing.json"),
-        comparisons=lambda w: point_files(w.scenario, "comparison.json"),
-        stores=lambda w: point_files(w.scenario, "image.zarr"),
-        references=lambda w: sorted(set(reference_timings(w).values())),
+        records=lambda w: batch_files(w, "records.json"),
+        stores=lambda w: batch_files(w, "images.zarr"),
+        references=reference_records,
     output:
         speedup=report(
             f"{RESULTS}/{{scenario}}/plots/speedup.png",
@@ -64,7 +61,6 @@ rule plots:
         f"{RESULTS}/logs/plots/{{scenario}}.log",
     params:
         axes=AXES,
-        references=reference_timings,
     localrule: True
     conda:
         "../envs/nbsim.yaml"

@@ -1,4 +1,5 @@
-"""Configuration validation, the sweep's points, and the parameters each job receives."""
+"""Configuration validation, the sweep's plan (points, batches, kernel jobs), and the parameters each job
+receives."""
 
 import re
 from dataclasses import asdict
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import sys
 
-from nbsim import sweep
 from nbsim.errors import NbsimError
+from nbsim.sweep import plan, validate
 
 
 CONFIG_BASE = (
@@ -16,7 +17,7 @@ CONFIG_BASE = (
     else Path(workflow.basedir) / "config"
 )
 try:
-    sweep.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE)
+    validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE)
 except NbsimError as error:
     print(f"nbsim: invalid sweep configuration: {error}", file=sys.stderr)
     sys.exit(1)
@@ -24,115 +25,114 @@ except NbsimError as error:
 RESULTS = config["results"]
 TIMING = config["timing"]
 COMPILE_CACHE = str(Path(config["compile_cache"]).resolve())
-C_BINARY = sweep.c_binary_path(config, CONFIG_BASE)
-POINTS = {(p.scenario, p.name): p for p in sweep.sweep_points(config)}
-REFERENCES = {(p.scenario, p.reference_name): p for p in sweep.reference_points(list(POINTS.values()))}
+C_BINARY = plan.c_binary_path(config, CONFIG_BASE)
+POINTS = plan.sweep_points(config)
+PLAN = plan.plan_sweep(POINTS, config["sweep"]["batch_size"])
 COMPILED_NBSIM_REFERENCE = not C_BINARY and config["reference"]["compile"]
 # One kernel job per (structure, dtype, device): points of any size and value share it.
-KERNELS, KERNEL_OF_POINT = sweep.kernel_jobs(config, list(POINTS.values()), COMPILED_NBSIM_REFERENCE, CONFIG_BASE)
-AXES = [*sweep.AXES, *sorted(config["sweep"].get("extra") or {})]
+KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE)
+AXES = plan.sweep_axes(config)
 
 
 wildcard_constraints:
     scenario="|".join(re.escape(s) for s in config["scenarios"]),
-    point=r"[A-Za-z0-9._-]+",
-    refpoint=r"[A-Za-z0-9._-]+",
+    batch=r"[A-Za-z0-9._-]+",
     kernel=r"[A-Za-z0-9._-]+",
 
 
-def point_of(wildcards):
-    return POINTS[(wildcards.scenario, wildcards.point)]
+def batch_of(wildcards):
+    return PLAN.batches[(wildcards.scenario, wildcards.batch)]
 
 
-def point_job(wildcards):
-    """The simulate job's parameters (a plain dict, so a change re-runs exactly the affected points)."""
-    point = point_of(wildcards)
-    args, overrides = sweep.point_arguments(config, point, CONFIG_BASE)
-    return dict(
-        scenario=point.scenario,
-        point=point.name,
-        args=args,
-        overrides=overrides,
-        dtype=point.dtype,
-        device=point.device,
-        compile=point.compile,
-        warmup=TIMING["warmup"],
-        repeats=TIMING["repeats"],
-        threads=TIMING["threads"],
-        compile_cache=COMPILE_CACHE,
-        on_unavailable_device=config["sweep"]["on_unavailable_device"],
-        extras=dict(point.extras),
-    )
+def reference_batch_of(wildcards):
+    return PLAN.references[(wildcards.scenario, wildcards.batch)]
+
+
+def point_entry(point, name, kernel_point):
+    """One point of a batch job (plain data, so a changed value re-runs exactly the batch holding it)."""
+    args, overrides = plan.point_arguments(config, point, CONFIG_BASE)
+    return dict(point=name, reference=point.reference_name, size=point.size, axes=point.axis_values,
+                args=args, overrides=overrides, kernel=KERNEL_OF_POINT.get(kernel_point))
+
+
+def timing_params():
+    return dict(warmup=TIMING["warmup"], repeats=TIMING["repeats"], threads=TIMING["threads"],
+                compile_cache=COMPILE_CACHE)
+
+
+def batch_job(wildcards):
+    """The simulate job's parameters: its points in order and how to time them."""
+    batch = batch_of(wildcards)
+    first = batch.points[0]
+    return dict(scenario=batch.scenario, batch=batch.name, dtype=first.dtype, device=first.device,
+                compile=first.compile, on_unavailable_device=config["sweep"]["on_unavailable_device"],
+                points=[point_entry(p, p.name, p) for p in batch.points], **timing_params())
+
+
+def reference_job(wildcards):
+    """The reference job's parameters: nbsim in float64 on the CPU (or the C binary) for each point."""
+    batch = reference_batch_of(wildcards)
+    return dict(scenario=batch.scenario, batch=batch.name, dtype="float64", device="cpu",
+                compile=config["reference"]["compile"], c_binary=C_BINARY,
+                points=[point_entry(p, p.reference_name, plan.nbsim_reference_point(p)) for p in batch.points],
+                **timing_params())
 
 
 def kernel_job(wildcards):
     return dict(job=asdict(KERNELS[wildcards.kernel]), compile_cache=COMPILE_CACHE)
 
 
-def kernel_marker(point):
-    return f"{RESULTS}/kernels/{KERNEL_OF_POINT[point]}.json"
+def kernel_markers(points):
+    return sorted({f"{RESULTS}/kernels/{KERNEL_OF_POINT[p]}.json" for p in points if p in KERNEL_OF_POINT})
 
 
-def point_kernel(wildcards):
-    """A compiled CPU point waits for its kernel, built by a parallel `kernel` job."""
-    point = point_of(wildcards)
-    return [kernel_marker(point)] if point.prebuilds_kernel else []
+def batch_kernels(wildcards):
+    """A batch of compiled CPU points waits for its kernels, built by parallel `kernel` jobs."""
+    return kernel_markers(batch_of(wildcards).points)
 
 
-def reference_kernel(wildcards):
+def reference_kernels(wildcards):
     if not COMPILED_NBSIM_REFERENCE:
         return []
-    point = REFERENCES[(wildcards.scenario, wildcards.refpoint)]
-    return [kernel_marker(sweep.nbsim_reference_point(point))]
-
-
-def reference_job(wildcards):
-    point = REFERENCES[(wildcards.scenario, wildcards.refpoint)]
-    args, overrides = sweep.point_arguments(config, point, CONFIG_BASE)
-    return dict(
-        args=args,
-        overrides=overrides,
-        c_binary=C_BINARY,
-        compile=config["reference"]["compile"],
-        warmup=TIMING["warmup"],
-        repeats=TIMING["repeats"],
-        threads=TIMING["threads"],
-        compile_cache=COMPILE_CACHE,
-    )
+    return kernel_markers([plan.nbsim_reference_point(p) for p in reference_batch_of(wildcards).points])
 
 
 def reference_store(wildcards):
-    point = point_of(wildcards)
-    return f"{RESULTS}/{wildcards.scenario}/reference/{point.reference_name}/image.zarr"
+    return f"{RESULTS}/{wildcards.scenario}/references/{batch_of(wildcards).reference}/images.zarr"
+
+
+def batch_summary(wildcards):
+    """What a batch holds, shown by --dry-run and in the log of a run."""
+    points = batch_of(wildcards).points
+    return f"{len(points)} points, {points[0].name} .. {points[-1].name}"
+
+
+def reference_summary(wildcards):
+    points = reference_batch_of(wildcards).points
+    return f"{len(points)} references, {points[0].reference_name} .. {points[-1].reference_name}"
 
 
 def uses_gpu(wildcards):
-    return 1 if point_of(wildcards).device.startswith("cuda") else 0
+    return 1 if batch_of(wildcards).points[0].device.startswith("cuda") else 0
 
 
 SLURM = config["slurm"]
 
 
 def slurm_partition(wildcards):
-    """GPU points go to slurm.gpu_partition, the rest to slurm.partition ("" = the cluster's default)."""
-    if "point" in wildcards.keys() and uses_gpu(wildcards):
+    """GPU batches go to slurm.gpu_partition, the rest to slurm.partition ("" = the cluster's default)."""
+    if "batch" in wildcards.keys() and (wildcards.scenario, wildcards.batch) in PLAN.batches and uses_gpu(wildcards):
         return SLURM["gpu_partition"] or SLURM["partition"] or ""
     return SLURM["partition"] or ""
 
 
-def scenario_points(scenario):
-    return [p for (s, _), p in POINTS.items() if s == scenario]
+def batch_files(wildcards, name):
+    return [f"{RESULTS}/{wildcards.scenario}/batches/{b.name}/{name}" for b in PLAN.scenario_batches(wildcards.scenario)]
 
 
-def point_files(scenario, name):
-    return [f"{RESULTS}/{scenario}/points/{p.name}/{name}" for p in scenario_points(scenario)]
-
-
-def reference_timings(wildcards):
-    return {
-        p.name: f"{RESULTS}/{wildcards.scenario}/reference/{p.reference_name}/timing.json"
-        for p in scenario_points(wildcards.scenario)
-    }
+def reference_records(wildcards):
+    return [f"{RESULTS}/{wildcards.scenario}/references/{b.name}/records.json"
+            for b in PLAN.scenario_references(wildcards.scenario)]
 
 
 def all_outputs():

@@ -1,6 +1,6 @@
-"""One timed simulation per point, and one reference image per (scenario, size, extra values); before them,
-one untimed job per kernel structure, dtype and device builds its ahead-of-time kernels into the shared
-cache (in parallel)."""
+"""Batches of timed points and their references, each batch one job (one process, one SLURM job);
+before them, one untimed job per kernel structure, dtype and device builds its ahead-of-time kernels into
+the shared cache (in parallel)."""
 
 
 rule kernel:
@@ -23,16 +23,46 @@ rule kernel:
         "../scripts/kernel.py"
 
 
+rule reference:
+    input:
+        kernels=reference_kernels,
+    output:
+        store=directory(f"{RESULTS}/{{scenario}}/references/{{batch}}/images.zarr"),
+        records=f"{RESULTS}/{{scenario}}/references/{{batch}}/records.json",
+    log:
+        f"{RESULTS}/logs/reference/{{scenario}}/{{batch}}.log",
+    message:
+        "reference batch {wildcards.scenario}/{wildcards.batch}: {params.summary}"
+    params:
+        job=reference_job,
+        summary=reference_summary,
+    threads: TIMING["threads"]
+    resources:
+        timing_slot=1,
+        mem_mb=config["resources"]["mem_mb"],
+        runtime=config["resources"]["runtime_min"],
+        slurm_partition=slurm_partition,
+        slurm_account=SLURM["account"] or "",
+    conda:
+        "../envs/nbsim.yaml"
+    script:
+        "../scripts/reference.py"
+
+
 rule simulate:
     input:
-        kernel=point_kernel,
+        kernels=batch_kernels,
+        reference=reference_store,
     output:
-        store=directory(f"{RESULTS}/{{scenario}}/points/{{point}}/image.zarr"),
-        timing=f"{RESULTS}/{{scenario}}/points/{{point}}/timing.json",
+        store=directory(f"{RESULTS}/{{scenario}}/batches/{{batch}}/images.zarr"),
+        records=f"{RESULTS}/{{scenario}}/batches/{{batch}}/records.json",
     log:
-        f"{RESULTS}/logs/simulate/{{scenario}}/{{point}}.log",
+        f"{RESULTS}/logs/simulate/{{scenario}}/{{batch}}.log",
+    message:
+        "batch {wildcards.scenario}/{wildcards.batch}: {params.summary}"
     params:
-        job=point_job,
+        job=batch_job,
+        summary=batch_summary,
     threads: TIMING["threads"]
     resources:
         timing_slot=1,
@@ -45,26 +75,3 @@ rule simulate:
         "../envs/nbsim.yaml"
     script:
         "../scripts/simulate.py"
-
-
-rule reference:
-    input:
-        kernel=reference_kernel,
-    output:
-        store=directory(f"{RESULTS}/{{scenario}}/reference/{{refpoint}}/image.zarr"),
-        timing=f"{RESULTS}/{{scenario}}/reference/{{refpoint}}/timing.json",
-    log:
-        f"{RESULTS}/logs/reference/{{scenario}}/{{refpoint}}.log",
-    params:
-        job=reference_job,
-    threads: TIMING["threads"]
-    resources:
-        timing_slot=1,
-        mem_mb=config["resources"]["mem_mb"],
-        runtime=config["resources"]["runtime_min"],
-        slurm_partition=slurm_partition,
-        slurm_account=SLURM["account"] or "",
-    conda:
-        "../envs/nbsim.yaml"
-    script:
-        "../scripts/reference.py"

@@ -1,8 +1,9 @@
-"""Snakemake script: build one structure's ahead-of-time kernels into the shared cache (nbsim.sweep.build_kernel)."""
+"""Snakemake script: one structure's ahead-of-time kernels into the shared cache (nbsim.sweep.jobs.build_kernel)."""
 
 from pathlib import Path
 
-from nbsim.sweep import KernelJob, build_kernel, run_logged
+from nbsim.sweep.jobs import build_kernel, run_logged
+from nbsim.sweep.plan import KernelJob
 
 params = snakemake.params.kernel  # noqa: F821
 run_logged(snakemake.log[0], build_kernel, KernelJob(**params["job"]), snakemake.threads,  # noqa: F821

@@ -1,16 +1,16 @@
-"""Snakemake script: a scenario's plots (nbsim.collate.plot_scenario)."""
+"""Snakemake script: a scenario's plots (nbsim.sweep.plots)."""
 
 from pathlib import Path
 
-from nbsim.collate import plot_scenario, point_rows
-from nbsim.sweep import run_logged
+from nbsim.sweep.collate import point_rows
+from nbsim.sweep.jobs import run_logged
+from nbsim.sweep.plots import plot_scenario
 
 
 def plots(inputs, outputs, params) -> None:
-    rows = point_rows([Path(p) for p in inputs.timings], [Path(p) for p in inputs.comparisons],
-                      {name: Path(path) for name, path in params.references.items()})
-    plot_scenario(rows, [Path(p) for p in inputs.stores], params.axes, Path(outputs.speedup),
-                  Path(outputs.warm_time), Path(outputs.previews))
+    rows = point_rows([Path(p) for p in inputs.records], [Path(p) for p in inputs.references])
+    plot_scenario(rows, {Path(p).parent.name: Path(p) for p in inputs.stores}, params.axes,
+                  Path(outputs.speedup), Path(outputs.warm_time), Path(outputs.previews))
 
 
 run_logged(snakemake.log[0], plots, snakemake.input, snakemake.output, snakemake.params)  # noqa: F821

@@ -1,8 +1,8 @@
-"""Snakemake script: render and time one sweep point (nbsim.sweep.run_point)."""
+"""Snakemake script: render and time one batch of points against its reference batch (nbsim.sweep.jobs.run_batch)."""
 
 from pathlib import Path
 
-from nbsim.sweep import PointJob, run_logged, run_point
+from nbsim.sweep.jobs import BatchJob, run_batch, run_logged
 
-run_logged(snakemake.log[0], run_point, PointJob(**snakemake.params.job),  # noqa: F821
-           Path(snakemake.output.store), Path(snakemake.output.timing))  # noqa: F821
+run_logged(snakemake.log[0], run_batch, BatchJob(**snakemake.params.job),  # noqa: F821
+           Path(snakemake.output.store), Path(snakemake.output.records), Path(snakemake.input.reference))  # noqa: F821

@@ -1,0 +1,128 @@
+"""Collate a scenario's batches: timing and correlation tables and one xarray-readable store.
+
+The collated store has one dimension per sweep axis (size, dtype, device, compile, then each extra axis
+by name, `phi` for `-phi`), every metric as a variable over them, and the images of each detector size
+as `image_n<size>` over the other axes plus `slow_n<size>`, `fast_n<size>`, one chunk per point: a
+rotation series reads as one (phi, slow, fast) array after `.squeeze()`, and `.sel(...)` of one point
+reads one chunk. It is built point by point, so memory holds one image at a time however large the sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .progress import Progress
+from .store import AtomicStore, open_store_array, read_json
+
+TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference_median_s", "speedup",
+                  "peak_rss_mb", "threads", "compile_cache", "host", "slurm_job_id")
+CORRELATION_COLUMNS = ("correlation", "max_abs_error", "max_rel_error", "sum_ratio", "finite")
+_BATCH_IDENTITY = ("host", "cpu", "slurm_job_id", "versions", "process_startup_s", "batch")
+
+
+def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list[dict[str, Any]]:
+    """One row per point, in batch order: its axes, status, timings, comparison with its reference, the
+    reference's kind and time, and where its image is (`batch`, `index`)."""
+    references: dict[str, tuple[str | None, float | None]] = {}
+    for path in reference_records:
+        record = read_json(path)
+        for point in record["points"]:
+            references[point["point"]] = (record.get("reference"), (point.get("timing") or {}).get("warm_median_s"))
+    rows = []
+    for path in batch_records:
+        record = read_json(path)
+        identity = {key: record.get(key) for key in _BATCH_IDENTITY}
+        for point in record["points"]:
+            timing = point.get("timing") or {}
+            reference_kind, reference_s = references.get(point["reference"], (None, None))
+            row: dict[str, Any] = {"scenario": record["scenario"], "point": point["point"], **point["axes"],
+                                   "status": point["status"], "batch": record["batch"], "index": point["index"],
+                                   "reference": reference_kind, "reference_median_s": reference_s}
+            row.update({key: timing[key] for key in TIMING_COLUMNS if key in timing})
+            if timing.get("warm_median_s") and reference_s:
+                row["speedup"] = reference_s / timing["warm_median_s"]
+            if point["status"] != "ok":
+                row["reason"] = point.get("reason")
+            row.update(point.get("comparison") or {})
+            row["attributes"] = json.dumps({**identity, **{k: v for k, v in point.items() if k != "axes"}},
+                                           default=str)
+            rows.append(row)
+    return rows
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.6g}"
+    return str(value)
+
+
+def write_tables(rows: list[dict[str, Any]], axes: list[str], csv_path: Path, md_path: Path,
+                 columns: tuple[str, ...]) -> None:
+    """The same table as CSV and as a Markdown table."""
+    header = ["point", *axes, "status", *[c for c in columns if any(c in r for r in rows)]]
+    with open(csv_path, "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow([_format(row.get(c)) for c in header])
+    with open(md_path, "w") as stream:
+        stream.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
+        for row in rows:
+            stream.write("| " + " | ".join(_format(row.get(c)) for c in header) + " |\n")
+
+
+def _sort_key(value: Any):
+    return (0, value) if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, str(value))
+
+
+def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], axes: list[str], output: Path,
+                         label: str = "collate") -> None:
+    """The collated store (see the module's docstring); `stores` maps a batch name to its store."""
+    coords = {axis: sorted({row[axis] for row in rows}, key=_sort_key) for axis in axes}
+    positions = {axis: {value: i for i, value in enumerate(values)} for axis, values in coords.items()}
+    shape = tuple(len(coords[a]) for a in axes)
+
+    def where(row: dict, skip: str | None = None) -> tuple[int, ...]:
+        return tuple(positions[a][row[a]] for a in axes if a != skip)
+
+    attributes = {"description": "nbsim sweep: one entry per point; images per detector size", "axes": axes}
+    with AtomicStore(output, attributes) as store:
+        for axis in axes:
+            store.coordinate(axis, coords[axis])
+        for name in (*TIMING_COLUMNS, *CORRELATION_COLUMNS):
+            numeric = [r for r in rows if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)]
+            if numeric:
+                data = np.full(shape, np.nan)
+                for row in numeric:
+                    data[where(row)] = float(row[name])
+                store.variable(name, tuple(axes), shape, np.float64, data=data)
+        for name in ("status", "reference", "compile_cache", "attributes"):
+            data = np.full(shape, "", dtype=object)
+            for row in rows:
+                data[where(row)] = str(row.get(name) or "")
+            store.variable(name, tuple(axes), shape, str, data=data)
+        other_axes = tuple(a for a in axes if a != "size")
+        targets = {}
+        for size in sorted({row["size"] for row in rows}):
+            image_shape = (*(len(coords[a]) for a in other_axes), size, size)
+            targets[size] = store.variable(f"image_n{size}", (*other_axes, f"slow_n{size}", f"fast_n{size}"),
+                                           image_shape, np.float32, chunks=(*(1 for _ in other_axes), size, size))
+        ok = [row for row in rows if row["status"] == "ok"]
+        progress = Progress(len(ok), label)
+        by_batch: dict[str, list[dict]] = {}
+        for row in ok:
+            by_batch.setdefault(row["batch"], []).append(row)
+        for batch, members in by_batch.items():
+            images = open_store_array(stores[batch], "image")
+            for row in members:
+                targets[row["size"]][where(row, skip="size")] = np.asarray(images[row["index"]], dtype=np.float32)
+                progress.advance()
+        store.commit()

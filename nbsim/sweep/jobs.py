@@ -1,0 +1,255 @@
+"""The sweep's job bodies: build a structure's kernels, render and time a batch of points (comparing each
+with its reference), render a batch of references. Plain functions the workflow's scripts call.
+
+Timing inside a batch: the process's start-up (interpreter, Snakemake's script preamble, importing torch
+and nbsim) is recorded once per batch as `process_startup_s`; then each kernel the batch needs is loaded
+by one untimed render of the first point that uses it (`kernel_loads`: seconds and cache state). A
+point's `cold_s` is therefore its own first image in a process whose kernel is loaded: parsing its
+arguments, setting up its crystal, beam and detector, and rendering once. Its warm times follow, as in `nbsim bench`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import NbsimError
+from .plan import KernelJob
+from .progress import Progress
+from .store import AtomicStore, open_store_array, write_json
+
+IMAGE_DIMENSIONS = ("point", "slow", "fast")
+
+
+@dataclass
+class BatchJob:
+    """What one batch job needs (its rule's params): the points in order and how to render and time them.
+
+    Each point is a dict: `point` (name), `size`, `axes` (its coordinate on every sweep axis), `args`,
+    `overrides` and `kernel` (the kernel job whose structure it renders with, or None)."""
+
+    scenario: str
+    batch: str
+    points: list[dict[str, Any]]
+    dtype: str
+    device: str
+    compile: bool
+    warmup: int
+    repeats: int
+    threads: int
+    compile_cache: str
+    c_binary: str | None = None
+    """Reference batches only: time this nanoBragg binary instead of nbsim in float64."""
+    on_unavailable_device: str = "fail"
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for package in ("nbsim", "torch", "numpy", "xarray", "zarr", "snakemake"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def process_startup_s() -> float | None:
+    """Seconds since this process started (Linux; None elsewhere): its start-up and imports so far."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime_s - int(after_name[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _use_job_resources(compile_cache: str, threads: int) -> None:
+    """A job's shared compile cache (Inductor's cache follows it: nbsim.cache.configure_compile_cache)
+    and its CPU threads."""
+    import torch
+
+    os.environ["NBSIM_CACHE_DIR"] = compile_cache
+    os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
+    torch.set_num_threads(max(1, threads))
+
+
+def _job_identity() -> dict[str, Any]:
+    from ..cpu import cpu_name
+
+    return {"host": socket.gethostname(), "cpu": cpu_name(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "versions": package_versions()}
+
+
+def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path) -> dict:
+    """Build (or find in the shared cache) the ahead-of-time kernels of one structure; the marker JSON
+    records each stage's build time and whether the cache already held it. Kernel jobs run in parallel
+    before the timed jobs, which then start warm."""
+    from ..cache import configure_compile_cache
+    from ..devices import resolve_device, resolve_dtype
+    from ..kernel.backends import Structure, ensure_packages
+
+    _use_job_resources(compile_cache, threads)
+    configure_compile_cache()
+    device, dtype = resolve_device(job.device), resolve_dtype(job.dtype)
+    stages = [{"stage": variant.stage.function.__name__, "package": variant.package(dtype, device).name,
+               "cache": "miss" if built else "hit", "build_s": seconds}
+              for variant, built, seconds in ensure_packages(Structure.from_json(job.structure).stage_variants(),
+                                                             dtype, device)]
+    record = {**asdict(job), "stages": stages, "build_s": sum(s["build_s"] for s in stages), **_job_identity()}
+    write_json(marker, record)
+    return record
+
+
+def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: Path | None = None) -> dict:
+    """Render and time a batch's points, one after another, into one store (dimension `point`) and one
+    records JSON. Point batches compare each image with the same point of `reference_store`; reference
+    batches (`reference_store` None) render in float64 with nbsim or run `job.c_binary`."""
+    from .. import bench  # noqa: F401  (torch and the renderer: part of the process's start-up)
+
+    startup_s = process_startup_s()
+    started = time.perf_counter()
+    record: dict[str, Any] = {
+        "scenario": job.scenario, "batch": job.batch, "kind": "points" if reference_store else "reference",
+        "dtype": job.dtype, "device": job.device, "compile": job.compile, "warmup": job.warmup,
+        "repeats": job.repeats, "threads": job.threads, "process_startup_s": startup_s, **_job_identity()}
+    size = job.points[0]["size"]
+    shape = (len(job.points), size, size)
+    print(f"{job.scenario} {job.batch}: {len(job.points)} points, {job.points[0]['point']} .. "
+          f"{job.points[-1]['point']}; process start-up {startup_s or 0:.2f} s", flush=True)
+    with AtomicStore(store, {"scenario": job.scenario, "batch": job.batch}) as output:
+        output.coordinate("point", [p["point"] for p in job.points])
+        for axis in job.points[0]["axes"]:
+            output.coordinate(axis, [p["axes"][axis] for p in job.points], dimension="point")
+        reference_kind = "c" if job.c_binary else "nbsim-float64-cpu"
+        images = output.variable("image", IMAGE_DIMENSIONS, shape, np.float64 if reference_store is None and
+                                 not job.c_binary else np.float32, chunks=(1, size, size))
+        if reference_store is None and job.c_binary:
+            points, loads = _c_references(job, images)
+        else:
+            points, loads = _nbsim_points(job, images, reference_store)
+        record.update(status=points[0]["status"], kernel_loads=loads, points=points,
+                      reference=reference_kind if reference_store is None else None)
+        record.update(wall_s=time.perf_counter() - started, timed_s=sum(p.get("timed_s", 0.0) for p in points))
+        output.group.attrs["batch"] = {k: v for k, v in record.items() if k != "points"}
+        output.commit()
+    write_json(records_path, record)
+    loads = [(load["kernel"], round(load["load_s"], 3), load["cache"]) for load in record["kernel_loads"]]
+    print(f"{job.scenario} {job.batch}: done in {record['wall_s']:.2f} s, {record['timed_s']:.2f} s of it timing "
+          f"points; kernel loads (kernel, seconds, cache) {loads}")
+    return record
+
+
+def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[list[dict], list[dict]]:
+    from ..bench import time_nbsim
+    from ..devices import resolve_device, resolve_dtype
+
+    _use_job_resources(job.compile_cache, job.threads)
+    try:
+        device = resolve_device(job.device)
+    except NbsimError as error:
+        if job.on_unavailable_device != "skip":
+            raise
+        return [{**point, "index": index, "status": "skipped", "reason": str(error)}
+                for index, point in enumerate(job.points)], []
+    import torch
+
+    dtype = resolve_dtype(job.dtype)
+    output_dtype = torch.float64 if reference_store is None else torch.float32
+    reference = _reference_images(reference_store) if reference_store else None
+    loads: dict[Any, dict] = {}
+    points = []
+    progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
+    for index, point in enumerate(job.points):
+        kernel = point["kernel"] or "eager"
+        if kernel not in loads:
+            _, load = time_nbsim(point["args"], device, dtype, job.compile, 0, 1, overrides=point["overrides"])
+            loads[kernel] = {"kernel": kernel, "point": point["point"], "load_s": load.cold_s,
+                             "cache": load.compile_cache}
+        begin = time.perf_counter()
+        image, result = time_nbsim(point["args"], device, dtype, job.compile, job.warmup, job.repeats,
+                                   overrides=point["overrides"], output_dtype=output_dtype)
+        timed_s = time.perf_counter() - begin
+        result.compile_cache = loads[kernel]["cache"]
+        images[index] = image
+        entry = {**point, "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
+                 "device_name": result.gpu or result.cpu}
+        if reference is not None:
+            names, stored = reference
+            entry["comparison"] = compare_images(image, stored[names[point["reference"]]])
+        points.append(entry)
+        progress.advance()
+    return points, list(loads.values())
+
+
+def _reference_images(store: Path) -> tuple[dict[str, int], Any]:
+    """A reference batch's point names (to index) and its image array, read point by point."""
+    names = open_store_array(store, "point")[...]
+    return {str(name): i for i, name in enumerate(names)}, open_store_array(store, "image")
+
+
+def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
+    """Reference images from the C binary (OMP_NUM_THREADS = the job's threads), timed as whole
+    processes."""
+    from ..bench import run_c_reference
+
+    os.environ["OMP_NUM_THREADS"] = str(max(1, job.threads))
+    points = []
+    progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
+    for index, point in enumerate(job.points):
+        if point["overrides"]:
+            raise NbsimError(f"simulator options {sorted(point['overrides'])} cannot be passed to the C reference; "
+                             "sweep them as nanoBragg flags (names starting with '-') instead")
+        begin = time.perf_counter()
+        image, times = run_c_reference(job.c_binary, point["args"], job.warmup, job.repeats)
+        size = point["size"]
+        images[index] = image.reshape(size, size)
+        median_s = statistics.median(times)
+        points.append({**point, "index": index, "status": "ok", "binary": job.c_binary,
+                       "timed_s": time.perf_counter() - begin,
+                       "timing": {"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s}})
+        progress.advance()
+    return points, []
+
+
+def compare_images(image: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    """Correlation, maximum absolute and relative error, and sum ratio of an image to its reference."""
+    from ..bench import correlation
+
+    image = image.astype(np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    scale = float(np.abs(reference).max()) or 1.0
+    difference = np.abs(image - reference)
+    return {"correlation": correlation(image, reference), "max_abs_error": float(difference.max()),
+            "max_rel_error": float(difference.max()) / scale,
+            "sum_ratio": float(image.sum() / reference.sum()) if reference.sum() != 0 else math.nan,
+            "finite": bool(np.isfinite(image).all())}
+
+
+def run_logged(log_path: str | Path, work, *args) -> None:
+    """Run one job's work with stdout/stderr in its log; a bad input ends it with a one-line reason
+    (in the log and on the real stderr) and exit status 1 instead of a traceback."""
+    real_stderr = sys.stderr
+    with open(log_path, "w") as log:
+        sys.stdout = sys.stderr = log
+        try:
+            work(*args)
+        except NbsimError as error:
+            message = f"nbsim: error: {error}"
+            print(message, file=log)
+            print(message, file=real_stderr)
+            log.flush()
+            sys.exit(1)
+        finally:
+            sys.stdout, sys.stderr = sys.__stdout__, real_stderr

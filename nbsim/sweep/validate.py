@@ -1,0 +1,122 @@
+"""Sweep configuration checks: the JSON schema (with its defaults filled in), then what a schema cannot
+say. Every failure is an NbsimError with a one-line reason naming the offending key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+from ..errors import NbsimError
+from .plan import CORE_AXES, axis_name, axis_values, c_binary_path, scenario_args, sweep_points
+
+MAX_AXIS_VALUES = 1_000_000
+
+
+def validate_config(config: dict, schema_path: str | Path, base: Path) -> None:
+    """Check the config against the JSON schema (filling its defaults), then semantically."""
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(_validator_with_defaults(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        where = ".".join(str(p) for p in error.absolute_path) or "top level"
+        raise NbsimError(f"{where}: {_short_message(error)}")
+    check_config(config, base)
+
+
+def _validator_with_defaults(schema: dict):
+    """A jsonschema validator that also fills in defaults, as snakemake's validate() does."""
+    import jsonschema
+
+    base = jsonschema.validators.validator_for(schema)
+    original = base.VALIDATORS["properties"]
+
+    def properties(validator, properties, instance, subschema):
+        if isinstance(instance, dict):
+            for name, property_schema in properties.items():
+                if "default" in property_schema:
+                    instance.setdefault(name, copy.deepcopy(property_schema["default"]))
+        yield from original(validator, properties, instance, subschema)
+
+    return jsonschema.validators.extend(base, {"properties": properties})(schema)
+
+
+def _short_message(error) -> str:
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"unknown key(s) {', '.join(map(repr, extra))}"
+    if error.validator == "required":
+        return error.message.replace("'", "", 0)
+    if error.validator in ("type", "enum", "pattern", "minimum", "maximum", "minItems", "minProperties",
+                           "uniqueItems", "oneOf", "minLength", "exclusiveMinimum", "not"):
+        shown = json.dumps(error.instance, default=str)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        if error.validator == "oneOf" and "count" in json.dumps(error.validator_value):
+            return f"{shown} is not a list of values, {{start, stop, step}} or {{count, start, step}}"
+        return f"{shown} is not valid here ({error.validator}: {json.dumps(error.validator_value, default=str)[:80]})"
+    return error.message.splitlines()[0][:160]
+
+
+def _check_axis(where: str, spec: list | dict) -> None:
+    """A range must step towards its stop and hold between 1 and MAX_AXIS_VALUES distinct values."""
+    if isinstance(spec, dict):
+        if spec.get("step", 1) == 0:
+            raise NbsimError(f"{where}: step must not be 0")
+        if "count" not in spec:
+            count = (spec["stop"] - spec["start"]) / spec["step"]
+            if count <= 0:
+                raise NbsimError(f"{where}: a range from {spec['start']} to {spec['stop']} in steps of "
+                                 f"{spec['step']} holds no value")
+            if count > MAX_AXIS_VALUES:
+                raise NbsimError(f"{where}: a range of {count:.0f} values is more than {MAX_AXIS_VALUES}")
+    values = axis_values(spec)
+    if len({json.dumps(v) for v in values}) != len(values):
+        raise NbsimError(f"{where}: values repeat (after rounding to 12 significant digits)")
+
+
+def check_config(config: dict, base: Path) -> None:
+    """Semantic checks the schema cannot express."""
+    from ..config import option_names
+    from ..nanobragg_args import FLAGS, parse
+
+    sweep = config["sweep"]
+    names = option_names()
+    _check_axis("sweep.sizes", sweep["sizes"])
+    sizes = axis_values(sweep["sizes"])
+    if any(not isinstance(size, int) or not 1 <= size <= 65536 for size in sizes):
+        raise NbsimError("sweep.sizes: detector sizes are whole numbers of pixels from 1 to 65536")
+    extra = sweep.get("extra") or {}
+    for name, spec in extra.items():
+        if name.startswith("-"):
+            if name not in FLAGS:
+                raise NbsimError(f"sweep.extra: '{name}' is not a nanoBragg option")
+        elif name not in names:
+            raise NbsimError(f"sweep.extra: '{name}' is not a simulator option (known: see nbsim.config)")
+        _check_axis(f"sweep.extra.{name}", spec)
+    axes = [*CORE_AXES, *(axis_name(name) for name in extra)]
+    clash = sorted({a for a in axes if axes.count(a) > 1})
+    if clash:
+        raise NbsimError(f"sweep.extra: the axes {clash} would share one name (a flag's axis drops its dash)")
+    points = sweep_points(config)
+    seen: dict[tuple[str, str], object] = {}
+    for point in points:
+        other = seen.setdefault((point.scenario, point.name), point)
+        if other is not point:
+            raise NbsimError(f"sweep.extra: the values of {dict(point.extras)} and {dict(other.extras)} give "
+                             f"the same point name {point.name}")
+    for scenario in config["scenarios"]:
+        args = scenario_args(config, scenario, base)
+        try:
+            parse(args + ["-detpixels", str(sizes[0])])
+        except NbsimError as error:
+            raise NbsimError(f"scenario '{scenario}': {error}") from None
+    binary = (config.get("reference") or {}).get("c_binary")
+    if binary:
+        path = Path(c_binary_path(config, base))
+        if not path.is_file():
+            raise NbsimError(f"reference.c_binary {binary} does not exist")
+        if not os.access(path, os.X_OK):
+            raise NbsimError(f"reference.c_binary {binary} is not executable")
