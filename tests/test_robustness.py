@@ -141,12 +141,12 @@ def _snakemake(folder: Path, *extra: str) -> subprocess.Popen:
 @pytest.mark.slow
 def test_job_killed_mid_write_leaves_nothing_read_as_complete(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(SLOW_POINT))
-    points = tmp_path / "results" / "seed" / "points"
+    batches = tmp_path / "results" / "seed" / "batches"
     process = _snakemake(tmp_path)
     victim = None
     deadline = time.time() + 600
     while victim is None and time.time() < deadline and process.poll() is None:
-        for partial in points.glob("*/image.zarr.partial-*"):
+        for partial in batches.glob("*/images.zarr.partial-*"):
             victim = int(partial.name.rsplit("-", 1)[1])
             os.kill(victim, signal.SIGKILL)
             break
@@ -154,16 +154,16 @@ def test_job_killed_mid_write_leaves_nothing_read_as_complete(tmp_path):
     output = process.communicate(timeout=600)[0]
     assert victim is not None, "the store was never caught being written:\n" + output[-2000:]
     assert process.returncode != 0
-    point = points / "n512-float64-cpu-compile_off"
-    assert not (point / "image.zarr").exists()
-    assert not (point / "timing.json").exists()
+    batch = batches / "n512-float64-cpu-compile_off-b0000"
+    assert not (batch / "images.zarr").exists()
+    assert not (batch / "records.json").exists()
     assert not (tmp_path / "results" / "seed" / "tables" / "timing.csv").exists()
 
     rerun = _snakemake(tmp_path)
     output = rerun.communicate(timeout=900)[0]
     assert rerun.returncode == 0, output[-3000:]
-    assert (point / "image.zarr" / "zarr.json").is_file()
-    assert not list(point.glob("image.zarr.partial-*"))
+    assert (batch / "images.zarr" / "zarr.json").is_file()
+    assert not list(batch.glob("images.zarr.partial-*"))
     rows = (tmp_path / "results" / "seed" / "tables" / "timing.csv").read_text().splitlines()
     assert len(rows) == 2 and ",ok," in rows[1]
 
@@ -176,12 +176,14 @@ def test_parallel_jobs_do_not_corrupt_stores(tmp_path):
     first = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
     output = first.communicate(timeout=900)[0]
     assert first.returncode == 0, output[-3000:]
-    from nbsim.sweep import read_store
+    from nbsim.sweep.store import read_store
 
-    for store in (tmp_path / "results" / "seed" / "points").glob("*/image.zarr"):
+    stores = sorted((tmp_path / "results" / "seed").glob("*/*/images.zarr"))
+    assert len(stores) == 4  # two timed batches and two reference batches
+    for store in stores:
         image = read_store(store)["image"].values
         size = int(store.parent.name.split("-")[0][1:])
-        assert image.shape == (size, size) and np.isfinite(image).all() and image.max() > 0
+        assert image.shape == (1, size, size) and np.isfinite(image).all() and image.max() > 0
     again = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
     output = again.communicate(timeout=600)[0]
     assert again.returncode == 0 and "Nothing to be done" in output

@@ -15,7 +15,8 @@ from .slurm_cluster import single_node_slurm, unavailable_reason
 REASON = unavailable_reason()
 CONFIG = {
     "scenarios": {"seed": {"args": SEED_ARGS}},
-    "sweep": {"sizes": [12], "dtypes": ["float32", "float64"], "devices": ["cpu"], "compile": ["off"]},
+    "sweep": {"sizes": [12], "dtypes": ["float32", "float64"], "devices": ["cpu"], "compile": ["off"],
+              "extra": {"-phi": {"start": 0, "stop": 0.2, "step": 0.1}}},
     "timing": {"warmup": 0, "repeats": 1, "threads": 1},
     "reference": {"compile": False},
     "resources": {"mem_mb": 1000, "runtime_min": 10},
@@ -24,7 +25,7 @@ CONFIG = {
 
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=f"no single-node SLURM here: {REASON}")
-def test_sweep_runs_every_point_as_a_slurm_job(tmp_path):
+def test_sweep_runs_every_batch_as_a_slurm_job(tmp_path):
     with single_node_slurm() as partition:
         config = {**CONFIG, "slurm": {"partition": partition, "gpu_partition": None, "account": None}}
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
@@ -35,16 +36,18 @@ def test_sweep_runs_every_point_as_a_slurm_job(tmp_path):
             capture_output=True, text=True, timeout=1800,
             env=own_cache_env(tmp_path))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    records = sorted((tmp_path / "results" / "seed").glob("*/*/timing.json"))
-    assert len(records) == 3  # two points and their reference
+    records = sorted((tmp_path / "results" / "seed").glob("*/*/records.json"))
+    assert len(records) == 3  # a batch per dtype, two points each, and their reference batch
     job_ids = set()
     for path in records:
         record = json.loads(path.read_text())
-        job_id = record["timing"]["slurm_job_id"]
+        job_id = record["slurm_job_id"]
         assert job_id and job_id.isdigit(), f"{path} did not run as a SLURM job"
-        assert record["timing"]["host"]
+        assert record["host"] and len(record["points"]) == 2
+        assert all(point["timing"]["slurm_job_id"] == job_id for point in record["points"])
         job_ids.add(job_id)
     assert len(job_ids) == 3
     with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
         rows = list(csv.DictReader(stream))
-    assert len(rows) == 2 and all(row["slurm_job_id"] in job_ids for row in rows)
+    assert len(rows) == 4 and all(row["slurm_job_id"] in job_ids for row in rows)
+    assert len({row["slurm_job_id"] for row in rows}) == 2  # the points of a batch share its job

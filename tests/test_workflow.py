@@ -8,6 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -87,20 +88,22 @@ def test_tables_list_every_point(sweep_run):
 
 
 @pytest.mark.slow
-def test_point_stores_carry_image_and_attributes(sweep_run):
-    from nbsim.sweep import read_store
+def test_batch_stores_carry_images_and_records(sweep_run):
+    from nbsim.sweep.store import read_store
 
-    store = sweep_run / "results" / "seed" / "points" / "n16-float32-cpu-compile_off-fudge_1.0" / "image.zarr"
-    dataset = read_store(store)
-    assert dataset["image"].shape == (16, 16)
+    batch = sweep_run / "results" / "seed" / "batches" / "n16-float32-cpu-compile_off-b0000"
+    dataset = read_store(batch / "images.zarr")
+    assert dataset["image"].dims == ("point", "slow", "fast") and dataset["image"].shape == (1, 16, 16)
+    assert list(dataset["point"].values) == ["n16-float32-cpu-compile_off-fudge_1.0"]
     assert float(dataset["image"].max()) > 0
-    attributes = dict(dataset.attrs)
-    assert attributes["dtype"] == "float32" and attributes["device"] == "cpu"
-    assert attributes["args"][-2:] == ["-detpixels", "16"]
-    assert {"nbsim", "torch", "numpy", "zarr", "xarray"} <= set(attributes["versions"])
-    assert attributes["timing"]["repeats"] == 2 and attributes["device_name"]
-    timing = json.loads((store.parent / "timing.json").read_text())
-    assert timing["timing"]["warm_median_s"] > 0
+    records = json.loads((batch / "records.json").read_text())
+    assert records["dtype"] == "float32" and records["device"] == "cpu" and records["kind"] == "points"
+    assert {"nbsim", "torch", "numpy", "zarr", "xarray"} <= set(records["versions"])
+    assert records["process_startup_s"] > 0 and records["wall_s"] >= records["timed_s"] > 0
+    [point] = records["points"]
+    assert point["size"] == 16 and point["args"][-2:] == ["-detpixels", "16"]
+    assert point["timing"]["repeats"] == 2 and point["timing"]["warm_median_s"] > 0 and point["device_name"]
+    assert point["comparison"]["correlation"] > 0.9999
 
 
 @pytest.mark.slow
@@ -116,6 +119,7 @@ def test_collated_store_has_every_axis(sweep_run):
     assert dataset["image_n16"].shape[-2:] == (16, 16)
     attributes = json.loads(str(dataset["attributes"].sel(size=12, dtype="float64").values.ravel()[0]))
     assert attributes["point"].startswith("n12-float64")
+    assert attributes["timing"]["warm_median_s"] > 0 and attributes["host"]
 
 
 @pytest.mark.slow
@@ -140,10 +144,84 @@ def test_changing_one_value_reruns_only_the_affected_points(sweep_run):
     changed["sweep"]["sizes"] = [12, 20]
     write_config(sweep_run, changed, "changed.yaml")
     plan = planned_jobs(snakemake(sweep_run, "--dry-run", config="changed.yaml"))
-    assert plan["simulate"] == 4  # the two dtypes at size 20, for each scenario
+    assert plan["simulate"] == 4  # the batches of the two dtypes at size 20, for each scenario
     assert plan["reference"] == 2
-    assert plan["compare"] == 4
     assert plan["collate"] == 2
+
+
+ROTATION = {
+    "scenarios": {"rotation": {"args": SEED_ARGS + " -misset 10 20 30 -osc 0.1"}},
+    "sweep": {"sizes": [12], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"], "batch_size": 2,
+              "extra": {"-phi": {"start": 0, "stop": 0.5, "step": 0.1}}},
+    "timing": {"warmup": 0, "repeats": 2, "threads": 1},
+    "reference": {"compile": False},
+}
+
+
+@pytest.fixture(scope="module")
+def rotation_run(tmp_path_factory):
+    """Five frames of a rotation series in batches of two: three timed batches, three reference batches."""
+    folder = tmp_path_factory.mktemp("rotation")
+    write_config(folder, ROTATION)
+    plan = snakemake(folder, "--dry-run")
+    result = snakemake(folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder, plan, result
+
+
+@pytest.mark.slow
+def test_points_run_in_batches(rotation_run):
+    folder, plan, result = rotation_run
+    assert planned_jobs(plan) == {"simulate": 3, "reference": 3, "collate": 1, "plots": 1, "all": 1}
+    shown = plan.stdout + plan.stderr
+    assert "batch rotation/n12-float32-cpu-compile_off-b0001: 2 points, n12-float32-cpu-compile_off-phi_0.2 .. " \
+           "n12-float32-cpu-compile_off-phi_0.3" in shown
+    assert "reference batch rotation/n12-b0002: 1 references, n12-phi_0.4 .. n12-phi_0.4" in shown
+    batches = sorted((folder / "results" / "rotation" / "batches").iterdir())
+    assert [len(json.loads((b / "records.json").read_text())["points"]) for b in batches] == [2, 2, 1]
+    log = (folder / "results" / "logs" / "simulate" / "rotation" / "n12-float32-cpu-compile_off-b0000.log").read_text()
+    assert "rotation n12-float32-cpu-compile_off-b0000: 2/2 points" in log and "points/s" in log
+    assert "rotation n12-float32-cpu-compile_off-b0000: 2/2 points" in result.stderr  # on the terminal too
+    assert "collate rotation: 5/5 points" in result.stderr
+    with open(folder / "results" / "rotation" / "tables" / "timing.csv") as stream:
+        rows = list(csv.DictReader(stream))
+    assert [row["phi"] for row in rows] == ["0", "0.1", "0.2", "0.3", "0.4"]
+    assert [row["batch"][-5:] for row in rows] == ["b0000", "b0000", "b0001", "b0001", "b0002"]
+    records = json.loads((batches[0] / "records.json").read_text())
+    [load] = records["kernel_loads"]
+    assert load["kernel"] == "eager" and load["point"] == rows[0]["point"]
+    for point in records["points"]:
+        timing = point["timing"]
+        assert timing["cold_s"] > 0 and timing["warm_min_s"] <= timing["warm_median_s"] <= timing["warm_max_s"]
+
+
+@pytest.mark.slow
+def test_rotation_series_reads_as_one_array(rotation_run):
+    import xarray as xr
+
+    folder, _, _ = rotation_run
+    dataset = xr.open_zarr(folder / "results" / "rotation" / "sweep.zarr")
+    series = dataset["image_n12"].squeeze()
+    assert series.dims == ("phi", "slow_n12", "fast_n12")
+    assert list(series["phi"].values) == [0.0, 0.1, 0.2, 0.3, 0.4]
+    frames = series.values
+    assert np.isfinite(frames).all() and all(frames[i].max() > 0 for i in range(5))
+    assert not np.array_equal(frames[0], frames[4])  # the crystal turned
+    assert {"size", "dtype", "device", "compile", "phi"} <= set(dataset.coords)
+    assert float(dataset["correlation"].min()) > 0.99999
+
+
+@pytest.mark.slow
+def test_changing_one_value_reruns_only_its_batch(rotation_run):
+    folder, _, _ = rotation_run
+    again = snakemake(folder)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    changed = json.loads(json.dumps(ROTATION))
+    changed["sweep"]["extra"]["-phi"] = [0.0, 0.1, 0.2, 0.35, 0.4]
+    write_config(folder, changed, "changed.yaml")
+    plan = snakemake(folder, "--dry-run", config="changed.yaml")
+    assert planned_jobs(plan) == {"simulate": 1, "reference": 1, "collate": 1, "plots": 1, "all": 1}
+    assert "rotation/n12-float32-cpu-compile_off-b0001" in plan.stdout + plan.stderr
 
 
 def test_snakemake_lint_is_clean(tmp_path):
@@ -190,6 +268,9 @@ def test_compiled_points_share_the_compile_cache(tmp_path, private_compile_cache
     with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
         states = sorted(row["compile_cache"] for row in csv.DictReader(stream))
     assert states == ["hit", "hit", "hit"]
+    for batch in (tmp_path / "results" / "seed" / "batches").glob("*/records.json"):
+        [load] = json.loads(batch.read_text())["kernel_loads"]
+        assert load["cache"] == "hit" and load["kernel"] == "float32-cpu-single-square-default"
     markers = list((tmp_path / "results" / "kernels").glob("*.json"))
     assert [m.name for m in markers] == ["float32-cpu-single-square-default.json"]
     kernel = json.loads(markers[0].read_text())
@@ -222,7 +303,8 @@ CONFIG_FILES = sorted((REPO_ROOT / "config").rglob("*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.relative_to(REPO_ROOT / "config").as_posix())
 def test_shipped_configs_are_valid(path, tmp_path):
-    from nbsim import sweep
+    from nbsim.sweep.plan import axis_values, sweep_points
+    from nbsim.sweep.validate import validate_config
 
     config = yaml.safe_load(path.read_text())
     if (config.get("reference") or {}).get("c_binary"):
@@ -230,14 +312,14 @@ def test_shipped_configs_are_valid(path, tmp_path):
         stand_in.write_text("#!/bin/sh\nexit 0\n")
         stand_in.chmod(0o755)
         config["reference"]["c_binary"] = str(stand_in)
-    sweep.validate_config(config, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", path.parent)
+    validate_config(config, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", path.parent)
     extra_points = 1
     for values in config["sweep"]["extra"].values():
-        extra_points *= len(values)
+        extra_points *= len(axis_values(values))
     axes = config["sweep"]
-    expected = (len(config["scenarios"]) * len(axes["sizes"]) * len(axes["dtypes"]) * len(axes["devices"])
-                * len(axes["compile"]) * extra_points)
-    assert len(sweep.sweep_points(config)) == expected
+    expected = (len(config["scenarios"]) * len(axis_values(axes["sizes"])) * len(axes["dtypes"])
+                * len(axes["devices"]) * len(axes["compile"]) * extra_points)
+    assert len(sweep_points(config)) == expected
 
 
 def test_example_sweep_plans_every_point(tmp_path):
@@ -246,7 +328,8 @@ def test_example_sweep_plans_every_point(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     plan = planned_jobs(result)
-    assert plan["simulate"] == 12
+    assert plan["simulate"] == 4  # one batch per size and dtype: the three spreads render in one process
+    assert plan["reference"] == 2
     # 3 spreads x 2 sizes x 2 dtypes share one kernel per dtype and structure: spread 0 leaves one mosaic
     # domain (one step per pixel), 0.2 and 0.5 ten (many steps); the float64 references reuse float64's.
     assert plan["kernel"] == 4

@@ -54,7 +54,7 @@ def _short_message(error) -> str:
                            "uniqueItems", "oneOf", "minLength", "exclusiveMinimum", "not"):
         shown = json.dumps(error.instance, default=str)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        if error.validator == "oneOf" and "count" in json.dumps(error.validator_value):
+        if error.validator == "oneOf" and "#/$defs/range" in json.dumps(error.validator_value):
             return f"{shown} is not a list of values, {{start, stop, step}} or {{count, start, step}}"
         return f"{shown} is not valid here ({error.validator}: {json.dumps(error.validator_value, default=str)[:80]})"
     return error.message.splitlines()[0][:160]
@@ -73,7 +73,7 @@ def _check_axis(where: str, spec: list | dict) -> None:
             if count > MAX_AXIS_VALUES:
                 raise NbsimError(f"{where}: a range of {count:.0f} values is more than {MAX_AXIS_VALUES}")
     values = axis_values(spec)
-    if len({json.dumps(v) for v in values}) != len(values):
+    if len(set(values)) != len(values):
         raise NbsimError(f"{where}: values repeat (after rounding to 12 significant digits)")
 
 

@@ -1,0 +1,148 @@
+"""The sweep's plan, range axes, validation and collation, without Snakemake."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nbsim.errors import NbsimError
+from nbsim.sweep.collate import point_rows, write_collated_store
+from nbsim.sweep.jobs import IMAGE_DIMENSIONS
+from nbsim.sweep.plan import axis_values, plan_sweep, sweep_points
+from nbsim.sweep.store import AtomicStore, read_store, write_json
+from nbsim.sweep.validate import validate_config
+
+from .conftest import REPO_ROOT, SEED_ARGS
+
+SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def config_with(extra: dict, sizes=(8,), batch_size: int | None = None) -> dict:
+    sweep = {"sizes": sizes if isinstance(sizes, dict) else list(sizes), "dtypes": ["float32"], "devices": ["cpu"],
+             "compile": ["off"], "extra": extra}
+    if batch_size:
+        sweep["batch_size"] = batch_size
+    return {"scenarios": {"seed": {"args": SEED_ARGS}}, "sweep": sweep,
+            "timing": {"warmup": 0, "repeats": 1, "threads": 1}}
+
+
+@pytest.mark.parametrize("spec, values", [
+    ({"start": 0, "stop": 0.5, "step": 0.1}, [0.0, 0.1, 0.2, 0.3, 0.4]),
+    ({"start": 1, "stop": 0, "step": -0.25}, [1.0, 0.75, 0.5, 0.25]),
+    ({"start": 0, "stop": 10, "step": 3}, [0, 3, 6, 9]),
+    ({"count": 3}, [0, 1, 2]),
+    ({"count": 3, "start": 5, "step": 2}, [5, 7, 9]),
+    ({"count": 2, "start": 0.5}, [0.5, 1.5]),
+    ([3, "random", 1.5], [3, "random", 1.5]),
+])
+def test_axis_values(spec, values):
+    assert axis_values(spec) == values
+
+
+def test_range_axes_validate_and_expand(tmp_path):
+    config = config_with({"-phi": {"start": 0, "stop": 100, "step": 0.1}, "-misset_seed": {"count": 4, "start": 1}},
+                         sizes={"start": 8, "stop": 17, "step": 8})
+    validate_config(config, SCHEMA, tmp_path)
+    points = sweep_points(config)
+    assert len(points) == 2 * 1000 * 4
+    assert {p.size for p in points} == {8, 16}
+    assert points[-1].axis_values["phi"] == 99.9 and points[-1].axis_values["misset_seed"] == 4
+    assert points[0].name == "n8-float32-cpu-compile_off-misset_seed_1-phi_0.0"
+    assert config["sweep"]["batch_size"] == 100
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"-phi": {"start": 0, "stop": 1, "step": 0}}, "sweep.extra.-phi: "),
+    ({"-phi": {"start": 0, "stop": 1}}, "is not a list of values, {start, stop, step} or {count, start, step}"),
+    ({"-phi": {"start": 0, "stop": 1, "step": 0.1, "count": 3}}, "is not a list of values"),
+    ({"-phi": {"start": 1, "stop": 0, "step": 0.1}}, "holds no value"),
+    ({"-phi": {"count": 0}}, "sweep.extra.-phi"),
+    ({"-phi": {"start": 0, "stop": 1e-8, "step": 1e-15}}, "more than 1000000"),
+    ({"-phi": [1, 1.0]}, "values repeat"),
+    ({"-phi": [0.5, -0.5], "phi": [1]}, "is not a simulator option"),
+    ({"-distance": ["1 2", "1_2"]}, "give the same point name"),
+])
+def test_bad_axes_fail_with_one_line(tmp_path, extra, message):
+    with pytest.raises(NbsimError, match=None) as error:
+        validate_config(config_with(extra), SCHEMA, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_sizes_range_must_be_whole_pixels(tmp_path):
+    with pytest.raises(NbsimError, match="whole numbers of pixels"):
+        validate_config(config_with({}, sizes={"start": 8, "stop": 9, "step": 0.5}), SCHEMA, tmp_path)
+
+
+def test_negative_values_keep_distinct_names():
+    points = sweep_points(config_with({"-phi": [-0.5, 0.5]}))
+    assert [p.name for p in points] == ["n8-float32-cpu-compile_off-phi_m0.5", "n8-float32-cpu-compile_off-phi_0.5"]
+
+
+def test_batches_follow_the_value_order_and_pair_with_their_references():
+    config = config_with({"-phi": axis_values({"start": 0, "stop": 0.5, "step": 0.1})}, sizes=(8, 12))
+    config["sweep"]["dtypes"] = ["float32", "float64"]
+    plan = plan_sweep(sweep_points(config), batch_size=2)
+    assert len(plan.batches) == 2 * 2 * 3 and len(plan.references) == 2 * 3
+    batch = plan.batches[("seed", "n8-float64-cpu-compile_off-b0001")]
+    assert [p.axis_values["phi"] for p in batch.points] == [0.2, 0.3]
+    reference = plan.references[("seed", batch.reference)]
+    assert [p.reference_name for p in reference.points] == [p.reference_name for p in batch.points]
+    changed = config_with({"-phi": [0.0, 0.1, 0.2, 0.35, 0.4]}, sizes=(8, 12))
+    changed["sweep"]["dtypes"] = ["float32", "float64"]
+    after = plan_sweep(sweep_points(changed), batch_size=2)
+    differing = {key for key in plan.batches if plan.batches[key] != after.batches[key]}
+    assert differing == {("seed", f"n{size}-{dtype}-cpu-compile_off-b0001") for size in (8, 12)
+                         for dtype in ("float32", "float64")}
+
+
+def _synthetic_batches(folder: Path, batches: int, per_batch: int, size: int) -> tuple[list[Path], dict[str, Path]]:
+    """Batch stores and records as the simulate jobs write them, with sparse spot-like images."""
+    records, stores = [], {}
+    generator = np.random.default_rng(0)
+    for b in range(batches):
+        name = f"n{size}-float32-cpu-compile_on-b{b:04d}"
+        points = [{"point": f"p{b}-{i}", "reference": f"r{b}-{i}", "size": size, "index": i, "status": "ok",
+                   "axes": {"size": size, "dtype": "float32", "device": "cpu", "compile": "on",
+                            "phi": b * per_batch + i},
+                   "timing": {"cold_s": 0.01, "warm_median_s": 0.002}, "comparison": {"correlation": 1.0}}
+                  for i in range(per_batch)]
+        with AtomicStore(folder / name / "images.zarr", {}) as store:
+            images = store.variable("image", IMAGE_DIMENSIONS, (per_batch, size, size), np.float32,
+                                    chunks=(1, size, size))
+            for i in range(per_batch):
+                image = np.zeros((size, size), np.float32)
+                image[generator.integers(0, size, 50), generator.integers(0, size, 50)] = b * per_batch + i + 1
+                images[i] = image
+            store.commit()
+        write_json(folder / name / "records.json", {"scenario": "s", "batch": name, "points": points})
+        records.append(folder / name / "records.json")
+        stores[name] = folder / name / "images.zarr"
+    return records, stores
+
+
+def test_collation_holds_one_image_at_a_time(tmp_path):
+    """Collating 160 points of 256 x 256 (42 MB of images) never holds more than a few images (and the
+    small per-point tables), and every point lands at its own coordinate."""
+    size, batches, per_batch = 256, 4, 40
+    records, stores = _synthetic_batches(tmp_path, batches, per_batch, size)
+    rows = point_rows(records, [])
+    axes = ["size", "dtype", "device", "compile", "phi"]
+    tracemalloc.start()
+    baseline, _ = tracemalloc.get_traced_memory()
+    write_collated_store(rows, stores, axes, tmp_path / "sweep.zarr")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    image_bytes = size * size * 4
+    assert peak - baseline < 8 * image_bytes, f"collation peaked at {(peak - baseline) / 1e6:.1f} MB"
+    dataset = read_store(tmp_path / "sweep.zarr")
+    series = dataset["image_n256"].squeeze()
+    assert series.dims == ("phi", "slow_n256", "fast_n256") and series.shape[0] == batches * per_batch
+    assert dataset["image_n256"].encoding["chunks"][-2:] == (size, size)
+    assert np.prod(dataset["image_n256"].encoding["chunks"][:-2]) == 1
+    for phi in (0, 77, 159):
+        assert float(series.sel(phi=phi).max()) == phi + 1
+    assert json.loads(str(dataset["attributes"].squeeze().sel(phi=77).values))["point"] == "p1-37"
