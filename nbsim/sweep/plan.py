@@ -21,7 +21,9 @@ from typing import Any
 from ..kernel.modes import choose_mode
 
 CORE_AXES = ("size", "dtype", "device", "compile")
-DEFAULT_BATCH_SIZE = 100
+ORIENTATION_FLAGS = frozenset({"-phi", "-misset", "-misset_seed", "-mosaic_seed"})
+"""Flags that only turn the crystal (its start angle, its misset, the seeds that draw them): they never
+change a kernel's structure, so planning works out the structure once for all their values."""
 
 
 @dataclass(frozen=True)
@@ -186,11 +188,15 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
     jobs: dict[str, KernelJob] = {}
     names: dict[Point, str] = {}
+    structures: dict[tuple, Any] = {}
     for point in candidates:
         if not point.prebuilds_kernel or point in names:
             continue
-        args, overrides = point_arguments(config, point, base)
-        structure = structure_of(tuple(args), tuple(sorted(overrides.items())))
+        key = (point.scenario, point.size, tuple((k, v) for k, v in point.extras if k not in ORIENTATION_FLAGS))
+        if key not in structures:
+            args, overrides = point_arguments(config, point, base)
+            structures[key] = structure_of(tuple(args), tuple(sorted(overrides.items())))
+        structure = structures[key]
         name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
         jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
         names[point] = name
