@@ -65,6 +65,13 @@ def test_range_axes_validate_and_expand(tmp_path):
     ({"-phi": [1, 1.0]}, "values repeat"),
     ({"-phi": [0.5, -0.5], "phi": [1]}, "is not a simulator option"),
     ({"-distance": ["1 2", "1_2"]}, "give the same point name"),
+    ({"-N": {"start": 1, "stop": 2, "step": 0.5}},
+     "sweep.extra.-N: value 1.0 in scenario 'seed': -N expects an integer, got '1.0'"),
+    ({"-distance": [100, 0]}, "-distance must be positive"),
+    ({"mosaic_spread_deg": [0.1, "wide"]}, "sweep.extra.mosaic_spread_deg: value 'wide': expects a number"),
+    ({"mosaic_domains": [2, 2.5]}, "expects an integer"),
+    ({"curved": [True, "yes"]}, "expects true or false"),
+    ({"n_cells": [5]}, "cannot be an axis of single values"),
 ])
 def test_bad_axes_fail_with_one_line(tmp_path, extra, message):
     with pytest.raises(NbsimError, match=None) as error:

@@ -77,6 +77,41 @@ def _check_axis(where: str, spec: list | dict) -> None:
         raise NbsimError(f"{where}: values repeat (after rounding to 12 significant digits)")
 
 
+def _check_value(args: list[str], name: str, value, scenario: str) -> None:
+    """A flag's value must parse after the scenario's arguments; an option's value must have the option's
+    type (its annotation in nbsim.config)."""
+    from ..nanobragg_args import parse
+
+    where = f"sweep.extra.{name}: value {value!r}"
+    if name.startswith("-"):
+        try:
+            parse(args + [name, str(value)])
+        except NbsimError as error:
+            raise NbsimError(f"{where} in scenario '{scenario}': {error}") from None
+        return
+    kind = option_types()[name]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    valid = {"bool": isinstance(value, bool), "str": isinstance(value, str), "int": number and value == int(value),
+             "float": number, "Scalar": number}
+    if kind not in valid:
+        raise NbsimError(f"sweep.extra.{name}: a {kind} option cannot be an axis of single values; sweep the "
+                         "nanoBragg flag that sets it instead")
+    if not valid[kind]:
+        expected = {"bool": "true or false", "str": "text", "int": "an integer"}.get(kind, "a number")
+        raise NbsimError(f"{where}: expects {expected}")
+
+
+def option_types() -> dict[str, str]:
+    """Each simulator option's type as annotated in nbsim.config, without `| None`."""
+    import dataclasses
+
+    from ..config import BeamConfig, CrystalConfig, DetectorConfig, StructureFactorConfig
+
+    return {f.name: str(f.type).removesuffix(" | None") for cls in (CrystalConfig, BeamConfig, DetectorConfig,
+                                                                    StructureFactorConfig)
+            for f in dataclasses.fields(cls)}
+
+
 def check_config(config: dict, base: Path) -> None:
     """Semantic checks the schema cannot express."""
     from ..config import option_names
@@ -108,11 +143,14 @@ def check_config(config: dict, base: Path) -> None:
             raise NbsimError(f"sweep.extra: the values of {dict(point.extras)} and {dict(other.extras)} give "
                              f"the same point name {point.name}")
     for scenario in config["scenarios"]:
-        args = scenario_args(config, scenario, base)
+        args = scenario_args(config, scenario, base) + ["-detpixels", str(sizes[0])]
         try:
-            parse(args + ["-detpixels", str(sizes[0])])
+            parse(args)
         except NbsimError as error:
             raise NbsimError(f"scenario '{scenario}': {error}") from None
+        for name, spec in extra.items():
+            for value in axis_values(spec):
+                _check_value(args, name, value, scenario)
     binary = (config.get("reference") or {}).get("c_binary")
     if binary:
         path = Path(c_binary_path(config, base))
