@@ -151,7 +151,7 @@ def test_changing_one_value_reruns_only_the_affected_points(sweep_run):
 
 ROTATION = {
     "scenarios": {"rotation": {"args": SEED_ARGS + " -misset 10 20 30 -osc 0.1"}},
-    "sweep": {"sizes": [12], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"], "batch_size": 2,
+    "sweep": {"sizes": [12], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"], "batch_size": 3,
               "extra": {"-phi": {"start": 0, "stop": 0.5, "step": 0.1}}},
     "timing": {"warmup": 0, "repeats": 2, "threads": 1},
     "reference": {"compile": False},
@@ -160,7 +160,7 @@ ROTATION = {
 
 @pytest.fixture(scope="module")
 def rotation_run(tmp_path_factory):
-    """Five frames of a rotation series in batches of two: three timed batches, three reference batches."""
+    """Five frames of a rotation series in batches of three: two timed batches, two reference batches."""
     folder = tmp_path_factory.mktemp("rotation")
     write_config(folder, ROTATION)
     plan = snakemake(folder, "--dry-run")
@@ -172,21 +172,21 @@ def rotation_run(tmp_path_factory):
 @pytest.mark.slow
 def test_points_run_in_batches(rotation_run):
     folder, plan, result = rotation_run
-    assert planned_jobs(plan) == {"simulate": 3, "reference": 3, "collate": 1, "plots": 1, "all": 1}
+    assert planned_jobs(plan) == {"simulate": 2, "reference": 2, "collate": 1, "plots": 1, "all": 1}
     shown = plan.stdout + plan.stderr
-    assert "batch rotation/n12-float32-cpu-compile_off-b0001: 2 points, n12-float32-cpu-compile_off-phi_0.2 .. " \
-           "n12-float32-cpu-compile_off-phi_0.3" in shown
-    assert "reference batch rotation/n12-b0002: 1 references, n12-phi_0.4 .. n12-phi_0.4" in shown
+    assert "batch rotation/n12-float32-cpu-compile_off-b0000: 3 points, n12-float32-cpu-compile_off-phi_0.0 .. " \
+           "n12-float32-cpu-compile_off-phi_0.2" in shown
+    assert "reference batch rotation/n12-b0001: 2 references, n12-phi_0.3 .. n12-phi_0.4" in shown
     batches = sorted((folder / "results" / "rotation" / "batches").iterdir())
-    assert [len(json.loads((b / "records.json").read_text())["points"]) for b in batches] == [2, 2, 1]
+    assert [len(json.loads((b / "records.json").read_text())["points"]) for b in batches] == [3, 2]
     log = (folder / "results" / "logs" / "simulate" / "rotation" / "n12-float32-cpu-compile_off-b0000.log").read_text()
-    assert "rotation n12-float32-cpu-compile_off-b0000: 2/2 points" in log and "points/s" in log
-    assert "rotation n12-float32-cpu-compile_off-b0000: 2/2 points" in result.stderr  # on the terminal too
+    assert "rotation n12-float32-cpu-compile_off-b0000: 3/3 points" in log and "points/s" in log
+    assert "rotation n12-float32-cpu-compile_off-b0000: 3/3 points" in result.stderr  # on the terminal too
     assert "collate rotation: 5/5 points" in result.stderr
     with open(folder / "results" / "rotation" / "tables" / "timing.csv") as stream:
         rows = list(csv.DictReader(stream))
     assert [row["phi"] for row in rows] == ["0", "0.1", "0.2", "0.3", "0.4"]
-    assert [row["batch"][-5:] for row in rows] == ["b0000", "b0000", "b0001", "b0001", "b0002"]
+    assert [row["batch"][-5:] for row in rows] == ["b0000", "b0000", "b0000", "b0001", "b0001"]
     records = json.loads((batches[0] / "records.json").read_text())
     [load] = records["kernel_loads"]
     assert load["kernel"] == "eager" and load["point"] == rows[0]["point"]
@@ -231,7 +231,7 @@ def test_snakemake_lint_is_clean(tmp_path):
     assert "good condition" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("change, message", [
+BAD_CONFIGS = [
     (lambda c: c["sweep"].update(colour="blue"), "sweep: unknown key(s) 'colour'"),
     (lambda c: c["sweep"].update(sizes=[]), "sweep.sizes"),
     (lambda c: c["sweep"].update(dtypes=["float16"]), "sweep.dtypes.0"),
@@ -240,7 +240,23 @@ def test_snakemake_lint_is_clean(tmp_path):
     (lambda c: c["scenarios"]["seed"].update(args="-default_F 100 -bogus"), "unknown option '-bogus'"),
     (lambda c: c.update(reference={"c_binary": "/nonexistent/nanoBragg"}), "does not exist"),
     (lambda c: c.update(reference={"c_binary": "config.yaml"}), "is not executable"),
-])
+]
+
+
+@pytest.mark.parametrize("change, message", BAD_CONFIGS)
+def test_bad_config_is_one_line(tmp_path, change, message):
+    from nbsim.errors import NbsimError
+    from nbsim.sweep.validate import validate_config
+
+    config = json.loads(json.dumps(TINY))
+    change(config)
+    write_config(tmp_path, config)
+    with pytest.raises(NbsimError) as error:
+        validate_config(config, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("change, message", [BAD_CONFIGS[0], BAD_CONFIGS[5]])
 def test_bad_config_fails_before_any_job(tmp_path, change, message):
     config = json.loads(json.dumps(TINY))
     change(config)
@@ -249,6 +265,7 @@ def test_bad_config_fails_before_any_job(tmp_path, change, message):
     assert result.returncode != 0
     lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("Using workflow specific")]
     assert len(lines) == 1 and message in lines[0], result.stderr
+    assert lines[0].startswith("nbsim: invalid sweep configuration: ")
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "results").exists()
 
