@@ -32,8 +32,10 @@ TINY = {
 
 
 def snakemake(folder: Path, *arguments: str, config: str = "config.yaml") -> subprocess.CompletedProcess:
-    return subprocess.run([*snakemake_command(folder, config=config), "--cores", "2", *arguments],
-                          capture_output=True, text=True, timeout=900, env=own_cache_env(folder))
+    """Snakemake on two cores; these tests check what the jobs write, not how fast, so two single-thread
+    timed jobs may run at once (`timing_slot=2`)."""
+    return subprocess.run([*snakemake_command(folder, config=config), "--cores", "2", "--resources=timing_slot=2",
+                           *arguments], capture_output=True, text=True, timeout=900, env=own_cache_env(folder))
 
 
 def write_config(folder: Path, config: dict, name: str = "config.yaml") -> None:
