@@ -9,6 +9,7 @@ gives an image differentiable in that parameter.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
@@ -21,6 +22,29 @@ Vector3 = tuple[float, float, float]
 def scalar_value(value: Scalar) -> float:
     """The plain float of a scalar that may be a tensor carrying gradients (for decisions, not maths)."""
     return float(value.detach()) if hasattr(value, "detach") else float(value)
+
+
+def check_cell(cell_A_deg: tuple[Scalar, ...]) -> None:
+    """Raise a one-line error for a cell that cannot exist. As in nanoBragg, b or c not positive take a's
+    length and an angle not positive is 90 degrees; then every angle must be below 180 degrees, each
+    below the sum of the other two and all three below 360 in sum, or the cell does not close; a cell
+    that closes flat has no volume."""
+    from .errors import NbsimError
+
+    values = [scalar_value(v) for v in cell_A_deg]
+    shown = " ".join(f"{v:g}" for v in values)
+    if not values[0] > 0:
+        raise NbsimError(f"cell {shown}: the length a must be positive")
+    angles = [math.radians(v) if v > 0 else math.pi / 2 for v in values[3:]]
+    if any(not angle < math.pi for angle in angles):
+        raise NbsimError(f"cell {shown}: cell angles must be below 180 degrees")
+    cosines = [math.cos(angle) for angle in angles]
+    radicand = 1 - sum(c * c for c in cosines) + 2 * math.prod(cosines)
+    if radicand < -1e-9:
+        raise NbsimError(f"cell {shown}: these angles cannot close a cell (each must be below the sum of the "
+                         "other two, and the three below 360 degrees in sum)")
+    if radicand <= 1e-9:
+        raise NbsimError(f"cell {shown}: these angles close a flat cell of zero volume")
 
 
 CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials", "custom")

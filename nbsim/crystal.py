@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import CrystalConfig, Scalar, scalar_value
+from .config import CrystalConfig, Scalar, check_cell, scalar_value
 from .errors import InputFileError, NbsimError
 from .random import Ran1, cap_rotation, matrix_to_misset_rad
 from .textfiles import parse_number, read_text
@@ -102,8 +102,7 @@ def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) 
         raise NbsimError("no crystal: give -cell a b c alpha beta gamma or -mat with a MOSFLM matrix")
     reciprocal = cell_lengths = cell_volume = None
     if config.cell_A_deg is not None:
-        if scalar_value(config.cell_A_deg[0]) <= 0:
-            raise NbsimError("cell length a must be positive")
+        check_cell(config.cell_A_deg)
         reciprocal, cell_lengths, cell_volume = reciprocal_from_cell(config.cell_A_deg)
     if config.mosflm_matrix is not None:
         matrix = torch.tensor(config.mosflm_matrix, dtype=torch.float64).reshape(3, 3)
@@ -234,6 +233,25 @@ class MosaicDomains:
 def _axis_angle_tensor(axis: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
     basis = torch.eye(3, dtype=torch.float64)
     return torch.stack([rotate_about_axis(e, axis, angle) for e in basis], dim=1)
+
+
+def default_warnings(config: CrystalConfig) -> list[str]:
+    """What nanoBragg warns about when its rules replace a requested mosaic domain or unit cell count."""
+    lines = []
+    spread = None if config.mosaic_spread_deg is None else scalar_value(config.mosaic_spread_deg)
+    domains = config.mosaic_domains
+    if (domains is None or domains <= 0) and spread is not None and spread > 0:
+        lines.append("finite mosaic spread but no domain count: using 10 mosaic domains")
+    elif domains is not None and domains > 0 and (spread is None or spread < 0):
+        lines.append("mosaic domains but no mosaic spread: using 1 mosaic domain")
+    elif domains is not None and domains > 0 and spread == 0:
+        lines.append("zero mosaic spread: using 1 mosaic domain")
+    empty = [axis for axis, n, size in zip("abc", config.n_cells, config.crystal_size_mm, strict=True)
+             if n <= 0 and size <= 0]
+    if empty:
+        lines.append(f"no unit cells along {', '.join(empty)} (-N 0): rendering one cell along "
+                     f"{'it' if len(empty) == 1 else 'each'}, as nanoBragg does")
+    return lines
 
 
 def mosaic_domains(config: CrystalConfig, generator: Ran1) -> MosaicDomains:

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig
+from .config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
 from .errors import NbsimError
 
 NUM, INT, WORD, PATH = "number", "integer", "word", "file"
 
-# name → tuple of value kinds. Special arities: -cell (1–6 numbers), -misset (random | 3 numbers).
+# name → tuple of value kinds. Special arities: -cell (6 numbers), -misset (random | 3 numbers).
 FLAGS: dict[str, tuple[str, ...]] = {}
 
 
@@ -119,8 +119,8 @@ def validate(argv: list[str]) -> None:
             count = 0
             while i + 1 + count < len(argv) and count < 6 and _NUMBER.match(argv[i + 1 + count]):
                 count += 1
-            if count == 0:
-                raise NbsimError("-cell needs numbers: a b c alpha beta gamma")
+            if count < 6:
+                raise NbsimError(f"-cell needs 6 numbers (a b c alpha beta gamma), got {count}")
             i += 1 + count
             continue
         if flag == "-misset":
@@ -505,6 +505,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     state = run_nanobragg_rules(argv)
     nbsim_options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in NBSIM_ONLY}
     config = _config_from_state(state)
+    if config.crystal.cell_A_deg is not None:
+        check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
              for flag in NO_EFFECT if flag in argv]
     if "-tophat_xtal" in argv and state["shape"] != "tophat":

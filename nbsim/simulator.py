@@ -134,6 +134,7 @@ def resolve(config: SimulationConfig) -> Setup:
         warnings.append(f"maximum dimension of sample is {crystal_size_m * 1e10:g} A but reciprocal pixel size is "
                         f"{reciprocal_pixel_m * 1e10:g} A: recommend -oversample {recommended}")
 
+    warnings += crystal_mod.default_warnings(config.crystal)
     grid, lookup = _structure_factors(config, n_cells)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
@@ -235,6 +236,8 @@ class Renderer:
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
+        self.warnings: list[str] = []
+        """What the renders found that nanoBragg warns about (each once)."""
 
     @property
     def mode(self) -> str:
@@ -282,6 +285,7 @@ class Renderer:
                     rows, cols = torch.as_tensor(rows, device=self.device), torch.as_tensor(cols, device=self.device)
                     region[start - ymin + rows, cols] = block[rows, cols]
             fixed[trigger] = OrderedOptions(interpolation_switch=True)
+            self._warn_once(_interpolation_warning(trigger, setup.grid))
         if self.inputs.first_evaluation is not None:
             for pixel in self._thread_first_pixels():
                 base = fixed.get(pixel, OrderedOptions())
@@ -415,11 +419,23 @@ class Renderer:
         trigger = (first + row, self.setup.roi[0] + col)
         return [(first, switch_at) for first, _ in chunks], trigger
 
+    def _warn_once(self, line: str) -> None:
+        if line not in self.warnings:
+            self.warnings.append(line)
+
     def _mask_rows(self, first: int, stop: int) -> np.ndarray:
         ymin = self.setup.roi[2]
         if self.mask is None:
             return np.ones((stop - first, len(self.cols)), dtype=bool)
         return self.mask[first - ymin:stop - ymin]
+
+
+def _interpolation_warning(trigger: tuple[int, int], grid: HKLGrid) -> str:
+    slow, fast = trigger
+    low, high = grid.index_min, grid.index_max
+    return (f"out of range for tricubic interpolation at pixel {fast} {slow} (fast slow): its Miller indices "
+            f"come within two of the edge of the table (h {low[0]}..{high[0]}, k {low[1]}..{high[1]}, "
+            f"l {low[2]}..{high[2]}) or leave it; as in nanoBragg, interpolation is off from there on")
 
 
 def structure_for(config: SimulationConfig) -> Structure:

@@ -16,6 +16,8 @@ from nbsim.cli import main
 
 GOOD = ("-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 2 -distance 100 -detpixels 8 -compile off").split()
 SMALL_HKL = "0 0 0 10\n1 0 0 20\n0 1 0 30\n"
+REST = GOOD[:2] + GOOD[9:]
+"""GOOD without its -cell."""
 
 
 def _write(folder: Path, name: str, text: str | bytes) -> str:
@@ -55,7 +57,18 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "bad dtype": (GOOD + ["-dtype", "float16"], "-dtype expects one of float32, float64"),
         "bad pivot": (GOOD + ["-pivot", "sideways"], "-pivot expects one of beam, sample"),
         "misset with two angles": (GOOD + ["-misset", "10", "20"], "-misset needs 3 value"),
-        "cell not numeric": (["-cell", "big"] + GOOD[3:], "-cell needs numbers"),
+        "cell not numeric": (["-cell", "big"] + GOOD[3:], "-cell needs 6 numbers"),
+        "cell with three numbers": (["-cell", "100", "100", "100"] + REST, "-cell needs 6 numbers (a b c alpha "
+                                                                              "beta gamma), got 3"),
+        "cell with five numbers": (["-cell", "100", "100", "100", "90", "90"] + REST, "got 5"),
+        "cell that cannot close": (["-cell", "100", "100", "100", "10", "10", "170"] + REST,
+                                   "cell 100 100 100 10 10 170: these angles cannot close a cell"),
+        "cell angles above 360 in sum": (["-cell", "100", "100", "100", "150", "120", "100"] + REST,
+                                       "cannot close a cell"),
+        "flat cell": (["-cell", "100", "100", "100", "120", "120", "120"] + REST,
+                      "these angles close a flat cell of zero volume"),
+        "cell angle of 180": (["-cell", "100", "100", "100", "90", "180", "90"] + REST, "below 180 degrees"),
+        "zero cell length": (["-cell", "0", "100", "100", "90", "90", "90"] + REST, "length a must be positive"),
         "no crystal": (GOOD[:2] + GOOD[9:], "no crystal"),
         "no structure factors": (GOOD[2:], "no structure factors"),
         "roi outside detector": (GOOD + ["-roi", "50", "60", "50", "60"], "region of interest"),
@@ -111,6 +124,32 @@ def test_bad_input_gives_one_line_error(name, tmp_path, capsys, monkeypatch):
 
 def test_catalogue_is_large_enough():
     assert len(CASE_NAMES) >= 25
+
+
+FAST_ANSWERS = {
+    "help": (["-h"], 0, "usage: nbsim"),
+    "unknown flag": (GOOD + ["-bogus"], 2, "unknown option '-bogus'"),
+    "non-physical value": (GOOD + ["-lambda", "0"], 2, "-lambda must be positive"),
+    "missing file": (GOOD + ["-hkl", "absent.hkl"], 2, "absent.hkl: no such file"),
+    "impossible cell": (["-cell", "100", "100", "100", "120", "120", "120"] + REST, 2, "zero volume"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAST_ANSWERS))
+def test_arguments_alone_are_answered_without_torch(name, tmp_path):
+    """Help and every error the arguments decide come before PyTorch is imported (a new process
+    answers in a fraction of a second; benchmarks/run.py `cli_errors` times it)."""
+    arguments, status, text = FAST_ANSWERS[name]
+    script = ("import sys\nfrom nbsim.cli import main\nstatus = main(sys.argv[1:])\n"
+              "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\nsys.exit(status)\n")
+    result = subprocess.run([sys.executable, "-c", script, *arguments], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == status
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == "NO-TORCH", result.stderr
+    assert text in (result.stdout if status == 0 else lines[0])
+    assert status == 0 or len(lines) == 2
+    assert list(tmp_path.iterdir()) == []
 
 
 def _run_cli(*arguments: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -20,8 +20,16 @@ import numpy as np
 from .progress import Progress
 from .store import AtomicStore, open_store_array, read_json
 
-TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference_median_s", "speedup",
-                  "peak_rss_mb", "threads", "compile_cache", "host", "slurm_job_id")
+TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference", "reference_median_s",
+                  "speedup", "peak_rss_mb", "threads", "compile_cache", "host", "slurm_job_id")
+REFERENCE_NAMES = {"nbsim-float64-cpu": "nbsim float64 on the CPU", "c": "the C nanoBragg"}
+"""How tables and plots name each kind of reference: without a C binary the speedup is over nbsim's
+own float64 image, not over nanoBragg."""
+
+
+def reference_label(rows: list[dict[str, Any]]) -> str:
+    kinds = sorted({str(row["reference"]) for row in rows if row.get("reference")})
+    return " / ".join(REFERENCE_NAMES.get(kind, kind) for kind in kinds) or "the reference"
 CORRELATION_COLUMNS = ("correlation", "max_abs_error", "max_rel_error", "sum_ratio", "finite")
 _BATCH_IDENTITY = ("host", "cpu", "slurm_job_id", "versions", "process_startup_s", "batch")
 
@@ -73,8 +81,9 @@ def write_tables(rows: list[dict[str, Any]], axes: list[str], csv_path: Path, md
         writer.writerow(header)
         for row in rows:
             writer.writerow([_format(row.get(c)) for c in header])
+    labels = {"speedup": f"speedup over {reference_label(rows)}"}
     with open(md_path, "w") as stream:
-        stream.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
+        stream.write("| " + " | ".join(labels.get(c, c) for c in header) + " |\n|" + "---|" * len(header) + "\n")
         for row in rows:
             stream.write("| " + " | ".join(_format(row.get(c)) for c in header) + " |\n")
 

@@ -9,18 +9,17 @@ still draws a handful of lines.
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .collate import reference_label
 from .store import open_store_array
 
 SERIES_AXES = ("dtype", "device", "compile")
 MAX_PREVIEWS = 12
 PREVIEW_PIXELS = 256
-REFERENCE_NAMES = {"nbsim-float64-cpu": "nbsim float64 on the CPU", "c": "the C nanoBragg"}
 
 
 def main_axis(rows: list[dict[str, Any]], axes: list[str]) -> str:
@@ -49,8 +48,7 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
 
     ok = [row for row in rows if row["status"] == "ok"]
     x_axis = main_axis(rows, axes)
-    kinds = sorted({str(row.get("reference")) for row in ok if row.get("reference")})
-    reference = " / ".join(REFERENCE_NAMES.get(k, k) for k in kinds) or "the reference"
+    reference = reference_label(ok)
     for path, key, title, ylabel, log in (
             (speedup_png, "speedup", f"speedup over {reference}", f"{reference} time / nbsim warm time", False),
             (time_png, "warm_median_s", "warm render time", "warm median time (s)", True)):
@@ -72,7 +70,7 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
         figure.tight_layout()
         figure.savefig(path, dpi=100)
         plt.close(figure)
-    _previews(ok, stores, previews_png, plt)
+    _previews(ok, stores, axes, previews_png, plt)
 
 
 def _series(rows: list[dict], x_axis: str, key: str):
@@ -91,21 +89,28 @@ def _series(rows: list[dict], x_axis: str, key: str):
                [max(by_x[x]) for x in xs])
 
 
-def _previews(rows: list[dict], stores: dict[str, Path], path: Path, plt) -> None:
-    """Up to MAX_PREVIEWS images spread evenly over the points, log-scaled, block-max reduced."""
+def _previews(rows: list[dict], stores: dict[str, Path], axes: list[str], path: Path, plt) -> None:
+    """Up to MAX_PREVIEWS images spread evenly over the points: block maxima (spots survive), log colour
+    scale from the median to the 99.9th percentile of the positive pixels (background pale, spots dark),
+    a colour bar each, and the point's axis values as the title."""
+    from matplotlib.colors import LogNorm
+
     chosen = [rows[round(i)] for i in np.linspace(0, len(rows) - 1, min(MAX_PREVIEWS, len(rows)))] if rows else []
     columns = max(1, min(4, len(chosen)))
     figure_rows = max(1, math.ceil(len(chosen) / columns))
-    figure, grid = plt.subplots(figure_rows, columns, figsize=(3 * columns, 3 * figure_rows), squeeze=False)
+    figure, grid = plt.subplots(figure_rows, columns, figsize=(3.6 * columns, 3.4 * figure_rows), squeeze=False)
     for axis in grid.ravel():
         axis.axis("off")
     for axis, row in zip(grid.ravel(), chosen, strict=False):
         image = block_max(np.asarray(open_store_array(stores[row["batch"]], "image")[row["index"]], dtype=np.float64))
         positive = image[image > 0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            axis.imshow(np.log10(np.maximum(image, positive.min() if positive.size else 1.0)), cmap="gray_r")
-        axis.set_title(row["point"], fontsize=6)
+        low, high = (np.percentile(positive, [50, 99.9]) if positive.size else (1.0, 10.0))
+        shown = axis.imshow(np.clip(image, low, None), cmap="gray_r", interpolation="nearest",
+                            norm=LogNorm(vmin=low, vmax=max(high, low * 1.01)))
+        figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
+        title = ", ".join(f"{a}={row[a]}" for a in axes)
+        reduced = "" if image.shape[0] == row["size"] else f" (block max {row['size']}->{image.shape[0]})"
+        axis.set_title(title + reduced, fontsize=6, wrap=True)
     figure.tight_layout()
-    figure.savefig(path, dpi=80)
+    figure.savefig(path, dpi=90)
     plt.close(figure)

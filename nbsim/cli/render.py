@@ -1,89 +1,26 @@
-"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim bench`."""
+"""The rendering half of `nbsim`: set up, render and write nanoBragg's files (imports torch; reached only
+once the arguments are known to be sound, see nbsim.cli)."""
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
-from pathlib import Path
-
 import torch
 
-from . import __version__
-from .cache import configure_compile_cache
-from .devices import resolve_device, resolve_dtype
-from .errors import NbsimError
-from .io import write_float_image, write_pgm, write_smv
-from .nanobragg_args import FLAGS, RunOptions, parse
-from .outputs import integer_image, noise_image, pgm_image, smv_fields, statistics
-from .simulator import Renderer, Setup, resolve
-from .vectors import DEGREES_PER_RADIAN
-
-USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
-       nbsim kernels build|list   (see nbsim kernels -h)
-       nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
-                   [--floatfile F] [--c-binary PATH] -- <nanoBragg options>
-
-nbsim renders the image nanoBragg renders for the same options and writes the same files
-(-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given).
-Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
-Options: """
+from .. import __version__
+from ..cache import configure_compile_cache
+from ..config import SimulationConfig
+from ..devices import resolve_device, resolve_dtype
+from ..errors import NbsimError
+from ..io import write_float_image, write_pgm, write_smv
+from ..nanobragg_args import RunOptions
+from ..outputs import integer_image, noise_image, pgm_image, smv_fields, statistics
+from ..simulator import Renderer, Setup, resolve
+from ..vectors import DEGREES_PER_RADIAN
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: one-line errors and a non-zero status instead of tracebacks."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or bool(os.environ.get("NBSIM_DEBUG"))
-    argv = [a for a in argv if a != "--debug"]
-    try:
-        if argv and argv[0] == "bench":
-            from .bench import main as bench_main
-
-            return bench_main(argv[1:])
-        if argv and argv[0] == "kernels":
-            from .kernels_command import main as kernels_main
-
-            return kernels_main(argv[1:])
-        if argv and argv[0] in ("--version", "-version"):
-            print(f"nbsim {__version__}")
-            return 0
-        if not argv or argv[0] in ("-h", "--help", "-help"):
-            print(USAGE + " ".join(sorted(FLAGS)))
-            return 0 if argv else 2
-        return simulate_command(argv)
-    except NbsimError as error:
-        if debug:
-            traceback.print_exc()
-        print(f"nbsim: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("nbsim: interrupted", file=sys.stderr)
-        return 130
-    except Exception as error:  # noqa: BLE001 - the CLI's last line of defence
-        if debug:
-            traceback.print_exc()
-        first_line = (str(error).strip().splitlines() or [""])[0]
-        print(f"nbsim: internal error: {type(error).__name__}: {first_line} (rerun with --debug for details)",
-              file=sys.stderr)
-        return 1
-
-
-def _check_output_paths(run: RunOptions) -> None:
-    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
-        if path is None:
-            continue
-        parent = Path(path).parent
-        if not parent.is_dir():
-            raise NbsimError(f"cannot write {path}: folder {parent} does not exist")
-        if Path(path).is_dir():
-            raise NbsimError(f"cannot write {path}: it is a folder")
-
-
-def simulate_command(argv: list[str]) -> int:
-    config, run = parse(argv)
+def render_command(config: SimulationConfig, run: RunOptions) -> int:
+    """Render `config` and write the files `run` asks for, printing what nanoBragg prints."""
     device = resolve_device(run.device)
     dtype = resolve_dtype(run.dtype)
-    _check_output_paths(run)
     setup = resolve(config)
     for line in run.notes + setup.warnings:
         print(f"WARNING: {line}")
@@ -93,6 +30,8 @@ def simulate_command(argv: list[str]) -> int:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
     image = renderer().detach().to("cpu", torch.float32).numpy()
+    for line in renderer.warnings:
+        print(f"WARNING: {line}")
     if renderer.plan.note:
         print(f"  {renderer.plan.note}")
     stats = statistics(image, setup)
@@ -201,6 +140,3 @@ def _print_trace(renderer: Renderer, setup: Setup, fast: int, slow: int) -> None
     print(f"capfrac {trace.capture:15.10g}")
     print(f"pixel   {float(value):15.10g}")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim bench` and
+`nbsim kernels`.
+
+Everything the arguments alone decide (help, an unknown flag, a bad value, an impossible cell, a missing
+input file, an output folder that does not exist) is answered here without importing torch, in a
+fraction of a second; nbsim.cli.render then sets up, renders and writes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from ..config import SimulationConfig
+from ..errors import NbsimError
+from ..nanobragg_args import FLAGS, RunOptions, parse
+from ..textfiles import require_file
+
+USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
+       nbsim kernels build|list   (see nbsim kernels -h)
+       nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
+                   [--floatfile F] [--c-binary PATH] -- <nanoBragg options>
+
+nbsim renders the image nanoBragg renders for the same options and writes the same files
+(-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given).
+Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
+Options: """
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one-line errors and a non-zero status instead of tracebacks."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or bool(os.environ.get("NBSIM_DEBUG"))
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        if argv and argv[0] == "bench":
+            from ..bench import main as bench_main
+
+            return bench_main(argv[1:])
+        if argv and argv[0] == "kernels":
+            from ..kernels_command import main as kernels_main
+
+            return kernels_main(argv[1:])
+        if argv and argv[0] in ("--version", "-version"):
+            from .. import __version__
+
+            print(f"nbsim {__version__}")
+            return 0
+        if not argv or argv[0] in ("-h", "--help", "-help"):
+            print(USAGE + " ".join(sorted(FLAGS)))
+            return 0 if argv else 2
+        config, run = checked_arguments(argv)
+        from .render import render_command
+
+        return render_command(config, run)
+    except NbsimError as error:
+        if debug:
+            traceback.print_exc()
+        print(f"nbsim: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nbsim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the CLI's last line of defence
+        if debug:
+            traceback.print_exc()
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        print(f"nbsim: internal error: {type(error).__name__}: {first_line} (rerun with --debug for details)",
+              file=sys.stderr)
+        return 1
+
+
+def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
+    """The configuration and output options, once every check that needs no rendering has passed."""
+    config, run = parse(argv)
+    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
+        if path is None:
+            continue
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise NbsimError(f"cannot write {path}: folder {parent} does not exist")
+        if Path(path).is_dir():
+            raise NbsimError(f"cannot write {path}: it is a folder")
+    for path in (config.structure.hkl_file, config.detector.mask_file):
+        if path is not None:
+            require_file(path)
+    return config, run
