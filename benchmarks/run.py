@@ -12,7 +12,8 @@ other count, HKL table and value, each of which must load the kernel (not build 
 image in at most a second; `first_image` times the first image of an uncached structure with
 `-compile auto` against `off` and `on` (and `auto` once the cache holds it). The script prints tables,
 says which targets each figure meets, and writes everything as JSON. The sweep workloads
-(`rotation_series`, `collate_10k`) are described in benchmarks/sweep_workloads.py.
+(`rotation_series`, `collate_10k`) are described in benchmarks/sweep_workloads.py, `cli_answers` in
+benchmarks/answers.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
@@ -31,7 +32,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sweep_workloads import SWEEP_WORKLOADS, sweep_rows
+from answers import ANSWER_WORKLOADS
+from sweep_workloads import SWEEP_WORKLOADS
+
+TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS}
+"""Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_ARGS = ["-default_F", "100", "-cell", "100", "100", "100", "90", "90", "90", "-lambda", "6.2", "-N", "5",
@@ -296,7 +301,7 @@ def table_row(name: str, record: dict, verdict_text: str, target: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = [w.name for w in WORKLOADS] + list(CLI_WORKLOADS) + list(COLD_WORKLOADS) + list(SWEEP_WORKLOADS)
+    names = [w.name for w in WORKLOADS] + list(CLI_WORKLOADS) + list(COLD_WORKLOADS) + list(TABLE_WORKLOADS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--c-binary", default=os.environ.get("NBSIM_C_BINARY"),
                         help="nanoBragg binary to compare with (default: $NBSIM_C_BINARY)")
@@ -351,15 +356,15 @@ def main(argv: list[str] | None = None) -> int:
             record["verdict"] = cold_verdict(name, record)
             records[name] = record
             cold_table += cold_rows(name, record)
-        sweep_table = []
-        for name, (run, judge, target) in SWEEP_WORKLOADS.items():
+        line_table = []
+        for name, (run, judge, row, target) in TABLE_WORKLOADS.items():
             if name not in options.only:
                 continue
             print(f"running {name} ...", file=sys.stderr, flush=True)
             record = run(options.quick, Path(scratch))
             record["verdict"] = judge(record)
             records[name] = record
-            sweep_table.append(sweep_rows(name, record) + f" {target} | {record['verdict']} |")
+            line_table.append(row(name, record) + f" {target} | {record['verdict']} |")
     header = ["| workload | nbsim warm s | C s | speedup | correlation | peak RSS MB | target | verdict |",
               "|---|---|---|---|---|---|---|---|"]
     print("\n".join(header + rows))
@@ -372,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
                           if name == "new_values" else
                           f"auto <= better of off and on + {FIRST_IMAGE_MARGIN_S:g} s")
                 print(f"{name}: {target}: {records[name]['verdict']}")
-    if sweep_table:
+    if line_table:
         print("\n| workload | measured | target | verdict |\n|---|---|---|---|")
-        print("\n".join(sweep_table))
+        print("\n".join(line_table))
     summary = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": options.quick, "repeats": options.repeats,
         "c_binary": options.c_binary, "machine": {"platform": platform.platform(), "cores": os.cpu_count(),

@@ -161,9 +161,10 @@ def sweep_rows(name: str, record: dict) -> str:
 
 
 SWEEP_WORKLOADS = {
-    "rotation_series": (run_rotation_series, rotation_verdict,
+    "rotation_series": (run_rotation_series, rotation_verdict, sweep_rows,
                         f"1000 frames from scratch in <= {ROTATION_MAX_WALL_S:g} s, every row, no-op rerun"),
-    "collate_10k": (run_collate_10k, collate_verdict, f"collation peak RSS <= {COLLATE_MAX_RSS_MB:g} MB"),
+    "collate_10k": (run_collate_10k, collate_verdict, sweep_rows,
+                    f"collation peak RSS <= {COLLATE_MAX_RSS_MB:g} MB"),
 }
 
 
