@@ -10,14 +10,14 @@ from importlib import import_module
 
 _EXPORTS = {
     "BeamConfig": "config", "CrystalConfig": "config", "DetectorConfig": "config", "SimulationConfig": "config",
-    "StructureFactorConfig": "config", "NbsimError": "errors", "Renderer": "simulator", "Setup": "simulator",
-    "resolve": "simulator", "simulate": "simulator",
+    "StructureFactorConfig": "config", "NbsimError": "errors", "Renderer": "render", "Setup": "setup",
+    "resolve": "setup", "simulate": "render",
 }
 
 
 def config_from_args(argv: list[str]):
     """A SimulationConfig from nanoBragg-style arguments (e.g. "-cell 100 100 100 90 90 90 ...".split())."""
-    from .nanobragg_args import parse
+    from .cli.arguments import parse
 
     return parse(list(argv))[0]
 

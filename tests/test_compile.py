@@ -16,7 +16,8 @@ import nbsim
 from nbsim.kernel.backends import CACHE_EVENTS, Structure, kernels_dir, locked, missing_packages
 from nbsim.kernel.inputs import KernelOptions
 from nbsim.kernel.policy import CompilePlan, plan_compile, start_background_build
-from nbsim.simulator import Renderer, resolve
+from nbsim.render import Renderer
+from nbsim.setup import resolve
 
 from .conftest import GOLDEN, SEED_ARGS, requires_golden
 

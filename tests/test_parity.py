@@ -10,7 +10,8 @@ import torch
 
 import nbsim
 from nbsim.cli import main
-from nbsim.simulator import Renderer, resolve
+from nbsim.render import Renderer
+from nbsim.setup import resolve
 
 from .conftest import GOLDEN, case_params, correlation, load_case, requires_golden
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import nbsim
-from nbsim.simulator import Renderer, resolve
+from nbsim.render import Renderer
+from nbsim.setup import resolve
 
 from .conftest import case_params, load_case
 

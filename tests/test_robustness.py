@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 
 import nbsim
 from nbsim.beam import read_source_file
+from nbsim.cli.arguments import FLAGS, parse
 from nbsim.crystal import read_mosflm_matrix
 from nbsim.errors import NbsimError
 from nbsim.io import read_smv
 from nbsim.kernel.physics import lattice_factor, sin_pi_polynomial, sincg_parts
-from nbsim.nanobragg_args import FLAGS, parse
-from nbsim.simulator import Renderer, resolve
+from nbsim.render import Renderer
+from nbsim.setup import resolve
 from nbsim.structure_factors import read_hkl
 
 from .conftest import REPO_ROOT, SEED_ARGS, own_cache_env, snakemake_command
@@ -194,7 +195,8 @@ def test_concurrent_processes_share_one_compiled_kernel(tmp_path):
     """Two processes compiling the same kernel at once: one builds it under the lock, both render it."""
     script = (
         "import json, sys, torch, nbsim\n"
-        "from nbsim.simulator import Renderer, resolve\n"
+        "from nbsim.render import Renderer\n"
+        "from nbsim.setup import resolve\n"
         "from nbsim.kernel.backends import CACHE_EVENTS\n"
         "config = nbsim.config_from_args(sys.argv[1:])\n"
         "image = Renderer(resolve(config), dtype=torch.float32, compile=True)()\n"

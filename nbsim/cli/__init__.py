@@ -3,7 +3,7 @@
 
 Everything the arguments alone decide (help, an unknown flag, a bad value, an impossible cell, a missing
 input file, an output folder that does not exist) is answered here without importing torch, in a
-fraction of a second; nbsim.cli.render then sets up, renders and writes.
+fraction of a second; nbsim.cli.simulate then sets up, renders and writes.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..config import SimulationConfig
 from ..errors import NbsimError
-from ..nanobragg_args import FLAGS, RunOptions, parse
 from ..textfiles import require_file
+from .arguments import FLAGS, RunOptions, parse
 
 USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
        nbsim kernels build|list   (see nbsim kernels -h)
@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     try:
         if argv and argv[0] == "bench":
-            from ..bench import main as bench_main
+            from .bench import main as bench_main
 
             return bench_main(argv[1:])
         if argv and argv[0] == "kernels":
-            from ..kernels_command import main as kernels_main
+            from .kernels import main as kernels_main
 
             return kernels_main(argv[1:])
         if argv and argv[0] in ("--version", "-version"):
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             print(USAGE + " ".join(sorted(FLAGS)))
             return 0 if argv else 2
         config, run = checked_arguments(argv)
-        from .render import render_command
+        from .simulate import render_command
 
         return render_command(config, run)
     except NbsimError as error:

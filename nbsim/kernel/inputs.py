@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..vectors import cross, unit
 
 if TYPE_CHECKING:
-    from ..simulator import Setup
+    from ..setup import Setup
 
 SUBSTEPS, SOURCES, ORIENTATIONS, TABLE = "substeps", "sources", "orientations", "table"
 ROWS, COLS = "rows", "cols"

@@ -152,7 +152,7 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
 
 
 def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[list[dict], list[dict]]:
-    from ..bench import time_nbsim
+    from ..cli.bench import time_nbsim
     from ..devices import resolve_device, resolve_dtype
 
     _use_job_resources(job.compile_cache, job.threads)
@@ -202,7 +202,7 @@ def _reference_images(store: Path) -> tuple[dict[str, int], Any]:
 def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
     """Reference images from the C binary (OMP_NUM_THREADS = the job's threads), timed as whole
     processes."""
-    from ..bench import run_c_reference
+    from ..cli.bench import run_c_reference
 
     os.environ["OMP_NUM_THREADS"] = str(max(1, job.threads))
     points = []
@@ -225,7 +225,7 @@ def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
 
 def compare_images(image: np.ndarray, reference: np.ndarray) -> dict[str, float]:
     """Correlation, maximum absolute and relative error, and sum ratio of an image to its reference."""
-    from ..bench import correlation
+    from ..cli.bench import correlation
 
     image = image.astype(np.float64)
     reference = np.asarray(reference, dtype=np.float64)

@@ -206,8 +206,8 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
 @functools.cache
 def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
     """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with."""
-    from ..nanobragg_args import parse
-    from ..simulator import structure_for
+    from ..cli.arguments import parse
+    from ..render import structure_for
 
     config, _ = parse(list(args))
     if overrides:
@@ -217,7 +217,7 @@ def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
 
 def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
     """A scenario's nanoBragg arguments, with file values made absolute against the config's folder."""
-    from ..nanobragg_args import absolute_file_arguments
+    from ..cli.arguments import absolute_file_arguments
 
     spec = config["scenarios"][scenario]
     args = spec["args"] if isinstance(spec["args"], list) else shlex.split(spec["args"])

@@ -80,7 +80,7 @@ def _check_axis(where: str, spec: list | dict) -> None:
 def _check_value(args: list[str], name: str, value, scenario: str) -> None:
     """A flag's value must parse after the scenario's arguments; an option's value must have the option's
     type (its annotation in nbsim.config)."""
-    from ..nanobragg_args import parse
+    from ..cli.arguments import parse
 
     where = f"sweep.extra.{name}: value {value!r}"
     if name.startswith("-"):
@@ -114,8 +114,8 @@ def option_types() -> dict[str, str]:
 
 def check_config(config: dict, base: Path) -> None:
     """Semantic checks the schema cannot express."""
+    from ..cli.arguments import FLAGS, parse
     from ..config import option_names
-    from ..nanobragg_args import FLAGS, parse
 
     sweep = config["sweep"]
     names = option_names()

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import NbsimError
+from ..errors import NbsimError
 
 COMMON_LOOKUPS = ("default", "nearest", "interpolate")
 USAGE = """usage: nbsim kernels build [--dtype T ...] [--device D] [-- <nanoBragg options>]
@@ -43,7 +43,7 @@ def build_command(argv: list[str]) -> int:
     parser.add_argument("--lock", help=argparse.SUPPRESS)
     options = parser.parse_args(argv[:split])
     nanobragg_args = argv[split + 1:]
-    from .kernel.backends import locked
+    from ..kernel.backends import locked
 
     if options.lock is None:
         return _build(options, nanobragg_args)
@@ -52,9 +52,9 @@ def build_command(argv: list[str]) -> int:
 
 
 def _build(options: argparse.Namespace, nanobragg_args: list[str]) -> int:
-    from .cache import configure_compile_cache
-    from .devices import resolve_device, resolve_dtype
-    from .kernel.backends import ensure_packages, kernels_dir
+    from ..cache import configure_compile_cache
+    from ..devices import resolve_device, resolve_dtype
+    from ..kernel.backends import ensure_packages, kernels_dir
 
     device = resolve_device(options.device)
     structures = _structures(options.structure, nanobragg_args)
@@ -72,14 +72,14 @@ def _build(options: argparse.Namespace, nanobragg_args: list[str]) -> int:
 
 
 def _structures(structure_json: str | None, nanobragg_args: list[str]):
-    from .kernel.backends import Structure
-    from .kernel.inputs import KernelOptions
+    from ..kernel.backends import Structure
+    from ..kernel.inputs import KernelOptions
 
     if structure_json is not None:
         return [Structure.from_json(structure_json)]
     if nanobragg_args:
-        from .nanobragg_args import parse
-        from .simulator import structure_for
+        from ..render import structure_for
+        from .arguments import parse
 
         return [structure_for(parse(nanobragg_args)[0])]
     return [Structure(KernelOptions(lookup=lookup), single_step) for lookup in COMMON_LOOKUPS
@@ -89,7 +89,7 @@ def _structures(structure_json: str | None, nanobragg_args: list[str]):
 def list_command(argv: list[str]) -> int:
     if argv:
         raise NbsimError(f"kernels list takes no arguments (got {' '.join(argv)})")
-    from .kernel.backends import cached_descriptions, kernels_dir, runs_here
+    from ..kernel.backends import cached_descriptions, kernels_dir, runs_here
 
     descriptions = cached_descriptions()
     print(f"{len(descriptions)} kernel(s) in {kernels_dir()}")

@@ -24,15 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import __version__
-from .cache import configure_compile_cache
-from .cpu import cpu_name
-from .devices import dtype_name
-from .errors import NbsimError
-from .io import write_float_image
-from .kernel.backends import CACHE_EVENTS
-from .nanobragg_args import absolute_file_arguments, parse
-from .simulator import Renderer, resolve
+from .. import __version__
+from ..cache import configure_compile_cache
+from ..cpu import cpu_name
+from ..devices import dtype_name
+from ..errors import NbsimError
+from ..io import write_float_image
+from ..kernel.backends import CACHE_EVENTS
+from ..render import Renderer
+from ..setup import resolve
+from .arguments import absolute_file_arguments, parse
 
 
 @dataclass
@@ -213,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from .devices import resolve_device, resolve_dtype
+    from ..devices import resolve_device, resolve_dtype
 
     try:
         options = _parser().parse_args(argv)

@@ -11,10 +11,11 @@ from ..config import SimulationConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io import write_float_image, write_pgm, write_smv
-from ..nanobragg_args import RunOptions
-from ..outputs import integer_image, noise_image, pgm_image, smv_fields, statistics
-from ..simulator import Renderer, Setup, resolve
+from ..render import Renderer
+from ..setup import Setup, resolve
 from ..vectors import DEGREES_PER_RADIAN
+from .arguments import RunOptions
+from .products import integer_image, noise_image, pgm_image, smv_fields, statistics
 
 
 def render_command(config: SimulationConfig, run: RunOptions) -> int:

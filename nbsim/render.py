@@ -1,204 +1,30 @@
-"""Assemble the setup (geometry, crystal, sources, structure factors) and render the image in tiles."""
+"""Rendering a resolved setup: the image in row tiles on one device and dtype, the region of interest
+and mask, and the per-pixel replays that reproduce nanoBragg's OpenMP-order effects (`Renderer`,
+`simulate`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
-from . import crystal as crystal_mod
-from .beam import Sources, build_sources
-from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
+from .config import SimulationConfig
 from .errors import NbsimError
-from .geometry import DetectorGeometry, build_geometry
 from .kernel.backends import OUT_OF_RANGE_STAGES, PIXEL_STAGES, SINGLE_STEP_STAGES, Structure, kernel_callable
 from .kernel.inputs import kernel_inputs
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
 from .kernel.policy import PROBE_PIXEL_STEPS, plan_compile, start_background_build
-from .random import Ran1
-from .structure_factors import HKLGrid, build_grid, read_hkl
-from .vectors import norm
+from .setup import Setup, resolve
+from .structure_factors import HKLGrid
 
-R_E_SQR_M2 = 7.94079248018965e-30
-AVOGADRO = 6.02214179e23
-WATER_F = 2.57
-WATER_MW = 18.0
 # Values held per tile: an eager tile materialises every pixel-step, a compiled tile only the per-pixel
 # terms handed from the first kernel stage to the fused step sum (a single-step kernel writes the image
 # directly and holds nothing else). Either way the bound keeps memory flat whatever the number of steps.
 TILE_ELEMENTS = 1 << 22
-
-
-@dataclass
-class SensorLayers:
-    thickness_m: float
-    step_m: float
-    layers: int
-    mu_per_m: float
-
-
-def sensor_layers(thickness_um: float, absorption_depth_um: float | None, layers: int | None) -> SensorLayers:
-    """Sensor thickness, layer step and count, and μ, after nanoBragg's rules."""
-    thick = thickness_um * 1e-6
-    mu = -1.0 if absorption_depth_um is None else (
-        0.0 if math.isinf(absorption_depth_um) or absorption_depth_um == 0 else 1.0 / (absorption_depth_um * 1e-6))
-    steps = -1 if layers is None else layers
-    step = -1.0
-    if steps <= 0:
-        if thick >= 0.0:
-            steps, step = 2, thick / 2.0
-    elif thick >= 0.0:
-        steps = max(steps, 2)
-        step = thick / (steps - 1)
-    if thick > 0.0 and mu < 0.0:
-        mu = 1.0 / thick
-    if thick <= 0.0 or step <= 0.0 or steps <= 0:
-        return SensorLayers(0.0, 0.0, 1, mu)
-    return SensorLayers(thick, step, steps, mu)
-
-
-@dataclass
-class Setup:
-    """Everything resolved from a configuration, before any pixel is rendered."""
-
-    config: SimulationConfig
-    geometry: DetectorGeometry
-    lattice: crystal_mod.Lattice
-    n_cells: tuple[int, int, int]
-    phi: crystal_mod.PhiSampling
-    mosaic: crystal_mod.MosaicDomains
-    cells_A: torch.Tensor
-    sources: Sources
-    grid: HKLGrid | None
-    lookup: str
-    oversample: int
-    sensor: SensorLayers
-    fluence: float
-    background: float
-    steps: int
-    roi: tuple[int, int, int, int]
-    mask: np.ndarray | None
-    first_evaluation_cells_A: torch.Tensor | None
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.geometry.pixels_s, self.geometry.pixels_f
-
-    @property
-    def roi_is_whole_detector(self) -> bool:
-        return self.roi == (0, self.shape[1] - 1, 0, self.shape[0] - 1)
-
-    @property
-    def photon_scale(self) -> float:
-        """r_e² · fluence / steps: what every pixel's step sum is multiplied by."""
-        return R_E_SQR_M2 * self.fluence / self.steps
-
-
-def resolve(config: SimulationConfig) -> Setup:
-    """Apply nanoBragg's defaults and derive geometry, lattice, sources and the structure-factor grid."""
-    _validate(config)
-    generator = Ran1()
-    warnings: list[str] = []
-    geometry = build_geometry(config.detector)
-    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator)
-    n_cells = crystal_mod.cell_counts(config.crystal, lattice)
-    phi = crystal_mod.phi_sampling(config.crystal)
-    mosaic = crystal_mod.mosaic_domains(config.crystal, generator)
-    cells = crystal_mod.oriented_cells(lattice, phi, geometry.spindle, mosaic)
-    first_cells = None
-    if crystal_mod.effective_phi_rad(phi)[0] != phi.angles_rad()[0]:
-        unrotated = crystal_mod.PhiSampling(start_rad=0.0, step_rad=0.0, steps=1, osc_rad=0.0)
-        first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
-    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
-
-    crystal_size_m = max(float(length) * n for length, n in
-                         zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
-    # The ratio below is often an exact integer in theory, so its rounding decides a whole sub-pixel.
-    # Where the recomputed distance equals the requested one up to rounding (which builds of the
-    # reference, with or without fused multiply-adds, do not agree on), the requested one is used.
-    distance_m = scalar_value(geometry.distance_m)
-    if math.isclose(distance_m, geometry.requested_distance_m, rel_tol=1e-12):
-        distance_m = geometry.requested_distance_m
-    reciprocal_pixel_m = scalar_value(config.beam.wavelength_A) / 1e10 * distance_m / geometry.pixel_size_m
-    recommended = max(math.ceil(3.0 * crystal_size_m / reciprocal_pixel_m), 1)
-    oversample = config.detector.oversample if config.detector.oversample and config.detector.oversample > 0 \
-        else recommended
-    if oversample < recommended:
-        warnings.append(f"maximum dimension of sample is {crystal_size_m * 1e10:g} A but reciprocal pixel size is "
-                        f"{reciprocal_pixel_m * 1e10:g} A: recommend -oversample {recommended}")
-
-    warnings += crystal_mod.default_warnings(config.crystal)
-    grid, lookup = _structure_factors(config, n_cells)
-    beam = config.beam
-    fluence = beam.fluence_photons_per_m2
-    if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:
-        fluence = beam.flux_photons_per_s * beam.exposure_s / (beam.beamsize_mm * 1e-3) ** 2
-    water_m = beam.water_thickness_um * 1e-6
-    background = WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m ** 3 * 1e6 * AVOGADRO / WATER_MW
-    steps = sources.count * mosaic.count * phi.steps * oversample * oversample
-    roi = _roi(config.detector.roi, geometry)
-    mask = _read_mask(config.detector.mask_file, geometry) if config.detector.mask_file else None
-    return Setup(config=config, geometry=geometry, lattice=lattice, n_cells=n_cells, phi=phi, mosaic=mosaic,
-                 cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
-                 sensor=sensor_layers(config.detector.sensor_thickness_um,
-                                      config.detector.sensor_absorption_depth_um, config.detector.sensor_layers),
-                 fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
-                 first_evaluation_cells_A=first_cells, warnings=warnings)
-
-
-def _validate(config: SimulationConfig) -> None:
-    wavelength = scalar_value(config.beam.wavelength_A)
-    if not (wavelength > 0 and math.isfinite(wavelength)):
-        raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
-    if config.crystal.shape not in CRYSTAL_SHAPES:
-        raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
-    if config.structure.hkl_file is None and config.structure.default_F == 0.0:
-        raise NbsimError("no structure factors: give -hkl FILE or a non-zero -default_F")
-    if config.detector.oversample is not None and config.detector.oversample < 0:
-        raise NbsimError("-oversample must not be negative")
-    if any(n < 0 for n in config.crystal.n_cells):
-        raise NbsimError("cell counts (-N, -Na, -Nb, -Nc) must not be negative")
-    if config.beam.flux_photons_per_s != 0.0 and config.beam.beamsize_mm <= 0:
-        raise NbsimError("-beamsize must be positive when -flux is given")
-
-
-def _structure_factors(config: SimulationConfig, n_cells: tuple[int, int, int]) -> tuple[HKLGrid | None, str]:
-    structure = config.structure
-    if structure.hkl_file is None:
-        return None, "default"
-    grid = build_grid(read_hkl(structure.hkl_file), structure.default_F)
-    interpolate = structure.interpolate
-    if interpolate is None:
-        interpolate = min(n_cells) <= 2
-    return grid, ("interpolate" if interpolate else "nearest")
-
-
-def _roi(roi: tuple[int, int, int, int] | None, geometry: DetectorGeometry) -> tuple[int, int, int, int]:
-    """Inclusive pixel bounds (xmin, xmax, ymin, ymax) clipped to the detector."""
-    xmin, xmax, ymin, ymax = roi if roi is not None else (0, geometry.pixels_f, 0, geometry.pixels_s)
-    xmin, ymin = max(xmin, 0), max(ymin, 0)
-    xmax, ymax = min(xmax, geometry.pixels_f - 1), min(ymax, geometry.pixels_s - 1)
-    if xmin > xmax or ymin > ymax:
-        raise NbsimError(f"the region of interest {roi} contains no pixel of the "
-                         f"{geometry.pixels_f}x{geometry.pixels_s} detector")
-    return xmin, xmax, ymin, ymax
-
-
-def _read_mask(path: str, geometry: DetectorGeometry) -> np.ndarray:
-    from .io import read_smv
-
-    header, data = read_smv(Path(path))
-    if data.shape != (geometry.pixels_s, geometry.pixels_f):
-        raise NbsimError(f"{path}: mask is {data.shape[1]}x{data.shape[0]} pixels but the detector is "
-                         f"{geometry.pixels_f}x{geometry.pixels_s}")
-    return data != 0
 
 
 def openmp_row_chunks(rows: int, threads: int) -> list[tuple[int, int]]:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import NbsimError
-from .geometry import DetectorGeometry
-from .io import format_g
-from .simulator import Setup
-from .vectors import DEGREES_PER_RADIAN
+from ..errors import NbsimError
+from ..geometry import DetectorGeometry
+from ..io import format_g
+from ..setup import Setup
+from ..vectors import DEGREES_PER_RADIAN
 
 
 @dataclass
