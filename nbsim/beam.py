@@ -57,8 +57,6 @@ class Sources:
     positions_m: np.ndarray
     weights: np.ndarray
     divergence_points: int
-    hdiv: StepRange
-    vdiv: StepRange
     dispersion: StepRange
 
     @property
@@ -115,8 +113,7 @@ def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: t
         weights = np.full(len(positions_list), 1.0 / max(len(positions_list), 1))
     incident = -unit(positions)
     return Sources(incident=incident, wavelength_A=wavelength_A, positions_m=positions.detach().numpy(),
-                   weights=weights, divergence_points=divergence_points, hdiv=hdiv, vdiv=vdiv,
-                   dispersion=dispersion)
+                   weights=weights, divergence_points=divergence_points, dispersion=dispersion)
 
 
 def _mrad(value: float | None) -> float | None:

@@ -18,7 +18,7 @@ from .config import CrystalConfig, Scalar, check_cell, scalar_value
 from .errors import InputFileError, NbsimError
 from .random import Ran1, cap_rotation, matrix_to_misset_rad
 from .textfiles import parse_number, read_text
-from .vectors import cross, dot, norm, radians, rotate_about_axis, rotate_xyz
+from .vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz
 
 
 @dataclass
@@ -38,10 +38,6 @@ class Lattice:
         return _cell_parameters(self.reciprocal_per_A, self.real_A, 1.0 / self.volume_A3)
 
 
-def _as_tensor(value: Scalar) -> torch.Tensor:
-    return torch.as_tensor(value, dtype=torch.float64)
-
-
 def _cell_parameters(vectors: torch.Tensor, dual: torch.Tensor, volume: torch.Tensor) -> tuple[float, ...]:
     lengths = norm(vectors).detach()
     dual_lengths = norm(dual).detach()
@@ -59,7 +55,7 @@ def reciprocal_from_cell(cell_A_deg: tuple[Scalar, ...]) -> tuple[torch.Tensor, 
 
     Returns the reciprocal vectors (rows), the real cell lengths and the cell volume.
     """
-    a, b, c, alpha, beta, gamma = (_as_tensor(v) for v in cell_A_deg)
+    a, b, c, alpha, beta, gamma = (as_float64(v) for v in cell_A_deg)
     b = torch.where(b <= 0, a, b)
     c = torch.where(c <= 0, a, c)
     alpha, beta, gamma = (torch.where(x <= 0, torch.full_like(x, math.pi / 2), radians(x))
@@ -106,7 +102,7 @@ def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) 
         reciprocal, cell_lengths, cell_volume = reciprocal_from_cell(config.cell_A_deg)
     if config.mosflm_matrix is not None:
         matrix = torch.tensor(config.mosflm_matrix, dtype=torch.float64).reshape(3, 3)
-        reciprocal = matrix.T / _as_tensor(wavelength_A)
+        reciprocal = matrix.T / as_float64(wavelength_A)
 
     misset_rad = None
     if config.misset_random:
@@ -115,7 +111,7 @@ def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) 
         misset_rad = matrix_to_misset_rad(umat)
         angles = torch.tensor(misset_rad, dtype=torch.float64)
     elif config.misset_deg is not None:
-        angles = radians(torch.stack([_as_tensor(v) for v in config.misset_deg]))
+        angles = radians(torch.stack([as_float64(v) for v in config.misset_deg]))
         misset_rad = tuple(float(v) for v in angles.detach())
     if misset_rad is not None:
         reciprocal = rotate_xyz(reciprocal, angles)
@@ -256,7 +252,7 @@ def default_warnings(config: CrystalConfig) -> list[str]:
 
 def mosaic_domains(config: CrystalConfig, generator: Ran1) -> MosaicDomains:
     """Spread and domain count with nanoBragg's defaults, orientations drawn as the C draws them."""
-    spread = radians(_as_tensor(-1.0 if config.mosaic_spread_deg is None else config.mosaic_spread_deg))
+    spread = radians(as_float64(-1.0 if config.mosaic_spread_deg is None else config.mosaic_spread_deg))
     spread_value = scalar_value(spread)
     count = -1 if config.mosaic_domains is None else config.mosaic_domains
     if count <= 0:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import CONVENTIONS, DetectorConfig, Scalar, scalar_value
+from .config import CONVENTIONS, DetectorConfig, scalar_value
 from .errors import NbsimError
-from .vectors import cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
+from .vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
 
 # beam, fast, slow, normal, two-theta axis, polarization, spindle for each convention.
 _CONVENTION_VECTORS = {
@@ -88,10 +88,6 @@ def _vec(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def _scalar(value: Scalar) -> torch.Tensor:
-    return torch.as_tensor(value, dtype=torch.float64)
-
-
 def build_geometry(config: DetectorConfig) -> DetectorGeometry:
     """The detector frame and pix0 after conventions, pivots and rotations (nanoBragg's setup)."""
     if config.convention not in CONVENTIONS:
@@ -138,14 +134,14 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
     odet = unit(cross(fdet, sdet)) if scalar_value(odet_length) != 1.0 else odet / odet_length
     vertical = unit(cross(beam, polar))
 
-    rotation = radians(torch.stack([_scalar(a) for a in config.rotation_deg]))
-    twotheta = radians(_scalar(config.twotheta_deg))
+    rotation = radians(torch.stack([as_float64(a) for a in config.rotation_deg]))
+    twotheta = radians(as_float64(config.twotheta_deg))
     ratio = dot(beam, rotate_xyz(odet, rotation))
     if scalar_value(ratio) == 0.0:
         ratio = torch.full_like(ratio, 2.2250738585072014e-308)
-    distance = _scalar(config.distance_mm) / 1000.0
+    distance = as_float64(config.distance_mm) / 1000.0
     close_distance = (torch.abs(ratio * distance) if config.close_distance_mm is None
-                      else _scalar(config.close_distance_mm) / 1000.0)
+                      else as_float64(config.close_distance_mm) / 1000.0)
     distance = close_distance / ratio
     requested_distance = scalar_value(distance)
 

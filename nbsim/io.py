@@ -12,30 +12,39 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputFileError, NbsimError
+from .textfiles import c_atof
 
 SMV_HEADER_BYTES = 512
-_C_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def atomic_write(path: str | Path, *parts: bytes | memoryview) -> None:
     """Write the parts via a temporary file in the same folder and rename, so no reader sees a partial file."""
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise NbsimError(f"cannot write {path}: folder {directory} does not exist")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    check_writable(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
             for part in parts:
                 stream.write(part)
-        os.chmod(temporary, 0o666 & ~_umask())
+        os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
 
 
-def _umask() -> int:
+def check_writable(path: str | Path) -> None:
+    """A one-line error, before any work, when `path` cannot be written: its folder is missing or it is a
+    folder itself."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise NbsimError(f"cannot write {path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise NbsimError(f"cannot write {path}: it is a folder")
+
+
+def current_umask() -> int:
+    """This process's file-creation mask (read without changing it for long)."""
     current = os.umask(0)
     os.umask(current)
     return current
@@ -92,8 +101,7 @@ class SMVHeader:
         equals = self.text.find("=", position + len(keyword))
         if equals < 0:
             return 0.0
-        match = _C_FLOAT_PREFIX.match(self.text[equals + 1:])
-        return float(match.group(0)) if match else 0.0
+        return c_atof(self.text[equals + 1:])
 
     def byte_order(self) -> str:
         found = re.findall(r"BYTE_ORDER=(\w+)", self.text)

@@ -10,6 +10,25 @@ from pathlib import Path
 from .errors import InputFileError
 
 _SEPARATORS = re.compile(r"[ \t,;:!]+")
+_C_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_C_INT_PREFIX = re.compile(r"^\s*[+-]?\d+")
+
+
+def c_atof(text: str) -> float:
+    """C's atof: the longest numeric prefix, inf/nan words, or 0."""
+    match = _C_FLOAT_PREFIX.match(text)
+    if match:
+        return float(match.group(0))
+    word = text.strip().lower().lstrip("+-")
+    if word.startswith(("inf", "nan")):
+        sign = -1.0 if text.strip().startswith("-") else 1.0
+        return sign * (math.inf if word.startswith("inf") else math.nan)
+    return 0.0
+
+
+def c_atoi(text: str) -> int:
+    match = _C_INT_PREFIX.match(text)
+    return int(match.group(0)) if match else 0
 
 
 def read_text(path: str | Path) -> str:

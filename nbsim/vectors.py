@@ -12,6 +12,11 @@ M_1_PI = 0.318309886183790671538
 DEGREES_PER_RADIAN = 180.0 * M_1_PI
 
 
+def as_float64(value) -> torch.Tensor:
+    """A float or tensor as a float64 tensor (kept in the autograd graph when it is one)."""
+    return torch.as_tensor(value, dtype=torch.float64)
+
+
 def radians(degrees):
     """Degrees → radians exactly as nanoBragg converts them (a division by 180/π)."""
     return degrees / DEGREES_PER_RADIAN

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from pathlib import Path
 
 from ..config import SimulationConfig
 from ..errors import NbsimError
+from ..io import check_writable
 from ..textfiles import require_file
 from .arguments import FLAGS, RunOptions, parse
 
@@ -76,13 +76,8 @@ def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     """The configuration and output options, once every check that needs no rendering has passed."""
     config, run = parse(argv)
     for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
-        if path is None:
-            continue
-        parent = Path(path).parent
-        if not parent.is_dir():
-            raise NbsimError(f"cannot write {path}: folder {parent} does not exist")
-        if Path(path).is_dir():
-            raise NbsimError(f"cannot write {path}: it is a folder")
+        if path is not None:
+            check_writable(path)
     for path in (config.structure.hkl_file, config.detector.mask_file):
         if path is not None:
             require_file(path)

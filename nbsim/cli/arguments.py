@@ -23,6 +23,7 @@ from typing import Any
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
 from ..errors import NbsimError
+from ..textfiles import c_atof, c_atoi
 
 NUM, INT, WORD, PATH = "number", "integer", "word", "file"
 
@@ -86,27 +87,6 @@ NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol",
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _INTEGER = re.compile(r"^[+-]?\d+$")
-_C_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-_C_INT_PREFIX = re.compile(r"^\s*[+-]?\d+")
-
-
-def c_atof(text: str) -> float:
-    """C's atof: the longest numeric prefix, inf/nan words, or 0."""
-    match = _C_FLOAT_PREFIX.match(text)
-    if match:
-        return float(match.group(0))
-    word = text.strip().lower().lstrip("+-")
-    if word.startswith(("inf", "nan")):
-        sign = -1.0 if text.strip().startswith("-") else 1.0
-        return sign * (math.inf if word.startswith("inf") else math.nan)
-    return 0.0
-
-
-def c_atoi(text: str) -> int:
-    match = _C_INT_PREFIX.match(text)
-    return int(match.group(0)) if match else 0
-
-
 def validate(argv: list[str]) -> None:
     """Raise NbsimError for an unknown flag, a missing value or a malformed value."""
     i = 0
@@ -198,10 +178,12 @@ def _defaults() -> CState:
         sourcefile=None, floatfile="floatimage.bin", intfile="intimage.img", pgmfile="image.pgm",
         noisefile="noiseimage.img", write_pgm=True, calculate_noise=True, intfile_scale=0.0, pgm_scale=0.0,
         printout=False, printout_pixel=None, interpolate=None, shape="square", fudge=1.0, seed=None,
-        mosaic_seed=12345678, misset_seed=None, water_um=0.0, mask=None, img=None, ignored=[]))
+        mosaic_seed=12345678, misset_seed=None, water_um=0.0, mask=None, img=None))
 
 
-Rule = tuple[Any, int, Any, bool]
+Rule = tuple[Any, int, Any, bool | str]
+"""(matches the argument, values it takes, action, stop: True, False or "conditional" — stop only when the
+action returns True)."""
 
 
 def _sub(pattern: str):
