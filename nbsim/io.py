@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputFileError, NbsimError
+from .files import check_writable, current_umask
 from .textfiles import c_atof
 
 SMV_HEADER_BYTES = 512
@@ -31,23 +32,6 @@ def atomic_write(path: str | Path, *parts: bytes | memoryview) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-
-
-def check_writable(path: str | Path) -> None:
-    """A one-line error, before any work, when `path` cannot be written: its folder is missing or it is a
-    folder itself."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise NbsimError(f"cannot write {path}: folder {path.parent} does not exist")
-    if path.is_dir():
-        raise NbsimError(f"cannot write {path}: it is a folder")
-
-
-def current_umask() -> int:
-    """This process's file-creation mask (read without changing it for long)."""
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def write_float_image(path: str | Path, image: np.ndarray) -> None:

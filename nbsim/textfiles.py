@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 
@@ -43,17 +42,6 @@ def read_text(path: str | Path) -> str:
         raise InputFileError(str(path), "not a text file") from None
     except OSError as error:
         raise InputFileError(str(path), error.strerror or "cannot be read") from None
-
-
-def require_file(path: str | Path) -> None:
-    """A one-line error, before any work, when an input file is missing, a folder or unreadable."""
-    target = Path(path)
-    if not target.exists():
-        raise InputFileError(str(path), "no such file")
-    if target.is_dir():
-        raise InputFileError(str(path), "is a directory, not a file")
-    if not os.access(target, os.R_OK):
-        raise InputFileError(str(path), "cannot be read (permission denied)")
 
 
 def parse_number(token: str, path: str | Path, line_number: int) -> float:
