@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from .config import BeamConfig
-from .errors import InputFileError
-from .textfiles import numeric_rows
 from .vectors import rotate_about_axis, unit
 
 SOURCE_DISTANCE_M = 10.0
@@ -62,20 +59,6 @@ class Sources:
     @property
     def count(self) -> int:
         return len(self.positions_m)
-
-
-def read_source_file(path: str | Path) -> tuple[tuple[float, float, float, float, float], ...]:
-    """Source file rows: X Y Z (m, position of the source), weight, wavelength (m); missing → NaN."""
-    rows = numeric_rows(path, 1, 5)
-    if not rows:
-        raise InputFileError(str(path), "no sources in file")
-    sources = []
-    for line_number, values in rows:
-        padded = values + [math.nan] * (5 - len(values))
-        if len(values) == 5 and values[4] <= 0:
-            raise InputFileError(str(path), f"wavelength {values[4]:g} m must be positive", line_number)
-        sources.append(tuple(padded))
-    return tuple(sources)
 
 
 def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: torch.Tensor,

@@ -15,9 +15,8 @@ import numpy as np
 import torch
 
 from .config import CrystalConfig, Scalar, check_cell, scalar_value
-from .errors import InputFileError, NbsimError
+from .errors import NbsimError
 from .random import Ran1, cap_rotation, matrix_to_misset_rad
-from .textfiles import parse_number, read_text
 from .vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz
 
 
@@ -283,14 +282,3 @@ def oriented_cells(lattice: Lattice, phi: PhiSampling, spindle_axis: torch.Tenso
 
 
 
-def read_mosflm_matrix(path: str) -> tuple[float, ...]:
-    """The first nine numbers of a MOSFLM matrix file (A matrix, row by row); the rest is ignored."""
-    tokens = read_text(path).split()[:9]
-    if len(tokens) < 9:
-        raise InputFileError(str(path), f"a MOSFLM matrix needs 9 numbers, found {len(tokens)}")
-    values = []
-    for index, token in enumerate(tokens):
-        values.append(parse_number(token, path, index // 3 + 1))
-    if abs(np.linalg.det(np.array(values).reshape(3, 3))) == 0.0:
-        raise InputFileError(str(path), "the orientation matrix is singular")
-    return tuple(values)

@@ -15,8 +15,9 @@ from .beam import Sources, build_sources
 from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
 from .geometry import DetectorGeometry, build_geometry
+from .io.inputs import read_hkl
 from .random import Ran1
-from .structure_factors import HKLGrid, build_grid, read_hkl
+from .structure_factors import HKLGrid, build_grid
 from .vectors import norm
 
 R_E_SQR_M2 = 7.94079248018965e-30
@@ -181,7 +182,7 @@ def _roi(roi: tuple[int, int, int, int] | None, geometry: DetectorGeometry) -> t
 
 
 def _read_mask(path: str, geometry: DetectorGeometry) -> np.ndarray:
-    from .io import read_smv
+    from .io.images import read_smv
 
     header, data = read_smv(Path(path))
     if data.shape != (geometry.pixels_s, geometry.pixels_f):

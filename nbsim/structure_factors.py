@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-
-from .errors import InputFileError
-from .textfiles import numeric_rows
 
 
 @dataclass
@@ -31,18 +27,6 @@ class HKLGrid:
     def padded(self, default_F: float) -> np.ndarray:
         """The values with a one-node border of default_F on every side (what lookups index)."""
         return np.pad(self.values, 1, constant_values=default_F)
-
-
-def read_hkl(path: str | Path) -> np.ndarray:
-    """Rows of h, k, l, F from a text file; indices must be integers, F a finite number."""
-    rows = numeric_rows(path, 4, 4)
-    if not rows:
-        raise InputFileError(str(path), "no reflections in file")
-    for line_number, (h, k, l, _) in rows:
-        if h != round(h) or k != round(k) or l != round(l):
-            raise InputFileError(str(path), f"Miller indices must be integers (got {h:g} {k:g} {l:g})",
-                                 line_number)
-    return np.array([values for _, values in rows], dtype=np.float64)
 
 
 def build_grid(reflections: np.ndarray, default_F: float) -> HKLGrid:

@@ -106,7 +106,7 @@ def test_interpolation_switch_within_a_narrow_region(tmp_path):
     """Where nanoBragg stops interpolating (a step leaves the HKL grid), a region of interest narrower
     than the detector renders what masking the same columns renders: both skip those pixels, so the
     switch comes at the same pixel, and the pixels interpolated before it land in a strided view."""
-    from nbsim.io import write_smv
+    from nbsim.io.images import write_smv
 
     hkl = tmp_path / "small.hkl"
     hkl.write_text("".join(f"{h} {k} {l} {10 + abs(h) + 2 * abs(k) + 3 * abs(l)}\n"

@@ -19,15 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nbsim
-from nbsim.beam import read_source_file
 from nbsim.cli.arguments import FLAGS, parse
-from nbsim.crystal import read_mosflm_matrix
 from nbsim.errors import NbsimError
-from nbsim.io import read_smv
+from nbsim.io.images import read_smv
+from nbsim.io.inputs import read_hkl, read_mosflm_matrix, read_source_file
 from nbsim.kernel.physics import lattice_factor, sin_pi_polynomial, sincg_parts
 from nbsim.render import Renderer
 from nbsim.setup import resolve
-from nbsim.structure_factors import read_hkl
 
 from .conftest import REPO_ROOT, SEED_ARGS, own_cache_env, snakemake_command
 

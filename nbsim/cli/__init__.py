@@ -14,7 +14,7 @@ import traceback
 
 from ..config import SimulationConfig
 from ..errors import NbsimError
-from ..files import check_writable, require_file
+from ..io.paths import check_writable, require_file
 from .arguments import FLAGS, RunOptions, parse
 
 USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
 from ..errors import NbsimError
-from ..textfiles import c_atof, c_atoi
+from ..io.text import c_atof, c_atoi
 
 NUM, INT, WORD, PATH = "number", "integer", "word", "file"
 
@@ -438,7 +438,7 @@ def run_nanobragg_rules(argv: list[str]) -> CState:
 
 def _apply_header(state: CState, path: Path, from_mask: bool) -> None:
     """Detector values nanoBragg takes from an SMV header (the last match of each keyword wins)."""
-    from ..io import read_smv_header
+    from ..io.images import read_smv_header
 
     header = read_smv_header(path)
     width, height = header.last_value("SIZE1"), header.last_value("SIZE2")
@@ -556,13 +556,13 @@ def _nan_to_none(value: float) -> float | None:
 
 
 def _read_matrix(path: str) -> tuple[float, ...]:
-    from ..crystal import read_mosflm_matrix
+    from ..io.inputs import read_mosflm_matrix
 
     return read_mosflm_matrix(path)
 
 
 def _read_sources(path: str):
-    from ..beam import read_source_file
+    from ..io.inputs import read_source_file
 
     return read_source_file(path)
 

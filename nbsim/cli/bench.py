@@ -29,7 +29,7 @@ from ..cache import configure_compile_cache
 from ..cpu import cpu_name
 from ..devices import dtype_name
 from ..errors import NbsimError
-from ..io import write_float_image
+from ..io.images import write_float_image
 from ..kernel.backends import CACHE_EVENTS
 from ..render import Renderer
 from ..setup import resolve

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import NbsimError
 from ..geometry import DetectorGeometry
-from ..io import format_g
+from ..io.images import format_g
 from ..setup import Setup
 from ..vectors import DEGREES_PER_RADIAN
 

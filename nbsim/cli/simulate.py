@@ -10,7 +10,7 @@ from ..cache import configure_compile_cache
 from ..config import SimulationConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
-from ..io import write_float_image, write_pgm, write_smv
+from ..io.images import write_float_image, write_pgm, write_smv
 from ..render import Renderer
 from ..setup import Setup, resolve
 from ..vectors import DEGREES_PER_RADIAN

@@ -24,7 +24,7 @@ def json_safe(value: Any) -> Any:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    from ..io import atomic_write
+    from ..io.images import atomic_write
 
     atomic_write(path, (json.dumps(json_safe(payload), indent=1, sort_keys=True) + "\n").encode())
 

@@ -6,7 +6,7 @@ import math
 import re
 from pathlib import Path
 
-from .errors import InputFileError
+from ..errors import InputFileError
 
 _SEPARATORS = re.compile(r"[ \t,;:!]+")
 _C_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import InputFileError, NbsimError
+from ..errors import InputFileError, NbsimError
 
 
 def require_file(path: str | Path) -> None:

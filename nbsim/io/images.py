@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputFileError, NbsimError
-from .files import check_writable, current_umask
-from .textfiles import c_atof
+from ..errors import InputFileError, NbsimError
+from .paths import check_writable, current_umask
+from .text import c_atof
 
 SMV_HEADER_BYTES = 512
 
