@@ -125,6 +125,27 @@ def test_interpolation_switch_within_a_narrow_region(tmp_path):
     np.testing.assert_array_equal(by_roi().numpy(), by_mask().numpy())
 
 
+def test_interpolation_switch_at_the_first_step_looks_up_nearest_from_there_on(tmp_path):
+    """When the run's very first step (pixel (0, 0), first sub-pixel) leaves the HKL grid, nanoBragg turns
+    interpolation off there, and its F_cell = default_F is overwritten by the nearest-node lookup that
+    follows: that step, the rest of the pixel and the whole image are the -nointerpolate ones (bit for
+    bit in nanoBragg). Here that step's nearest node (3, 4, -5) is inside the grid and the pixel has
+    2×2 sub-pixels, so neither default_F nor more interpolation would pass."""
+    hkl = tmp_path / "small.hkl"
+    hkl.write_text("".join(f"{h} {k} {l} {10 + abs(h) + 2 * abs(k) + 3 * abs(l)}\n"
+                           for h in range(-6, 7) for k in range(-6, 7) for l in range(-6, 7)))
+    args = (f"-hkl {hkl} -cell 30 30 30 90 90 90 -misset 10 20 30 -N 2 -lambda 1 -distance 50 -detpixels 32 "
+            "-pixel 0.5").split()
+    for threads in (1, 2):
+        auto = Renderer(resolve(nbsim.config_from_args(args)), dtype=torch.float64, compile=False,
+                        reference_threads=threads)
+        nearest = Renderer(resolve(nbsim.config_from_args([*args, "-nointerpolate"])), dtype=torch.float64,
+                           compile=False, reference_threads=threads)
+        assert auto.inputs.options.lookup == "interpolate" and auto.setup.oversample == 2
+        assert auto._interpolation_switch()[1] == (0, 0)
+        np.testing.assert_allclose(auto().numpy(), nearest().numpy(), rtol=1e-12, atol=0)
+
+
 def test_renderer_refuses_an_output_buffer_of_the_wrong_kind():
     from nbsim.errors import NbsimError
 

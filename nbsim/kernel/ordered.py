@@ -7,7 +7,7 @@ The fused kernel sums all steps at once. A few reference behaviours need the C's
 * the first evaluation of each OpenMP thread uses the unrotated crystal at a phi step of exactly 0
   (later ones reuse the previous orientation);
 * tricubic interpolation stops for the rest of the run at the first step too close to the HKL grid
-  edge, and that step takes default_F.
+  edge: that step and every later one (the rest of the pixel included) take the nearest node.
 
 This module evaluates tiles in that order: a Python loop over (sub-step, source) blocks, vectorised
 over pixels and crystal orientations. It is slower than the kernel and only used where needed.
@@ -79,19 +79,23 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, opt
                   else polarization_factor(f, t, options))
     running = torch.full_like(omega_each[:, :, 0], float(background))
     interpolating = ordered.interpolation_switch
+    lookup = None
     last = None
     for k in range(n_sub):
         for s in range(n_src):
             block_inputs = restrict(t, k, s)
             block = frame_slice(f, k, s)
-            terms = step_terms(block, block_inputs, options)
+            terms = step_terms(block, block_inputs, options, lookup)
             if k == 0 and s == 0 and ordered.first_evaluation is not None:
                 first_inputs = restrict(ordered.first_evaluation, 0, 0)
-                terms = _with_first_evaluation(terms, step_terms(block, first_inputs, options))
+                terms = _with_first_evaluation(terms, step_terms(block, first_inputs, options, lookup))
             mask = evaluated(terms, None if block.valid is None else block.valid.unsqueeze(-1), t)[:, :, 0, 0, :]
             f_cell = terms.f_cell[:, :, 0, 0, :]
             if interpolating:
                 f_cell, interpolating = _switching_lookup(terms, mask, t)
+                if not interpolating:
+                    # Interpolation is off for the rest of the run: this pixel's later steps look up nearest.
+                    lookup = "nearest"
             term = f_cell * f_cell * terms.f_latt[:, :, 0, 0, :] ** 2
             factor = torch.ones_like(running)
             if ordered.oversample_thick:
@@ -133,17 +137,17 @@ def _with_first_evaluation(terms: StepTerms, first: StepTerms) -> StepTerms:
 
 
 def _switching_lookup(terms: StepTerms, mask: torch.Tensor, t: KernelTensors) -> tuple[torch.Tensor, bool]:
-    """Interpolated F up to the first out-of-range evaluated step, default_F there, nearest after."""
-    default_F = t.scalars.default_F
+    """Interpolated F before the first out-of-range evaluated step, nearest from it on (nanoBragg sets
+    F_cell = default_F there but, interpolation now off, overwrites it with the nearest lookup)."""
     interpolated = terms.f_cell[:, :, 0, 0, :]
     nearest = structure_factor(terms.h, terms.k, terms.l, terms.h0, terms.k0, terms.l0, t.grid, t.grid_min,
-                               t.grid_max, t.grid_extent, default_F, "nearest")[:, :, 0, 0, :]
+                               t.grid_max, t.grid_extent, t.scalars.default_F, "nearest")[:, :, 0, 0, :]
     outside = interpolation_outside(terms, t)[:, :, 0, 0, :] & mask
     if not bool(outside.any()):
         return interpolated, True
     position = torch.arange(outside.shape[-1], device=outside.device)
     first = torch.where(outside, position, outside.shape[-1]).amin(-1, keepdim=True)
-    f_cell = torch.where(position < first, interpolated, torch.where(position == first, default_F, nearest))
+    f_cell = torch.where(position < first, interpolated, nearest)
     return f_cell, False
 
 

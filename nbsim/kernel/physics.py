@@ -396,7 +396,7 @@ def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
 def steps_out_of_range(p: PixelTerms, t: KernelTensors,
                        options: KernelOptions) -> torch.Tensor:
     """(R, C) flags: does any evaluated step of the pixel fall too close to the HKL grid edge to
-    interpolate? (nanoBragg then uses default_F for that step and switches interpolation off.)"""
+    interpolate? (nanoBragg then switches interpolation off and looks up the nearest node, that step on.)"""
     terms = terms_from_projections(p.projections, p.inverse_path, t, options, lookup="default", pixels_last=True)
     outside = interpolation_outside(terms, t) & evaluated(terms, p.valid.unsqueeze(2) > 0 if options.use_dmin
                                                           else None, t)
