@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+from nbsim.workloads import SEED_ARGS
+
 ANSWER_MAX_S = 0.5
-SEED = ["-default_F", "100", "-cell", "100", "100", "100", "90", "90", "90", "-lambda", "6.2", "-N", "5",
-        "-distance", "100", "-detpixels", "64"]
+SEED = [*SEED_ARGS, "-detpixels", "64"]
 ANSWERS = {
     "help": ["-h"],
     "unknown flag": [*SEED, "-bogus"],

@@ -35,17 +35,14 @@ from pathlib import Path
 from answers import ANSWER_WORKLOADS
 from sweep_workloads import SWEEP_WORKLOADS
 
+from nbsim import workloads
+
 TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent
-SEED_ARGS = ["-default_F", "100", "-cell", "100", "100", "100", "90", "90", "90", "-lambda", "6.2", "-N", "5",
-             "-distance", "100"]
-HEAVY_ARGS = ["-hkl", "{golden}/synthetic_P1.hkl", "-cell", "70", "80", "90", "75", "85", "95",
-              "-misset", "10", "20", "30", "-N", "10", "-lambda", "1.5", "-distance", "200", "-pixel", "0.1",
-              "-mosaic", "0.3", "-mosaic_dom", "5", "-mosaic_seed", "3", "-phi", "0", "-osc", "0.3",
-              "-phisteps", "3", "-hdivrange", "0.2", "-vdivrange", "0.2", "-hdivsteps", "3", "-vdivsteps", "3",
-              "-oversample", "2"]
+SEED_ARGS = list(workloads.SEED_ARGS)
+HEAVY_ARGS = list(workloads.HEAVY_ARGS)
 OUTPUT_ARGS = ["-floatfile", "float.bin", "-intfile", "int.img", "-nonoise", "-nopgm"]
 MIN_CORRELATION = 0.99999
 

@@ -16,7 +16,7 @@ from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
 from .errors import NbsimError
 from .geometry import DetectorGeometry, build_geometry
 from .io.inputs import read_hkl
-from .random import Ran1
+from .rng import Ran1
 from .structure_factors import HKLGrid, build_grid
 from .vectors import norm
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nbsim import workloads
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SEED_ARGS = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"
+SEED_ARGS = " ".join(workloads.SEED_ARGS)
 """The seeds' benchmark workload, without a detector size."""
 
 

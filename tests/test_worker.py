@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -127,3 +129,69 @@ def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, running_wo
     assert frames[-1] == (b"x", b"2")
     assert frames[0][0] == b"e" and b"FileNotFoundError" in frames[0][1]
     assert "1 commands served" in worker._ask("status")
+
+
+LONG_ARGS = f"{SEED_ARGS} -detpixels 3000 -oversample 16 -compile off -floatfile long.bin -nonoise -nopgm".split()
+"""Minutes of rendering on a few cores (256 steps for each of 9 million pixels), run only to be cancelled."""
+
+
+def _interrupt_mid_render(folder: Path, env: dict[str, str], signum: int) -> subprocess.CompletedProcess:
+    """Start LONG_ARGS through the worker, send the client `signum` once the worker renders, and return the
+    client's result."""
+    folder.mkdir()
+    client = subprocess.Popen([sys.executable, "-m", "nbsim.worker", *LONG_ARGS], cwd=folder, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in client.stdout:  # the setup summary, printed just before rendering starts
+            lines.append(line)
+            if line.strip().endswith("steps per pixel"):
+                break
+        assert lines and lines[-1].strip() == "256 steps per pixel", "".join(lines) + client.stderr.read()
+        time.sleep(1.0)
+        client.send_signal(signum)
+        stdout, stderr = client.communicate(timeout=10)
+    finally:
+        client.kill()
+        client.wait()
+    return subprocess.CompletedProcess(client.args, client.returncode, "".join(lines) + stdout, stderr)
+
+
+def _worker_serves_next_command_at_once(tmp_path: Path, env: dict[str, str], long_folder: Path) -> None:
+    """A short command through the same worker finishes within seconds (the cancelled one would need
+    minutes), the worker goes on serving, and the cancelled command left no file at all."""
+    started = time.monotonic()
+    short = _nbsim(ARGS, tmp_path, env)
+    elapsed = time.monotonic() - started
+    assert short.returncode == 0, short.stderr
+    assert elapsed < 8, f"the next command waited {elapsed:.1f} s"
+    assert np.fromfile(tmp_path / "float.bin", dtype=np.float32).max() > 0
+    status = _nbsim(["worker", "status"], tmp_path, env)
+    assert status.returncode == 0 and "2 commands served" in status.stdout, status.stdout + status.stderr
+    assert sorted(p.name for p in long_folder.iterdir()) == []
+    log = (Path(env["NBSIM_CACHE_DIR"]) / "worker.log").read_text()
+    assert "cancelled `nbsim" in log and "Traceback" not in log, log
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_client_cancels_its_command(tmp_path, running_worker, signum):
+    """Ctrl-C (or SIGTERM) in a client mid-render: one line and status 128 + signal, and the worker drops
+    the command at once, writing none of its files."""
+    long_folder = tmp_path / "long"
+    interrupted = _interrupt_mid_render(long_folder, running_worker, signum)
+    assert interrupted.returncode == 128 + signum, interrupted.stdout + interrupted.stderr
+    assert interrupted.stderr.startswith("nbsim: interrupted") and interrupted.stderr.count("\n") == 1, \
+        interrupted.stderr
+    assert "writing long.bin" not in interrupted.stdout
+    _worker_serves_next_command_at_once(tmp_path, running_worker, long_folder)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_client_cancels_its_command(tmp_path, running_worker):
+    """A client killed mid-render (its connection just drops) cancels its command in the worker too."""
+    long_folder = tmp_path / "long"
+    killed = _interrupt_mid_render(long_folder, running_worker, signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    assert killed.stderr == ""
+    _worker_serves_next_command_at_once(tmp_path, running_worker, long_folder)

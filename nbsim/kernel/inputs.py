@@ -161,7 +161,7 @@ def example_tensors(dtype: torch.dtype, device: torch.device, single_step: bool)
 
 
 @dataclass
-class KernelSetup:
+class KernelInputs:
     """The setup as kernel inputs on one device and dtype, plus the compile-time choices."""
 
     tensors: KernelTensors
@@ -170,7 +170,7 @@ class KernelSetup:
     """The inputs with the unrotated crystal's orientations (the phi-step quirk), or None."""
 
 
-def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) -> KernelSetup:
+def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) -> KernelInputs:
     """Precompute (in float64, keeping gradients) everything that does not depend on the pixel, and cast
     it to the compute device and dtype."""
     device = torch.device(device)
@@ -234,4 +234,4 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     first = None
     if setup.first_evaluation_cells_A is not None:
         first = tensors._replace(**orientation(setup.first_evaluation_cells_A))
-    return KernelSetup(tensors=tensors, options=options, first_evaluation=first)
+    return KernelInputs(tensors=tensors, options=options, first_evaluation=first)
