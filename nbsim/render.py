@@ -17,6 +17,7 @@ from .errors import NbsimError
 from .kernel.backends import OUT_OF_RANGE_STAGES, PIXEL_STAGES, SINGLE_STEP_STAGES, Structure, kernel_callable
 from .kernel.inputs import kernel_inputs
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
+from .kernel.physics import PixelTerms
 from .kernel.policy import PROBE_PIXEL_STEPS, plan_compile, start_background_build
 from .setup import Setup, resolve
 from .structure_factors import HKLGrid
@@ -76,8 +77,7 @@ class Renderer:
         from the first compiled stage to the fused step sum."""
         if self.mode == "eager" or self.step_ordered or self.steps_per_pixel == 1:
             return self.steps_per_pixel
-        substeps, sources, orientations = self.counts
-        return 3 * substeps * orientations + substeps * sources + substeps + 1
+        return PixelTerms.values_per_pixel(*self.counts)
 
     def __call__(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The (slow, fast) image: zero outside the ROI and on masked pixels.

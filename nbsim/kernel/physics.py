@@ -311,6 +311,11 @@ class PixelTerms(NamedTuple):
     factor: torch.Tensor
     valid: torch.Tensor
 
+    @staticmethod
+    def values_per_pixel(substeps: int, sources: int, orientations: int) -> int:
+        """How many values the terms hold per pixel at most (`valid` holds K·S only with -dmin)."""
+        return 3 * substeps * orientations + substeps + 1 + substeps * sources
+
 
 def miller_indices(projections: torch.Tensor, inverse_path: torch.Tensor, t: KernelTensors,
                    pixels_last: bool = False) -> list[torch.Tensor]:
