@@ -6,26 +6,32 @@ that has PyTorch and nbsim imported and keeps loaded kernels; while it runs, eac
 options>` command is a light client (this module never imports torch) that sends its arguments, working
 folder and NBSIM_* variables to the worker and relays its output and exit status. The worker serves one
 command at a time and exits after an idle timeout, on `nbsim worker stop`, or when it finds the nbsim
-sources changed. Without a worker, or with NBSIM_WORKER=off, the command runs in its own process, as it
-does when the client sees other CUDA devices than the worker. `nbsim bench` always runs in its own
-process (its timings and peak memory are per process).
+sources changed. A client that is interrupted (Ctrl-C, SIGTERM, SIGHUP: one line, status 128 + the
+signal) or killed hangs up, and the worker cancels its command at once (see _run_cancellable).
+Without a worker, or with NBSIM_WORKER=off, the command runs in its own process, as it does when the
+client sees other CUDA devices than the worker. `nbsim bench` always runs in its own process (its
+timings and peak memory are per process).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import importlib.util
 import io
 import json
 import os
+import select
+import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,21 +43,66 @@ ASK_TIMEOUT_S = 10.0
 _HEADER = struct.Struct("!cI")
 _STDOUT, _STDERR, _EXIT, _DECLINE = b"o", b"e", b"x", b"d"
 _ABSENT, _BUSY = "absent", "busy"
+CANCEL_RETRY_S = 2.0
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP in a client, handled like Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Cancelled(BaseException):
+    """Raised in a command's thread in the worker once its client has gone (a BaseException, so that the
+    CLI's own handlers let it through)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     """The `nbsim` entry point: worker control, else the command in the worker or in this process."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = [a for a in argv if a != "--debug"]
-    if command and command[0] == "worker":
-        return worker_command(command[1:])
-    if command and command[0] not in ("bench", "kernels") and os.environ.get("NBSIM_WORKER", "").lower() != "off":
-        status = run_in_worker(argv)
-        if status is not None:
-            return status
-    from .cli import main as cli_main
+    try:
+        if command and command[0] == "worker":
+            return worker_command(command[1:])
+        if (command and command[0] not in ("bench", "kernels")
+                and os.environ.get("NBSIM_WORKER", "").lower() != "off"):
+            status = run_in_worker(argv)
+            if status is not None:
+                return status
+        from .cli import main as cli_main
 
-    return cli_main(argv)
+        return cli_main(argv)
+    except KeyboardInterrupt as interrupt:
+        return _interrupted(interrupt)
+
+
+def _interrupted(interrupt: KeyboardInterrupt) -> int:
+    """The one line and exit status of an interrupted command: 128 + the signal's number."""
+    signum = interrupt.signum if isinstance(interrupt, _Interrupted) else signal.SIGINT
+    by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    print(f"nbsim: interrupted{by}", file=sys.stderr)
+    return 128 + signum
+
+
+@contextlib.contextmanager
+def _termination_interrupts():
+    """SIGTERM and SIGHUP raise _Interrupted in the main thread (where they are not ignored), so that a
+    client ends like one stopped by Ctrl-C: its connection closed, one line, no traceback."""
+    def interrupt(signum, _frame):
+        raise _Interrupted(signum)
+
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                saved[signum] = signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 def socket_path() -> Path:
@@ -120,12 +171,13 @@ def _frames(connection: socket.socket):
 
 def run_in_worker(argv: list[str]) -> int | None:
     """Run `nbsim argv` in the worker and relay its output; None when no worker serves this client
-    (nothing was printed then, so the command can run in this process instead)."""
+    (nothing was printed then, so the command can run in this process instead). Interrupted, the client
+    hangs up, which cancels the command in the worker, and returns 128 + the signal's number."""
     connection = _connect()
     if connection is None:
         return None
     relayed = False
-    with connection:
+    with connection, _termination_interrupts():
         try:
             _request(connection, {
                 "command": "run", "argv": argv, "cwd": os.getcwd(), "source": source_digest(),
@@ -142,9 +194,9 @@ def run_in_worker(argv: list[str]) -> int | None:
                 stream.write(payload.decode())
                 stream.flush()
                 relayed = True
-        except KeyboardInterrupt:
-            print("nbsim: interrupted (the worker finishes the command without printing)", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as interrupt:
+            connection.close()
+            return _interrupted(interrupt)
         except OSError:
             pass
     if relayed:
@@ -232,21 +284,27 @@ def start(idle_timeout_s: float) -> int:
 
 
 class _FrameWriter(io.TextIOBase):
-    """A text stream sending each write to the client as one frame (dropped once the client is gone)."""
+    """A text stream sending each write to the client as one frame. Once the client is gone (a failed
+    send, or `cancel` set by the worker), a write from the command's thread raises _Cancelled: the CLI
+    prints before each file it writes, so a cancelled command stops there; other threads' writes are
+    dropped."""
 
-    def __init__(self, connection: socket.socket, kind: bytes):
-        self.connection, self.kind, self.lost = connection, kind, False
+    def __init__(self, connection: socket.socket, kind: bytes, cancel: threading.Event):
+        self.connection, self.kind, self.cancel = connection, kind, cancel
+        self.owner = threading.get_ident()
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if text and not self.lost:
+        if text and not self.cancel.is_set():
             payload = text.encode()
             try:
                 self.connection.sendall(_HEADER.pack(self.kind, len(payload)) + payload)
             except OSError:
-                self.lost = True
+                self.cancel.set()
+        if self.cancel.is_set() and threading.get_ident() == self.owner:
+            raise _Cancelled
         return len(text)
 
 
@@ -304,7 +362,9 @@ def _serve_connections(listener: socket.socket, path: Path, cli_main) -> None:
                     _send(connection, _DECLINE, "")
                 elif command == "run":
                     served += 1
-                    _send(connection, _EXIT, json.dumps(_run(connection, cli_main, message)))
+                    status = _run(connection, cli_main, message)
+                    if status is not None:
+                        _send(connection, _EXIT, json.dumps(status))
             except Exception as error:  # noqa: BLE001 - one bad request must not end the worker
                 _send(connection, _STDERR, f"nbsim: error: the worker could not run the command: "
                                            f"{type(error).__name__}: {error}\n")
@@ -317,8 +377,9 @@ def _send(connection: socket.socket, kind: bytes, text: str) -> None:
         connection.sendall(_HEADER.pack(kind, len(payload)) + payload)
 
 
-def _run(connection: socket.socket, cli_main, message: dict) -> int:
-    """One command with the client's folder, umask, NBSIM_* variables, thread count and output streams."""
+def _run(connection: socket.socket, cli_main, message: dict) -> int | None:
+    """One command with the client's folder, umask, NBSIM_* variables, thread count and output streams;
+    its exit status, or None when its client went away and it was cancelled."""
     import torch
 
     saved_environment = {name: value for name, value in os.environ.items() if name.startswith("NBSIM_")}
@@ -331,15 +392,20 @@ def _run(connection: socket.socket, cli_main, message: dict) -> int:
             del os.environ[name]
         os.environ.update({k: v for k, v in message["env"].items() if k.startswith("NBSIM_")})
         threads = message["env"].get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:
-            torch.set_num_threads(int(threads))
-        sys.stdout, sys.stderr = _FrameWriter(connection, _STDOUT), _FrameWriter(connection, _STDERR)
-        return cli_main(list(message["argv"]))
-    except SystemExit as stop:
-        if stop.code is None or isinstance(stop.code, int):
-            return stop.code or 0
-        print(stop.code, file=sys.stderr)
-        return 1
+        threads = int(threads) if threads.isdigit() and int(threads) > 0 else saved_threads
+        argv = list(message["argv"])
+
+        def command() -> int:
+            torch.set_num_threads(threads)  # the command thread's own OpenMP setting
+            try:
+                return cli_main(argv)
+            except SystemExit as stop:
+                if stop.code is None or isinstance(stop.code, int):
+                    return stop.code or 0
+                print(stop.code, file=sys.stderr)
+                return 1
+
+        return _run_cancellable(connection, command, " ".join(argv))
     finally:
         sys.stdout, sys.stderr = saved_streams
         os.umask(saved_umask)
@@ -348,6 +414,90 @@ def _run(connection: socket.socket, cli_main, message: dict) -> int:
         for name in [n for n in os.environ if n.startswith("NBSIM_")]:
             del os.environ[name]
         os.environ.update(saved_environment)
+
+
+def _run_cancellable(connection: socket.socket, command, description: str) -> int | None:
+    """Run `command` in a thread of the worker while this thread watches the client's connection: a
+    client sends nothing after its request, so anything readable there (end of file, a hang-up, any
+    byte) means it has gone, and the command is cancelled. Returns its status, or None if cancelled.
+
+    Cancelling raises _Cancelled in the command's thread (PyThreadState_SetAsyncExc), which the thread
+    sees at its next Python step: rendering calls PyTorch tile by tile and op by op, so it stops within
+    one op; its output streams raise it too (_FrameWriter). A thread rather than a child process: the
+    worker keeps its imported PyTorch, loaded kernels and CUDA context, and starts no process per
+    command. Output files: a thread in atomic_write (nbsim.io.images: a temporary file, renamed when
+    complete) is left to finish that file, then stops at its next print ("writing ..." precedes each
+    file) or Python step; so a cancelled command leaves complete files or none, and no temporary one.
+    Should the thread not stop (in a long call that runs no Python), the exception is raised again every
+    CANCEL_RETRY_S; the worker serves the next command once the thread has stopped.
+    """
+    cancel = threading.Event()
+    outcome: dict = {}
+    wake_read, wake_write = os.pipe()
+
+    def run() -> None:
+        try:
+            try:
+                sys.stdout = _FrameWriter(connection, _STDOUT, cancel)
+                sys.stderr = _FrameWriter(connection, _STDERR, cancel)
+                outcome["status"] = command()
+            except _Cancelled:
+                cancel.set()
+            except BaseException as error:  # noqa: BLE001 - handed to the serving thread
+                outcome["error"] = error
+            finally:
+                os.write(wake_write, b".")
+        except _Cancelled:
+            cancel.set()
+
+    thread = threading.Thread(target=run, name="nbsim command", daemon=True)
+    started = time.monotonic()
+    try:
+        poller = select.poll()
+        poller.register(connection.fileno(), select.POLLIN | select.POLLPRI)
+        poller.register(wake_read, select.POLLIN)
+        thread.start()
+        finished = hung_up = False
+        while not finished and not cancel.is_set():
+            ready = {fd for fd, _ in poller.poll(1000)}
+            finished = wake_read in ready or not thread.is_alive()
+            hung_up = connection.fileno() in ready
+            if hung_up:
+                cancel.set()
+        cancelled_at = time.monotonic()
+        poller.unregister(connection.fileno())
+        wait_s = 0.0 if hung_up else CANCEL_RETRY_S  # a command cancelled by its stream is stopping already
+        while not finished:
+            finished = bool(poller.poll(int(wait_s * 1000))) or not thread.is_alive()
+            if finished:
+                break
+            if _writing_a_file(thread):
+                wait_s = 0.01
+                continue
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Cancelled))
+            wait_s = CANCEL_RETRY_S
+        thread.join()
+    finally:
+        os.close(wake_read)
+        os.close(wake_write)
+    if "status" in outcome:
+        return outcome["status"]
+    if cancel.is_set():
+        print(f"nbsim worker: the client went away after {cancelled_at - started:.1f} s; cancelled `nbsim "
+              f"{description}` (stopped in {time.monotonic() - cancelled_at:.2f} s)", file=sys.__stderr__, flush=True)
+        return None
+    raise outcome["error"]
+
+
+def _writing_a_file(thread: threading.Thread) -> bool:
+    """Whether `thread` is in nbsim's atomic_write (nbsim.io.images), found by name: nothing to import
+    or fail while a command is being cancelled."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "atomic_write" and frame.f_globals.get("__name__", "").startswith("nbsim."):
+            return True
+        frame = frame.f_back
+    return False
 
 
 if __name__ == "__main__":

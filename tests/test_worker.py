@@ -3,12 +3,14 @@ and a clean start/stop life cycle."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -195,3 +197,36 @@ def test_a_killed_client_cancels_its_command(tmp_path, running_worker):
     assert killed.returncode == -signal.SIGKILL
     assert killed.stderr == ""
     _worker_serves_next_command_at_once(tmp_path, running_worker, long_folder)
+
+
+@pytest.mark.timeout(30)
+def test_a_command_cancelled_while_writing_leaves_whole_files(tmp_path):
+    """Cancelled while it computes and writes files in turn, a command stops within a moment, leaving
+    each file complete and no temporary file (the worker lets a file being written finish first)."""
+    from nbsim import worker
+    from nbsim.io.images import atomic_write
+
+    payload = bytes(1 << 20)
+
+    def command() -> int:
+        for index in itertools.count():
+            sum(range(500_000))  # stands for rendering
+            atomic_write(tmp_path / f"out{index % 3}.bin", payload)
+        return 0
+
+    served, client = socket.socketpair()
+    streams = sys.stdout, sys.stderr
+    hang_up = threading.Timer(0.5, client.close)
+    try:
+        hang_up.start()
+        started = time.monotonic()
+        assert worker._run_cancellable(served, command, "test") is None
+        assert time.monotonic() - started < 3
+    finally:
+        sys.stdout, sys.stderr = streams
+        hang_up.cancel()
+        served.close()
+        client.close()
+    files = sorted(tmp_path.iterdir())
+    assert [f.name for f in files] == ["out0.bin", "out1.bin", "out2.bin"]
+    assert all(f.stat().st_size == len(payload) for f in files)
