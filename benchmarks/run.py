@@ -113,10 +113,10 @@ def run_kernel_workload(workload: Workload, args: list[str], options: argparse.N
 def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path, worker: bool) -> dict:
     """Whole processes, alternating nbsim and C: the `nbsim` command after one run that warms its cache
     (and, with `worker`, the worker that serves it)."""
-    nbsim_command = [sys.executable, "-m", "nbsim.worker" if worker else "nbsim.cli", *args, *OUTPUT_ARGS]
+    nbsim_command = [sys.executable, "-m", "nbsim.cli.client" if worker else "nbsim.cli", *args, *OUTPUT_ARGS]
     c_command = [options.c_binary, *OUTPUT_ARGS, *args] if options.c_binary else None
     environment = _environment(options) | {"NBSIM_WORKER": "on" if worker else "off"}
-    worker_control = [sys.executable, "-m", "nbsim.worker", "worker"]
+    worker_control = [sys.executable, "-m", "nbsim.cli.client", "worker"]
 
     def timed(command: list[str], name: str) -> float:
         workdir = folder / name

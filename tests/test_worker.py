@@ -23,7 +23,7 @@ ARGS = f"{SEED_ARGS} -detpixels 24 -compile off -floatfile float.bin -intfile in
 
 
 def _nbsim(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nbsim.worker", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "nbsim.cli.client", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -78,7 +78,7 @@ def test_worker_renders_what_the_process_renders(tmp_path, running_worker):
 
 def test_client_does_not_import_torch(tmp_path, running_worker):
     """With a worker running, an `nbsim` command loads neither torch nor numpy."""
-    result = _client("import json, sys\nfrom nbsim.worker import main\nstatus = main(sys.argv[1:])\n"
+    result = _client("import json, sys\nfrom nbsim.cli.client import main\nstatus = main(sys.argv[1:])\n"
                      "print(json.dumps([status, 'torch' in sys.modules, 'numpy' in sys.modules]))\n",
                      tmp_path, running_worker)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, False, False], result.stderr
@@ -87,7 +87,7 @@ def test_client_does_not_import_torch(tmp_path, running_worker):
 
 def test_worker_with_other_sources_steps_aside(tmp_path, running_worker):
     """A worker started from other nbsim sources stops, and the command runs in its own process."""
-    result = _client("import sys\nimport nbsim.worker as worker\nworker.source_digest = lambda: 'other sources'\n"
+    result = _client("import sys\nimport nbsim.cli.client as worker\nworker.source_digest = lambda: 'other sources'\n"
                      "sys.exit(worker.main(sys.argv[1:]))\n", tmp_path, running_worker)
     assert result.returncode == 0 and "other nbsim sources" in result.stderr
     assert (tmp_path / "float.bin").is_file()
@@ -102,7 +102,7 @@ def test_without_a_worker_the_command_runs_in_process(tmp_path, worker_env):
 
 def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
     """The socket's folder must be this user's and private; otherwise no worker is used or started."""
-    from nbsim import worker
+    from nbsim.cli import client as worker
 
     folder = tmp_path / "sockets"
     folder.mkdir(mode=0o755)
@@ -120,7 +120,7 @@ def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
 
 
 def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, running_worker, monkeypatch):
-    from nbsim import worker
+    from nbsim.cli import client as worker
 
     monkeypatch.setenv("NBSIM_CACHE_DIR", running_worker["NBSIM_CACHE_DIR"])
     with worker._connect(timeout_s=60) as connection:
@@ -141,7 +141,7 @@ def _interrupt_mid_render(folder: Path, env: dict[str, str], signum: int) -> sub
     """Start LONG_ARGS through the worker, send the client `signum` once the worker renders, and return the
     client's result."""
     folder.mkdir()
-    client = subprocess.Popen([sys.executable, "-m", "nbsim.worker", *LONG_ARGS], cwd=folder, env=env,
+    client = subprocess.Popen([sys.executable, "-m", "nbsim.cli.client", *LONG_ARGS], cwd=folder, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -203,7 +203,7 @@ def test_a_killed_client_cancels_its_command(tmp_path, running_worker):
 def test_a_command_cancelled_while_writing_leaves_whole_files(tmp_path):
     """Cancelled while it computes and writes files in turn, a command stops within a moment, leaving
     each file complete and no temporary file (the worker lets a file being written finish first)."""
-    from nbsim import worker
+    from nbsim.cli import worker
     from nbsim.io.images import atomic_write
 
     payload = bytes(1 << 20)
