@@ -122,11 +122,12 @@ def source_digest() -> str:
     worker serves only clients with the same ones."""
     digest = hashlib.sha256(sys.executable.encode())
     torch_spec = importlib.util.find_spec("torch")
-    paths = sorted(Path(__file__).parent.glob("*.py"))
+    package = Path(__file__).resolve().parents[1]
+    paths = sorted(package.rglob("*.py"))
     if torch_spec is not None and torch_spec.origin is not None:
         paths.append(Path(torch_spec.origin).with_name("version.py"))
     for path in paths:
-        digest.update(path.name.encode())
+        digest.update(str(path.relative_to(package) if path.is_relative_to(package) else path.name).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

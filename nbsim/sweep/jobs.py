@@ -116,7 +116,7 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
     """Render and time a batch's points, one after another, into one store (dimension `point`) and one
     records JSON. Point batches compare each image with the same point of `reference_store`; reference
     batches (`reference_store` None) render in float64 with nbsim or run `job.c_binary`."""
-    from .. import bench  # noqa: F401  (torch and the renderer: part of the process's start-up)
+    from ..cli import bench  # noqa: F401  (torch and the renderer: part of the process's start-up)
 
     startup_s = process_startup_s()
     started = time.perf_counter()
