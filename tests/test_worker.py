@@ -141,8 +141,12 @@ def _interrupt_mid_render(folder: Path, env: dict[str, str], signum: int) -> sub
     """Start LONG_ARGS through the worker, send the client `signum` once the worker renders, and return the
     client's result."""
     folder.mkdir()
+    # The client gets the default SIGINT action whatever this test process inherited (a run in the
+    # background, or a library that ignored SIGINT, would pass SIG_IGN on, and the client would rightly
+    # keep ignoring it).
     client = subprocess.Popen([sys.executable, "-m", "nbsim.cli.client", *LONG_ARGS], cwd=folder, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = []
         for line in client.stdout:  # the setup summary, printed just before rendering starts
