@@ -85,7 +85,6 @@ def write_synthetic_batches(folder: Path, points: int, per_batch: int, size: int
     """Batch stores and records as the simulate jobs write them, with sparse spot-like images."""
     import numpy as np
 
-    sys.path.insert(0, str(REPO))
     from nbsim.sweep.jobs import IMAGE_DIMENSIONS
     from nbsim.sweep.store import AtomicStore, write_json
 
@@ -111,7 +110,6 @@ def write_synthetic_batches(folder: Path, points: int, per_batch: int, size: int
 
 def collate_folder(folder: Path) -> dict:
     """Tables and the collated store of every batch under `folder` (the measured process)."""
-    sys.path.insert(0, str(REPO))
     from nbsim.sweep.collate import TIMING_COLUMNS, point_rows, write_collated_store, write_tables
 
     begin = time.perf_counter()

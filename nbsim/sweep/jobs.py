@@ -120,6 +120,7 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
 
     startup_s = process_startup_s()
     started = time.perf_counter()
+    _use_job_resources(job.compile_cache, job.threads)
     record: dict[str, Any] = {
         "scenario": job.scenario, "batch": job.batch, "kind": "points" if reference_store else "reference",
         "dtype": job.dtype, "device": job.device, "compile": job.compile, "warmup": job.warmup,
@@ -155,7 +156,6 @@ def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[
     from ..cli.bench import time_nbsim
     from ..devices import resolve_device, resolve_dtype
 
-    _use_job_resources(job.compile_cache, job.threads)
     try:
         device = resolve_device(job.device)
     except NbsimError as error:
@@ -204,7 +204,6 @@ def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
     processes."""
     from ..cli.bench import run_c_reference
 
-    os.environ["OMP_NUM_THREADS"] = str(max(1, job.threads))
     points = []
     progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
     for index, point in enumerate(job.points):

@@ -133,11 +133,6 @@ class Batch:
     reference: str | None
     """The reference batch this point batch compares against; None for a reference batch."""
 
-    @property
-    def is_reference(self) -> bool:
-        return self.reference is None
-
-
 @dataclass(frozen=True)
 class SweepPlan:
     """Point batches and reference batches, each by (scenario, name)."""
