@@ -62,15 +62,16 @@ class Sources:
 
 
 def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: torch.Tensor,
-                  vertical_vector: torch.Tensor) -> Sources:
-    """Sources from an explicit list, or the divergence × dispersion grid culled to an ellipse."""
+                  vertical_vector: torch.Tensor, source_table: tuple[tuple[float, ...], ...] | None = None) -> Sources:
+    """Sources from an explicit list (the -sourcefile rows), or the divergence × dispersion grid culled to
+    an ellipse."""
     wavelength0_A = torch.as_tensor(config.wavelength_A, dtype=torch.float64)
     hdiv = auto_steps(_mrad(config.hdiv_range_mrad), _mrad(config.hdiv_step_mrad), config.hdiv_steps)
     vdiv = auto_steps(_mrad(config.vdiv_range_mrad), _mrad(config.vdiv_step_mrad), config.vdiv_steps)
     dispersion = auto_steps(config.dispersion_percent / 100.0, None, config.dispersion_steps)
     beam = beam_vector.detach().numpy()
-    if config.sources is not None:
-        table = np.array(config.sources, dtype=np.float64)
+    if source_table is not None:
+        table = np.array(source_table, dtype=np.float64)
         for column in range(3):
             table[np.isnan(table[:, column]), column] = -SOURCE_DISTANCE_M * beam[column]
         table[np.isnan(table[:, 3]), 3] = 1.0

@@ -91,16 +91,19 @@ def _clamp_cos(value: torch.Tensor) -> torch.Tensor:
     return torch.where(value * value > 1.0, torch.ones_like(value), value)
 
 
-def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) -> Lattice:
-    """Real and reciprocal cell vectors after -cell/-mat and -misset, as nanoBragg derives them."""
-    if config.cell_A_deg is None and config.mosflm_matrix is None:
+def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1,
+                  mosflm_matrix: tuple[float, ...] | None = None) -> Lattice:
+    """Real and reciprocal cell vectors after -cell/-mat and -misset, as nanoBragg derives them.
+
+    `mosflm_matrix` holds the nine numbers of the -mat file, row by row (columns a*, b*, c* times λ)."""
+    if config.cell_A_deg is None and mosflm_matrix is None:
         raise NbsimError("no crystal: give -cell a b c alpha beta gamma or -mat with a MOSFLM matrix")
     reciprocal = cell_lengths = cell_volume = None
     if config.cell_A_deg is not None:
         check_cell(config.cell_A_deg)
         reciprocal, cell_lengths, cell_volume = reciprocal_from_cell(config.cell_A_deg)
-    if config.mosflm_matrix is not None:
-        matrix = torch.tensor(config.mosflm_matrix, dtype=torch.float64).reshape(3, 3)
+    if mosflm_matrix is not None:
+        matrix = torch.tensor(mosflm_matrix, dtype=torch.float64).reshape(3, 3)
         reciprocal = matrix.T / as_float64(wavelength_A)
 
     misset_rad = None

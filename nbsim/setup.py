@@ -1,11 +1,13 @@
 """Configuration to physics: apply nanoBragg's defaults and derive the geometry, lattice, mosaic domains,
-sources, structure-factor grid, sensor layers, fluence and background a render needs (`resolve`)."""
+sources, structure-factor grid, sensor layers, fluence and background a render needs (`resolve`).
+
+`resolve` is the one stage that reads input files (-hkl, -mat, -sourcefile, -mask): the configuration holds
+their paths only."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,9 +15,9 @@ import torch
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
 from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
-from .errors import NbsimError
+from .errors import InputFileError, NbsimError
 from .geometry import DetectorGeometry, build_geometry
-from .io.inputs import read_hkl
+from .io.inputs import read_input_files
 from .rng import Ran1
 from .structure_factors import HKLGrid, build_grid
 from .vectors import norm
@@ -94,10 +96,11 @@ class Setup:
 def resolve(config: SimulationConfig) -> Setup:
     """Apply nanoBragg's defaults and derive geometry, lattice, sources and the structure-factor grid."""
     _validate(config)
+    files = read_input_files(config)
     generator = Ran1()
     warnings: list[str] = []
     geometry = build_geometry(config.detector)
-    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator)
+    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator, files.mosflm_matrix)
     n_cells = crystal_mod.cell_counts(config.crystal, lattice)
     phi = crystal_mod.phi_sampling(config.crystal)
     mosaic = crystal_mod.mosaic_domains(config.crystal, generator)
@@ -106,7 +109,7 @@ def resolve(config: SimulationConfig) -> Setup:
     if crystal_mod.effective_phi_rad(phi)[0] != phi.angles_rad()[0]:
         unrotated = crystal_mod.PhiSampling(start_rad=0.0, step_rad=0.0, steps=1, osc_rad=0.0)
         first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
-    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
+    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical, files.sources)
 
     crystal_size_m = max(float(length) * n for length, n in
                          zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
@@ -125,7 +128,7 @@ def resolve(config: SimulationConfig) -> Setup:
                         f"{reciprocal_pixel_m * 1e10:g} A: recommend -oversample {recommended}")
 
     warnings += crystal_mod.default_warnings(config.crystal)
-    grid, lookup = _structure_factors(config, n_cells)
+    grid, lookup = _structure_factors(config, files.hkl, n_cells)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
     if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:
@@ -134,7 +137,10 @@ def resolve(config: SimulationConfig) -> Setup:
     background = WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m ** 3 * 1e6 * AVOGADRO / WATER_MW
     steps = sources.count * mosaic.count * phi.steps * oversample * oversample
     roi = _roi(config.detector.roi, geometry)
-    mask = _read_mask(config.detector.mask_file, geometry) if config.detector.mask_file else None
+    mask = files.mask
+    if mask is not None and mask.shape != (geometry.pixels_s, geometry.pixels_f):
+        raise InputFileError(config.detector.mask_file, f"mask is {mask.shape[1]}x{mask.shape[0]} pixels but the "
+                                                        f"detector is {geometry.pixels_f}x{geometry.pixels_s}")
     return Setup(config=config, geometry=geometry, lattice=lattice, n_cells=n_cells, phi=phi, mosaic=mosaic,
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
                  sensor=sensor_layers(config.detector.sensor_thickness_um,
@@ -159,11 +165,12 @@ def _validate(config: SimulationConfig) -> None:
         raise NbsimError("-beamsize must be positive when -flux is given")
 
 
-def _structure_factors(config: SimulationConfig, n_cells: tuple[int, int, int]) -> tuple[HKLGrid | None, str]:
+def _structure_factors(config: SimulationConfig, hkl: np.ndarray | None,
+                       n_cells: tuple[int, int, int]) -> tuple[HKLGrid | None, str]:
     structure = config.structure
-    if structure.hkl_file is None:
+    if hkl is None:
         return None, "default"
-    grid = build_grid(read_hkl(structure.hkl_file), structure.default_F)
+    grid = build_grid(hkl, structure.default_F)
     interpolate = structure.interpolate
     if interpolate is None:
         interpolate = min(n_cells) <= 2
@@ -180,12 +187,3 @@ def _roi(roi: tuple[int, int, int, int] | None, geometry: DetectorGeometry) -> t
                          f"{geometry.pixels_f}x{geometry.pixels_s} detector")
     return xmin, xmax, ymin, ymax
 
-
-def _read_mask(path: str, geometry: DetectorGeometry) -> np.ndarray:
-    from .io.images import read_smv
-
-    header, data = read_smv(Path(path))
-    if data.shape != (geometry.pixels_s, geometry.pixels_f):
-        raise NbsimError(f"{path}: mask is {data.shape[1]}x{data.shape[0]} pixels but the detector is "
-                         f"{geometry.pixels_f}x{geometry.pixels_s}")
-    return data != 0

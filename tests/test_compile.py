@@ -19,7 +19,7 @@ from nbsim.kernel.policy import CompilePlan, plan_compile, start_background_buil
 from nbsim.render import Renderer
 from nbsim.setup import resolve
 
-from .conftest import GOLDEN, SEED_ARGS, requires_golden
+from .conftest import GOLDEN, SEED_ARGS, keep_kernels, requires_golden
 
 TRICLINIC = ("-cell 70 80 90 75 85 95 -misset 10 20 30 -lambda 1.5 -distance 200 -pixel 0.8 -detpixels 24 "
              "-mosaic 0.4 -mosaic_seed 3").split()
@@ -42,6 +42,39 @@ def _hkl_file(path: Path, extent: int) -> str:
                               for h in range(-extent, extent + 1) for k in range(-extent, extent + 1)
                               for l in range(-extent, extent + 1)) + "\n")
     return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.builds_kernels
+def test_concurrent_processes_share_one_compiled_kernel(tmp_path, private_compile_cache):
+    """Two processes compiling the same kernel at once: one builds it under the lock, both render it. The
+    kernel then joins the session's cache, where later tests of its structure (golden parity, the sweep's
+    shared cache) load it instead of building it again."""
+    script = (
+        "import json, sys, torch, nbsim\n"
+        "from nbsim.render import Renderer\n"
+        "from nbsim.setup import resolve\n"
+        "from nbsim.kernel.backends import CACHE_EVENTS\n"
+        "config = nbsim.config_from_args(sys.argv[1:])\n"
+        "image = Renderer(resolve(config), dtype=torch.float32, compile=True)()\n"
+        "reference = Renderer(resolve(config), dtype=torch.float64, compile=False)()\n"
+        "assert torch.allclose(image.double(), reference, rtol=1e-3, atol=1e-3 * float(reference.max()))\n"
+        "print(json.dumps(dict(CACHE_EVENTS)))\n")
+    # One step per pixel: a single kernel to build (the lock is the same for every package).
+    args = "-default_F 100 -cell 70 80 90 75 85 95 -misset 10 20 30 -N 4 -lambda 1.5 -distance 200 " \
+           "-detpixels 48 -pixel 1 -oversample 1".split()
+    env = {**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache"), "NBSIM_COMPILE_MODE": "aot"}
+    processes = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    results = [p.communicate(timeout=900) for p in processes]
+    for process, (_, err) in zip(processes, results, strict=True):
+        assert process.returncode == 0, err[-2000:]
+    events = [json.loads(out.strip().splitlines()[-1]) for out, _ in results]
+    assert sum(e.get("aot_miss", 0) for e in events) == 1  # built once
+    assert sum(e.get("aot_hit", 0) for e in events) == 1  # and loaded by the other process
+    assert len(list((tmp_path / "cache" / "kernels").glob("*.pt2"))) == 1
+    keep_kernels(tmp_path / "cache", private_compile_cache)
+
 
 
 @pytest.mark.slow

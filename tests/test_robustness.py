@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -186,31 +185,3 @@ def test_parallel_jobs_do_not_corrupt_stores(tmp_path):
     again = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
     output = again.communicate(timeout=600)[0]
     assert again.returncode == 0 and "Nothing to be done" in output
-
-
-@pytest.mark.slow
-def test_concurrent_processes_share_one_compiled_kernel(tmp_path):
-    """Two processes compiling the same kernel at once: one builds it under the lock, both render it."""
-    script = (
-        "import json, sys, torch, nbsim\n"
-        "from nbsim.render import Renderer\n"
-        "from nbsim.setup import resolve\n"
-        "from nbsim.kernel.backends import CACHE_EVENTS\n"
-        "config = nbsim.config_from_args(sys.argv[1:])\n"
-        "image = Renderer(resolve(config), dtype=torch.float32, compile=True)()\n"
-        "reference = Renderer(resolve(config), dtype=torch.float64, compile=False)()\n"
-        "assert torch.allclose(image.double(), reference, rtol=1e-3, atol=1e-3 * float(reference.max()))\n"
-        "print(json.dumps(dict(CACHE_EVENTS)))\n")
-    # One step per pixel: a single kernel to build (the lock is the same for every package).
-    args = "-default_F 100 -cell 70 80 90 75 85 95 -misset 10 20 30 -N 4 -lambda 1.5 -distance 200 " \
-           "-detpixels 48 -pixel 1 -oversample 1".split()
-    env = {**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache"), "NBSIM_COMPILE_MODE": "aot"}
-    processes = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
-    results = [p.communicate(timeout=900) for p in processes]
-    for process, (_, err) in zip(processes, results, strict=True):
-        assert process.returncode == 0, err[-2000:]
-    events = [json.loads(out.strip().splitlines()[-1]) for out, _ in results]
-    assert sum(e.get("aot_miss", 0) for e in events) == 1  # built once
-    assert sum(e.get("aot_hit", 0) for e in events) == 1  # and loaded by the other process
-    assert len(list((tmp_path / "cache" / "kernels").glob("*.pt2"))) == 1

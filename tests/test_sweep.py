@@ -12,7 +12,7 @@ import pytest
 from nbsim.errors import NbsimError
 from nbsim.sweep.collate import point_rows, write_collated_store
 from nbsim.sweep.jobs import IMAGE_DIMENSIONS
-from nbsim.sweep.plan import axis_values, plan_sweep, sweep_points
+from nbsim.sweep.plan import axis_values, plan_sweep, point_arguments, sweep_points
 from nbsim.sweep.store import AtomicStore, read_store, write_json
 from nbsim.sweep.validate import validate_config
 
@@ -77,6 +77,24 @@ def test_bad_axes_fail_with_one_line(tmp_path, extra, message):
     with pytest.raises(NbsimError, match=None) as error:
         validate_config(config_with(extra), SCHEMA, tmp_path)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_input_files_are_read_before_any_job_and_relative_to_the_config(tmp_path):
+    """A scenario's files and file-valued axis values are read (strictly) during validation, relative to the
+    config's folder, and the points carry them as absolute paths."""
+    (tmp_path / "good.hkl").write_text("0 0 1 100\n1 0 0 50\n")
+    (tmp_path / "bad.hkl").write_text("0 0 1 100\n1 0 zero 50\n")
+    (tmp_path / "short.mat").write_text("1 0 0\n0 1 0\n")
+    config = config_with({"-hkl": ["good.hkl"]})
+    validate_config(config, SCHEMA, tmp_path)
+    args, _ = point_arguments(config, sweep_points(config)[0], tmp_path)
+    assert args[-2:] == ["-hkl", str(tmp_path / "good.hkl")]
+    with pytest.raises(NbsimError, match=r"value 'bad.hkl' in scenario 'seed': .*bad.hkl:2: 'zero' is not a number"):
+        validate_config(config_with({"-hkl": ["good.hkl", "bad.hkl"]}), SCHEMA, tmp_path)
+    config = config_with({})
+    config["scenarios"]["seed"]["args"] = SEED_ARGS + " -mat short.mat"
+    with pytest.raises(NbsimError, match=r"scenario 'seed': .*short.mat: a MOSFLM matrix needs 9 numbers"):
+        validate_config(config, SCHEMA, tmp_path)
 
 
 def test_sizes_range_must_be_whole_pixels(tmp_path):

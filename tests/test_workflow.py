@@ -39,6 +39,12 @@ def snakemake(folder: Path, *arguments: str, config: str = "config.yaml") -> sub
 
 
 def write_config(folder: Path, config: dict, name: str = "config.yaml") -> None:
+    """The config file and the HKL file TINY's scenario reads (validation reads every input file)."""
+    hkl = folder / "inputs" / "tiny.hkl"
+    if not hkl.exists():
+        hkl.parent.mkdir(exist_ok=True)
+        hkl.write_text("\n".join(f"{h} {k} {l} {10 + abs(h) + 2 * abs(k) + 3 * abs(l)}"
+                                 for h in range(-3, 4) for k in range(-3, 4) for l in range(-3, 4)) + "\n")
     (folder / name).write_text(yaml.safe_dump(config))
 
 
@@ -54,10 +60,6 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sweep")
-    (folder / "inputs").mkdir()
-    (folder / "inputs" / "tiny.hkl").write_text(
-        "\n".join(f"{h} {k} {l} {10 + abs(h) + 2 * abs(k) + 3 * abs(l)}"
-                  for h in range(-3, 4) for k in range(-3, 4) for l in range(-3, 4)) + "\n")
     write_config(folder, TINY)
     result = snakemake(folder)
     assert result.returncode == 0, result.stderr[-3000:]

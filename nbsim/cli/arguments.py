@@ -513,7 +513,7 @@ def _config_from_state(state: CState) -> SimulationConfig:
     nan_to_none = _nan_to_none
     crystal = CrystalConfig(
         cell_A_deg=tuple(state["cell"]) if state["user_cell"] else None,
-        mosflm_matrix=_read_matrix(state["mat"]) if state["mat"] else None,
+        mosflm_matrix_file=state["mat"],
         misset_deg=state["misset"], misset_random=state["misset_random"],
         misset_seed=state["misset_seed"] if state["misset_seed"] is not None else state["seed"],
         n_cells=(state["Na"], state["Nb"], state["Nc"]), crystal_size_mm=tuple(state["sample_mm"]),
@@ -525,7 +525,7 @@ def _config_from_state(state: CState) -> SimulationConfig:
         dispersion_steps=state["dispsteps"], hdiv_range_mrad=state["hdivrange"],
         vdiv_range_mrad=state["vdivrange"], hdiv_step_mrad=state["hdivstep"], vdiv_step_mrad=state["vdivstep"],
         hdiv_steps=state["hdivsteps"], vdiv_steps=state["vdivsteps"], round_divergence=state["round_div"],
-        sources=_read_sources(state["sourcefile"]) if state["sourcefile"] else None,
+        source_file=state["sourcefile"],
         kahn_polarization=state["polarization"], no_polarization=state["nopolar"],
         fluence_photons_per_m2=state["fluence"], flux_photons_per_s=state["flux"], exposure_s=state["exposure"],
         beamsize_mm=state["beamsize_mm"], water_thickness_um=state["water_um"], dmin_A=state["dmin_A"])
@@ -553,18 +553,6 @@ def _config_from_state(state: CState) -> SimulationConfig:
 
 def _nan_to_none(value: float) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
-
-
-def _read_matrix(path: str) -> tuple[float, ...]:
-    from ..io.inputs import read_mosflm_matrix
-
-    return read_mosflm_matrix(path)
-
-
-def _read_sources(path: str):
-    from ..io.inputs import read_source_file
-
-    return read_source_file(path)
 
 
 def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:

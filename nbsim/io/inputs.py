@@ -1,15 +1,41 @@
-"""The input files nanoBragg takes besides images: HKL lists, MOSFLM orientation matrices and source lists,
+"""The input files nanoBragg takes: HKL lists, MOSFLM orientation matrices, source lists and SMV masks,
 each read strictly with a one-line error naming the file, line and token."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import InputFileError
+from .images import read_smv
 from .text import numeric_rows, parse_number, read_text
+
+if TYPE_CHECKING:
+    from ..config import SimulationConfig
+
+
+@dataclass(frozen=True)
+class InputFiles:
+    """The contents of the files a configuration names (None where it names none)."""
+
+    hkl: np.ndarray | None
+    """(reflections, 4): h, k, l, F."""
+    mosflm_matrix: tuple[float, ...] | None
+    sources: tuple[tuple[float, float, float, float, float], ...] | None
+    mask: np.ndarray | None
+    """(slow, fast) booleans, True where a pixel is rendered."""
+
+
+def read_input_files(config: SimulationConfig) -> InputFiles:
+    """Read every input file the configuration names (-hkl, -mat, -sourcefile, -mask), each strictly."""
+    hkl, matrix = config.structure.hkl_file, config.crystal.mosflm_matrix_file
+    sources, mask = config.beam.source_file, config.detector.mask_file
+    return InputFiles(hkl=read_hkl(hkl) if hkl else None, mosflm_matrix=read_mosflm_matrix(matrix) if matrix else None,
+                      sources=read_source_file(sources) if sources else None, mask=read_mask(mask) if mask else None)
 
 
 def read_hkl(path: str | Path) -> np.ndarray:
@@ -49,3 +75,9 @@ def read_source_file(path: str | Path) -> tuple[tuple[float, float, float, float
             raise InputFileError(str(path), f"wavelength {values[4]:g} m must be positive", line_number)
         sources.append(tuple(padded))
     return tuple(sources)
+
+
+def read_mask(path: str | Path) -> np.ndarray:
+    """(slow, fast) booleans from an SMV mask: True where the pixel is rendered (non-zero in the file)."""
+    _, data = read_smv(Path(path))
+    return data != 0

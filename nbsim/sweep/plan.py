@@ -221,14 +221,17 @@ def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
 
 def point_arguments(config: dict, point: Point, base: Path) -> tuple[list[str], dict[str, Any]]:
     """nanoBragg arguments of a point (size appended, flag axes appended) and its option overrides."""
-    args = scenario_args(config, point.scenario, base) + ["-detpixels", str(point.size)]
+    from ..cli.arguments import absolute_file_arguments
+
+    flags: list[str] = []
     overrides: dict[str, Any] = {}
     for name, value in point.extras:
         if name.startswith("-"):
-            args += [name, str(value)]
+            flags += [name, str(value)]
         else:
             overrides[name] = value
-    return args, overrides
+    args = scenario_args(config, point.scenario, base) + ["-detpixels", str(point.size)]
+    return args + absolute_file_arguments(flags, base), overrides
 
 
 def c_binary_path(config: dict, base: Path) -> str | None:

@@ -77,15 +77,18 @@ def _check_axis(where: str, spec: list | dict) -> None:
         raise NbsimError(f"{where}: values repeat (after rounding to 12 significant digits)")
 
 
-def _check_value(args: list[str], name: str, value, scenario: str) -> None:
-    """A flag's value must parse after the scenario's arguments; an option's value must have the option's
-    type (its annotation in nbsim.config)."""
-    from ..cli.arguments import parse
+def _check_value(args: list[str], name: str, value, scenario: str, base: Path) -> None:
+    """A flag's value must parse after the scenario's arguments (and a file it names must read, relative to
+    the config's folder); an option's value must have the option's type (its annotation in nbsim.config)."""
+    from ..cli.arguments import FLAGS, PATH, absolute_file_arguments, parse
+    from ..io.inputs import read_input_files
 
     where = f"sweep.extra.{name}: value {value!r}"
     if name.startswith("-"):
         try:
-            parse(args + [name, str(value)])
+            config, _ = parse(args + absolute_file_arguments([name, str(value)], base))
+            if FLAGS[name] == (PATH,):
+                read_input_files(config)
         except NbsimError as error:
             raise NbsimError(f"{where} in scenario '{scenario}': {error}") from None
         return
@@ -116,6 +119,7 @@ def check_config(config: dict, base: Path) -> None:
     """Semantic checks the schema cannot express."""
     from ..cli.arguments import FLAGS, parse
     from ..config import option_names
+    from ..io.inputs import read_input_files
 
     sweep = config["sweep"]
     names = option_names()
@@ -145,12 +149,12 @@ def check_config(config: dict, base: Path) -> None:
     for scenario in config["scenarios"]:
         args = scenario_args(config, scenario, base) + ["-detpixels", str(sizes[0])]
         try:
-            parse(args)
+            read_input_files(parse(args)[0])
         except NbsimError as error:
             raise NbsimError(f"scenario '{scenario}': {error}") from None
         for name, spec in extra.items():
             for value in axis_values(spec):
-                _check_value(args, name, value, scenario)
+                _check_value(args, name, value, scenario, base)
     binary = (config.get("reference") or {}).get("c_binary")
     if binary:
         path = Path(c_binary_path(config, base))
