@@ -33,10 +33,13 @@ def own_cache_env(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def private_compile_cache(tmp_path_factory):
-    """Compiled kernels go to a folder of the test session, unless NBSIM_CACHE_DIR says otherwise; no
+    """Compiled kernels go to a folder of the test session, shared by its pytest-xdist workers (the cache's
+    locks let one build a kernel while the others wait for it), unless NBSIM_CACHE_DIR says otherwise; no
     background kernel builds."""
     if "NBSIM_CACHE_DIR" not in os.environ:
-        os.environ["NBSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("nbsim-cache"))
+        basetemp = tmp_path_factory.getbasetemp()
+        session_root = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+        os.environ["NBSIM_CACHE_DIR"] = str(session_root / "nbsim-cache")
     # Kernels built behind a test's back would compete with the suite for the CPU (tests that check the
     # background build turn it on themselves).
     os.environ.setdefault("NBSIM_BACKGROUND_BUILD", "off")
