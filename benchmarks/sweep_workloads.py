@@ -81,31 +81,39 @@ def rotation_verdict(record: dict) -> str:
     return "met" if met else "NOT met"
 
 
-def write_synthetic_batches(folder: Path, points: int, per_batch: int, size: int) -> None:
-    """Batch stores and records as the simulate jobs write them, with sparse spot-like images."""
+def write_synthetic_batches(folder: Path, batches: int, per_batch: int, size: int,
+                            axis: str) -> tuple[list[Path], dict[str, Path]]:
+    """Batch stores and records as the simulate jobs write them (also used by tests/test_sweep.py): point
+    k (counted across batches) has `axis` = k and a sparse spot-like image whose maximum is k + 1.
+    Returns the records files and the stores by batch name."""
     import numpy as np
 
     from nbsim.sweep.jobs import IMAGE_DIMENSIONS
     from nbsim.sweep.store import AtomicStore, write_json
 
     generator = np.random.default_rng(0)
-    for b in range(points // per_batch):
+    records, stores = [], {}
+    for b in range(batches):
         name = f"n{size}-float32-cpu-compile_on-b{b:04d}"
         entries = []
         with AtomicStore(folder / name / "images.zarr", {}) as store:
             images = store.variable("image", IMAGE_DIMENSIONS, (per_batch, size, size), np.float32,
                                     chunks=(1, size, size))
             for i in range(per_batch):
+                k = b * per_batch + i
                 image = np.zeros((size, size), np.float32)
-                image[generator.integers(0, size, 200), generator.integers(0, size, 200)] = 1000.0 + i
+                image[generator.integers(0, size, 200), generator.integers(0, size, 200)] = k + 1
                 images[i] = image
                 entries.append({"point": f"{name}-{i}", "reference": f"r{b}-{i}", "size": size, "index": i,
                                 "status": "ok", "axes": {"size": size, "dtype": "float32", "device": "cpu",
-                                                         "compile": "on", "misset_seed": b * per_batch + i},
+                                                         "compile": "on", axis: k},
                                 "timing": {"cold_s": 0.01, "warm_median_s": 0.002},
                                 "comparison": {"correlation": 1.0}})
             store.commit()
         write_json(folder / name / "records.json", {"scenario": "s", "batch": name, "points": entries})
+        records.append(folder / name / "records.json")
+        stores[name] = folder / name / "images.zarr"
+    return records, stores
 
 
 def collate_folder(folder: Path) -> dict:
@@ -127,7 +135,7 @@ def run_collate_10k(quick: bool, folder: Path) -> dict:
     points, per_batch, size = QUICK_COLLATE if quick else (COLLATE_POINTS, COLLATE_BATCH, COLLATE_SIZE)
     work = folder / "collate"
     begin = time.perf_counter()
-    write_synthetic_batches(work, points, per_batch, size)
+    write_synthetic_batches(work, points // per_batch, per_batch, size, "misset_seed")
     written_s = time.perf_counter() - begin
     command = [sys.executable, str(Path(__file__).resolve()), "collate", str(work)]
     completed = subprocess.run(command, capture_output=True, text=True)

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks.sweep_workloads import write_synthetic_batches
 from nbsim.errors import NbsimError
 from nbsim.sweep.collate import point_rows, write_collated_store
-from nbsim.sweep.jobs import IMAGE_DIMENSIONS
 from nbsim.sweep.plan import axis_values, plan_sweep, point_arguments, sweep_points
-from nbsim.sweep.store import AtomicStore, read_store, write_json
+from nbsim.sweep.store import read_store
 from nbsim.sweep.validate import validate_config
 
 from .conftest import REPO_ROOT, SEED_ARGS
@@ -124,36 +123,11 @@ def test_batches_follow_the_value_order_and_pair_with_their_references():
                          for dtype in ("float32", "float64")}
 
 
-def _synthetic_batches(folder: Path, batches: int, per_batch: int, size: int) -> tuple[list[Path], dict[str, Path]]:
-    """Batch stores and records as the simulate jobs write them, with sparse spot-like images."""
-    records, stores = [], {}
-    generator = np.random.default_rng(0)
-    for b in range(batches):
-        name = f"n{size}-float32-cpu-compile_on-b{b:04d}"
-        points = [{"point": f"p{b}-{i}", "reference": f"r{b}-{i}", "size": size, "index": i, "status": "ok",
-                   "axes": {"size": size, "dtype": "float32", "device": "cpu", "compile": "on",
-                            "phi": b * per_batch + i},
-                   "timing": {"cold_s": 0.01, "warm_median_s": 0.002}, "comparison": {"correlation": 1.0}}
-                  for i in range(per_batch)]
-        with AtomicStore(folder / name / "images.zarr", {}) as store:
-            images = store.variable("image", IMAGE_DIMENSIONS, (per_batch, size, size), np.float32,
-                                    chunks=(1, size, size))
-            for i in range(per_batch):
-                image = np.zeros((size, size), np.float32)
-                image[generator.integers(0, size, 50), generator.integers(0, size, 50)] = b * per_batch + i + 1
-                images[i] = image
-            store.commit()
-        write_json(folder / name / "records.json", {"scenario": "s", "batch": name, "points": points})
-        records.append(folder / name / "records.json")
-        stores[name] = folder / name / "images.zarr"
-    return records, stores
-
-
 def test_collation_holds_one_image_at_a_time(tmp_path):
     """Collating 160 points of 256 x 256 (42 MB of images) never holds more than a few images (and the
     small per-point tables), and every point lands at its own coordinate."""
     size, batches, per_batch = 256, 4, 40
-    records, stores = _synthetic_batches(tmp_path, batches, per_batch, size)
+    records, stores = write_synthetic_batches(tmp_path, batches, per_batch, size, "phi")
     rows = point_rows(records, [])
     axes = ["size", "dtype", "device", "compile", "phi"]
     tracemalloc.start()
@@ -170,4 +144,5 @@ def test_collation_holds_one_image_at_a_time(tmp_path):
     assert np.prod(dataset["image_n256"].encoding["chunks"][:-2]) == 1
     for phi in (0, 77, 159):
         assert float(series.sel(phi=phi).max()) == phi + 1
-    assert json.loads(str(dataset["attributes"].squeeze().sel(phi=77).values))["point"] == "p1-37"
+    assert json.loads(str(dataset["attributes"].squeeze().sel(phi=77).values))["point"] == \
+        "n256-float32-cpu-compile_on-b0001-37"

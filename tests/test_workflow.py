@@ -13,6 +13,8 @@ import pytest
 import torch
 import yaml
 
+from nbsim import workloads
+
 from .conftest import REPO_ROOT, SEED_ARGS, own_cache_env, snakemake_command
 
 TINY = {
@@ -341,6 +343,8 @@ def test_shipped_configs_are_valid(path, tmp_path):
     expected = (len(config["scenarios"]) * len(axis_values(axes["sizes"])) * len(axes["dtypes"])
                 * len(axes["devices"]) * len(axes["compile"]) * extra_points)
     assert len(sweep_points(config)) == expected
+    if "seed" in config["scenarios"]:  # the seeds' workload, written out for the reader, as nbsim.workloads has it
+        assert config["scenarios"]["seed"]["args"].split() == list(workloads.SEED_ARGS)
 
 
 def test_example_sweep_plans_every_point(tmp_path):
