@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nbsim
-from nbsim.cli.arguments import FLAGS, parse
+from nbsim.cli.arguments import parse
+from nbsim.cli.flags import FLAGS
 from nbsim.errors import NbsimError
 from nbsim.io.images import read_smv
 from nbsim.io.inputs import read_hkl, read_mosflm_matrix, read_source_file

@@ -33,7 +33,8 @@ from ..io.images import write_float_image
 from ..kernel.backends import CACHE_EVENTS
 from ..render import Renderer
 from ..setup import resolve
-from .arguments import absolute_file_arguments, parse
+from .arguments import parse
+from .flags import absolute_file_arguments
 
 
 @dataclass

@@ -80,7 +80,8 @@ def _check_axis(where: str, spec: list | dict) -> None:
 def _check_value(args: list[str], name: str, value, scenario: str, base: Path) -> None:
     """A flag's value must parse after the scenario's arguments (and a file it names must read, relative to
     the config's folder); an option's value must have the option's type (its annotation in nbsim.config)."""
-    from ..cli.arguments import FLAGS, PATH, absolute_file_arguments, parse
+    from ..cli.arguments import parse
+    from ..cli.flags import FLAGS, PATH, absolute_file_arguments
     from ..io.inputs import read_input_files
 
     where = f"sweep.extra.{name}: value {value!r}"
@@ -117,7 +118,8 @@ def option_types() -> dict[str, str]:
 
 def check_config(config: dict, base: Path) -> None:
     """Semantic checks the schema cannot express."""
-    from ..cli.arguments import FLAGS, parse
+    from ..cli.arguments import parse
+    from ..cli.flags import FLAGS
     from ..config import option_names
     from ..io.inputs import read_input_files
 
