@@ -63,12 +63,12 @@ def keep_kernels(cache: Path, session_cache: Path) -> None:
 
 def pytest_collection_modifyitems(items):
     """Tests that build kernels in their own cache run first, so that the kernels they keep spare later
-    tests a build; the real-SLURM tests run last: they leave SLURM installed, which slows every later
-    Snakemake start."""
+    tests a build; the real-SLURM test next, so that installing and starting SLURM overlaps other work
+    (it removes its configuration on exit, so later Snakemake starts do not wait for its controller)."""
     def order(item) -> int:
         if item.get_closest_marker("builds_kernels"):
             return 0
-        return 2 if item.path.name == "test_slurm.py" else 1
+        return 1 if item.path.name == "test_slurm.py" else 2
 
     items.sort(key=order)
 

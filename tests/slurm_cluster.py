@@ -1,8 +1,9 @@
 """A real single-node SLURM cluster on the test machine (Debian's slurm-wlm and munge), for tests.
 
 `single_node_slurm()` installs the packages when they are missing (root and apt-get needed), writes
-/etc/slurm/slurm.conf, starts munged, slurmctld and slurmd, waits for the node to be idle, and stops
-the daemons it started (by their pids) on exit. `unavailable_reason()` says why it cannot run here.
+/etc/slurm/slurm.conf, starts munged, slurmctld and slurmd, waits for the node to be idle, and on exit
+stops the daemons it started (by their pids) and removes its slurm.conf (or restores the one it
+replaced). `unavailable_reason()` says why it cannot run here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ PACKAGES = ("slurm-wlm", "munge")
 CONFIG = Path("/etc/slurm/slurm.conf")
 PID_FILES = {"slurmctld": Path("/run/nbsim-slurmctld.pid"), "slurmd": Path("/run/nbsim-slurmd.pid")}
 PARTITION = "nbsim"
+WRITTEN_BY_TESTS = "# written by nbsim's tests"
 
 
 def unavailable_reason() -> str | None:
@@ -45,15 +47,21 @@ def install() -> None:
     _run(["apt-get", "install", "-y", "-qq", *PACKAGES], env=env)
 
 
-def write_config(host: str) -> None:
+def write_config(host: str) -> str | None:
+    """Write the single-node cluster's slurm.conf; the configuration it replaced (None: none, or one these
+    tests wrote)."""
+    previous = CONFIG.read_text() if CONFIG.is_file() else None
+    if previous is not None and previous.startswith(WRITTEN_BY_TESTS):
+        previous = None
     cpus = os.cpu_count() or 1
     memory_mb = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 - 512
     for folder in ("/var/spool/slurmctld", "/var/spool/slurmd", "/var/log/slurm"):
         Path(folder).mkdir(parents=True, exist_ok=True)
     CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    # A short MessageTimeout: once the daemons are stopped, every Snakemake start (its SLURM plugin runs
-    # `scontrol show config` on import) waits about that long for the absent controller.
-    CONFIG.write_text(f"""# written by nbsim's tests: a single-node cluster
+    # A short MessageTimeout, and the file is removed (or the one it replaced restored) on exit: while it
+    # names a controller that is not running, every Snakemake start (its SLURM plugin runs `scontrol show
+    # config` on import) waits about that long for it.
+    CONFIG.write_text(f"""{WRITTEN_BY_TESTS}: a single-node cluster
 ClusterName=nbsim
 SlurmctldHost={host}
 SlurmUser=root
@@ -79,6 +87,7 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 NodeName={host} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
 PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
+    return previous
 
 
 def _pid(path: Path) -> int | None:
@@ -136,7 +145,7 @@ def single_node_slurm():
     """Install if needed, start munged/slurmctld/slurmd, yield the partition name, stop what was started."""
     install()
     host = socket.gethostname().split(".")[0]
-    write_config(host)
+    previous_config = write_config(host)
     started: list[int] = []
     try:
         munge = _start_munge()
@@ -159,3 +168,7 @@ def single_node_slurm():
         deadline = time.time() + 30
         while any(_alive(pid) for pid in started) and time.time() < deadline:
             time.sleep(0.2)
+        if previous_config is None:
+            CONFIG.unlink(missing_ok=True)
+        else:
+            CONFIG.write_text(previous_config)
