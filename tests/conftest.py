@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,24 +45,9 @@ def private_compile_cache(tmp_path_factory):
     yield Path(os.environ["NBSIM_CACHE_DIR"])
 
 
-def keep_kernels(cache: Path, session_cache: Path) -> None:
-    """Copy the compiled kernels a test built in its own cache into the session's (where they are absent),
-    so that no later test builds the same kernel again. The package, whose presence the cache checks,
-    arrives last and whole."""
-    target = session_cache / "kernels"
-    target.mkdir(parents=True, exist_ok=True)
-    for package in (cache / "kernels").glob("*.pt2"):
-        if (target / package.name).exists():
-            continue
-        shutil.copyfile(package.with_suffix(".json"), target / package.with_suffix(".json").name)
-        partial = target / f"{package.name}.partial"
-        shutil.copyfile(package, partial)
-        os.replace(partial, target / package.name)
-
-
 def pytest_collection_modifyitems(items):
-    """Tests that build kernels in their own cache run first, so that the kernels they keep spare later
-    tests a build; the real-SLURM test next, so that installing and starting SLURM overlaps other work
+    """Tests that build kernels run first, so that the kernels they build spare later tests a build; the
+    real-SLURM test next, so that installing and starting SLURM overlaps other work
     (it removes its configuration on exit, so later Snakemake starts do not wait for its controller)."""
     def order(item) -> int:
         if item.get_closest_marker("builds_kernels"):
