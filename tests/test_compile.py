@@ -81,7 +81,6 @@ def test_concurrent_processes_share_one_compiled_kernel(tmp_path, private_compil
     assert package.is_file() and not list(package.parent.glob(f"{package.stem}.partial-*"))
 
 
-
 @pytest.mark.slow
 @requires_golden
 def test_one_ahead_of_time_kernel_serves_every_count_table_and_value(tmp_path, monkeypatch):

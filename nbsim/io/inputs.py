@@ -30,12 +30,23 @@ class InputFiles:
     """(slow, fast) booleans, True where a pixel is rendered."""
 
 
+def input_file_paths(config: SimulationConfig) -> dict[str, str | None]:
+    """The input files a configuration names (-hkl, -mat, -sourcefile, -mask), by InputFiles field."""
+    return {"hkl": config.structure.hkl_file, "mosflm_matrix": config.crystal.mosflm_matrix_file,
+            "sources": config.beam.source_file, "mask": config.detector.mask_file}
+
+
+def read_input_file(field: str, path: str | Path):
+    """One input file, read strictly by the reader of its InputFiles field."""
+    readers = {"hkl": read_hkl, "mosflm_matrix": read_mosflm_matrix, "sources": read_source_file,
+               "mask": read_mask}
+    return readers[field](path)
+
+
 def read_input_files(config: SimulationConfig) -> InputFiles:
-    """Read every input file the configuration names (-hkl, -mat, -sourcefile, -mask), each strictly."""
-    hkl, matrix = config.structure.hkl_file, config.crystal.mosflm_matrix_file
-    sources, mask = config.beam.source_file, config.detector.mask_file
-    return InputFiles(hkl=read_hkl(hkl) if hkl else None, mosflm_matrix=read_mosflm_matrix(matrix) if matrix else None,
-                      sources=read_source_file(sources) if sources else None, mask=read_mask(mask) if mask else None)
+    """Read every input file the configuration names, each strictly."""
+    return InputFiles(**{field: read_input_file(field, path) if path else None
+                         for field, path in input_file_paths(config).items()})
 
 
 def read_hkl(path: str | Path) -> np.ndarray:

@@ -81,15 +81,17 @@ def _check_value(args: list[str], name: str, value, scenario: str, base: Path) -
     """A flag's value must parse after the scenario's arguments (and a file it names must read, relative to
     the config's folder); an option's value must have the option's type (its annotation in nbsim.config)."""
     from ..cli.arguments import parse
-    from ..cli.flags import FLAGS, PATH, absolute_file_arguments
-    from ..io.inputs import read_input_files
+    from ..cli.flags import absolute_file_arguments
+    from ..io.inputs import input_file_paths, read_input_file
 
     where = f"sweep.extra.{name}: value {value!r}"
     if name.startswith("-"):
+        flag = absolute_file_arguments([name, str(value)], base)
         try:
-            config, _ = parse(args + absolute_file_arguments([name, str(value)], base))
-            if FLAGS[name] == (PATH,):
-                read_input_files(config)
+            config, _ = parse(args + flag)
+            for field, path in input_file_paths(config).items():
+                if path == flag[1]:  # the input file this value names (the scenario's own were read already)
+                    read_input_file(field, path)
         except NbsimError as error:
             raise NbsimError(f"{where} in scenario '{scenario}': {error}") from None
         return
