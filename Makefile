@@ -27,7 +27,7 @@ report: $(STAMP)
 	$(BIN)/snakemake --report results/report.html
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(CORES) --dist loadfile
+	$(BIN)/python -m pytest -n $(CORES) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbsim tests workflow/scripts benchmarks

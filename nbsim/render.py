@@ -73,10 +73,14 @@ class Renderer:
 
     @property
     def values_per_pixel(self) -> int:
-        """Values a tile holds per pixel: every pixel-step when eager, else the per-pixel terms handed
-        from the first compiled stage to the fused step sum."""
-        if self.mode == "eager" or self.step_ordered or self.steps_per_pixel == 1:
+        """Values a tile holds per pixel besides the image: every pixel-step when eager, none for the
+        compiled single-step kernel (it writes the image directly, so the whole ROI is one tile: each tile
+        is a parallel region whose start and join cost a few per cent at 4096²), else the per-pixel
+        terms handed from the first compiled stage to the fused step sum."""
+        if self.mode == "eager" or self.step_ordered:
             return self.steps_per_pixel
+        if self.steps_per_pixel == 1:
+            return 0
         return PixelTerms.values_per_pixel(*self.counts)
 
     def __call__(self, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -45,14 +45,21 @@ def private_compile_cache(tmp_path_factory):
     yield Path(os.environ["NBSIM_CACHE_DIR"])
 
 
+# The longest test files, longest first (by their time in `make test`): each goes to a worker early, so
+# that no long file starts last and leaves the other worker idle.
+LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_slurm.py")
+
+
 def pytest_collection_modifyitems(items):
-    """Tests that build kernels run first, so that the kernels they build spare later tests a build; the
-    real-SLURM test next, so that installing and starting SLURM overlaps other work
-    (it removes its configuration on exit, so later Snakemake starts do not wait for its controller)."""
+    """Tests that build kernels run first, so that the kernels they build spare later tests a build; then
+    the longest files. `make test` keeps this order across its workers (`--no-loadscope-reorder`; by
+    default pytest-xdist hands out the files with most tests first). The real-SLURM test removes its
+    configuration on exit, so later Snakemake starts do not wait for its controller."""
     def order(item) -> int:
         if item.get_closest_marker("builds_kernels"):
             return 0
-        return 1 if item.path.name == "test_slurm.py" else 2
+        name = item.path.name
+        return 1 + LONGEST_FILES.index(name) if name in LONGEST_FILES else 1 + len(LONGEST_FILES)
 
     items.sort(key=order)
 

@@ -117,11 +117,9 @@ def lattice_factor(dh: torch.Tensor, dk: torch.Tensor, dl: torch.Tensor, n_cells
     """F_latt from the distance (dh, dk, dl) to the nearest node, for the crystal shape in options."""
     na, nb, nc = n_cells[0], n_cells[1], n_cells[2]
     if options.shape == "square":
-        numerator, denominator = torch.ones_like(dh), torch.ones_like(dh)
-        for fraction, n in ((dh, na), (dk, nb), (dl, nc)):
-            top, bottom = sincg_parts(fraction, n)
-            numerator, denominator = numerator * top, denominator * bottom
-        return numerator / denominator
+        (top_a, bottom_a), (top_b, bottom_b), (top_c, bottom_c) = (
+            sincg_parts(fraction, n) for fraction, n in ((dh, na), (dk, nb), (dl, nc)))
+        return (top_a * top_b * top_c) / (bottom_a * bottom_b * bottom_c)
     volume = na * nb * nc
     if options.shape == "round":
         hrad_sqr = dh * dh * na * na + dk * dk * nb * nb + dl * dl * nc * nc
