@@ -43,7 +43,7 @@ class Renderer:
     """Renders a resolved setup on one device and dtype; reusable for repeated (timed) calls."""
 
     def __init__(self, setup: Setup, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 compile: bool | str = True, tile_elements: int = TILE_ELEMENTS, reference_threads: int = 2):
+                 compile: bool | str = True, tile_elements: int | None = None, reference_threads: int = 2):
         self.setup = setup
         self.device = torch.device(device)
         self.dtype = dtype
@@ -51,6 +51,7 @@ class Renderer:
         self.inputs = kernel_inputs(setup, self.device, dtype)
         needs_grad = any(t.requires_grad for t in tree_flatten(self.inputs.tensors)[0])
         self.tile_elements = tile_elements
+        """Values per tile (None: TILE_ELEMENTS, or one tile where the kernel holds nothing per pixel)."""
         detector = setup.config.detector
         self.step_ordered = detector.oversample_thick or detector.oversample_polar or detector.oversample_omega
         tensors = self.inputs.tensors
@@ -74,9 +75,8 @@ class Renderer:
     @property
     def values_per_pixel(self) -> int:
         """Values a tile holds per pixel besides the image: every pixel-step when eager, none for the
-        compiled single-step kernel (it writes the image directly, so the whole ROI is one tile: each tile
-        is a parallel region whose start and join cost a few per cent at 4096²), else the per-pixel
-        terms handed from the first compiled stage to the fused step sum."""
+        compiled single-step kernel (it writes the image directly), else the per-pixel terms handed
+        from the first compiled stage to the fused step sum."""
         if self.mode == "eager" or self.step_ordered:
             return self.steps_per_pixel
         if self.steps_per_pixel == 1:
@@ -173,9 +173,15 @@ class Renderer:
 
     def _row_tiles(self, start: int, stop: int):
         """(first row, row-index tensor) of tiles covering [start, stop), each holding about tile_elements
-        values; the first row comes as an int so that placing a tile never reads the device."""
-        per_row = len(self.cols) * self.values_per_pixel
-        rows_per_tile = max(1, self.tile_elements // max(1, per_row))
+        values (TILE_ELEMENTS by default); the first row comes as an int so that placing a tile never reads
+        the device. By default a kernel that holds nothing per pixel renders [start, stop) as one tile:
+        every tile is a parallel region whose start and join cost a few per cent of a 4096² seed image."""
+        held = self.values_per_pixel
+        if self.tile_elements is None and held == 0:
+            rows_per_tile = stop - start
+        else:
+            rows_per_tile = (self.tile_elements or TILE_ELEMENTS) // (len(self.cols) * max(1, held))
+        rows_per_tile = max(1, rows_per_tile)
         for first in range(start, stop, rows_per_tile):
             yield first, torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
 
