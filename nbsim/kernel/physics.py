@@ -27,10 +27,13 @@ GAUSS_WIDTH = 0.63
 TOPHAT_RADIUS_SQR = 0.3969
 
 
-# sin(πx)/x as a polynomial in x² on |x| ≤ ½. float64: Taylor, 10 terms (truncation 4e-17). float32:
-# a 5-term fit minimising the relative error (5e-9, below float32 rounding). A polynomial on a reduced
-# argument is far cheaper than a general sine and needs no range reduction of its own.
-_SIN_PI_COEFFICIENTS = tuple((-1) ** j * math.pi ** (2 * j + 1) / math.factorial(2 * j + 1) for j in range(10))
+# sin(πx)/x as a polynomial in x² on |x| ≤ ½. float64: 8 terms interpolating it at the Chebyshev nodes
+# of x² ∈ [0, ¼] (computed in 50-digit arithmetic; sin(πx) then within 3.4e-16 of the exact value, as
+# close as the 10-term Taylor series). float32: a 5-term fit minimising the relative error (5e-9, below
+# float32 rounding). A polynomial on a reduced argument is far cheaper than a general sine and needs no
+# range reduction of its own.
+_SIN_PI_COEFFICIENTS = (3.1415926535897927, -5.1677127800497855, 2.5501640398618677, -0.599264528825224,
+                        0.08214587881631043, -0.0073703643265304155, 0.0004659870158043378, -2.113362735205297e-05)
 _SIN_PI_COEFFICIENTS_FLOAT32 = (3.141592636934065, -5.1677096867340495, 2.5500697530009737, -0.5982422641064848,
                                 0.07756062573090196)
 
