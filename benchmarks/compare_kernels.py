@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from nbsim.cli.arguments import parse
+from nbsim.kernel.backends import open_package
 from nbsim.render import Renderer
 from nbsim.setup import resolve
 from nbsim.workloads import SEED_ARGS
@@ -39,7 +41,7 @@ def main() -> None:
     tensors = tree_flatten(Renderer(setup, dtype=dtype, compile="off").inputs.tensors)[0]
     rows, cols = (torch.arange(n, dtype=dtype) for n in setup.shape)
     images = {p: torch.empty(setup.shape, dtype=dtype) for p in args.packages}
-    runners = {p: torch._C._aoti.AOTIModelPackageLoader(p, "model", False, 1, -1) for p in args.packages}
+    runners = {p: open_package(Path(p), torch.device("cpu")) for p in args.packages}
     for package, runner in runners.items():
         runner.run([images[package], rows, cols, *tensors])
     first = images[args.packages[0]]

@@ -298,8 +298,13 @@ class AotStage:
 def load_package(variant: StageVariant, dtype: torch.dtype, device: torch.device):
     """The variant's package runner, built first if the cache does not hold it."""
     ensure_package(variant, dtype, device)
+    return open_package(variant.package(dtype, device), device)
+
+
+def open_package(package: Path, device: torch.device):
+    """The runner of an ahead-of-time package file on `device` (its `run` takes the flat inputs)."""
     device_index = device.index if device.type == "cuda" and device.index is not None else -1
-    return torch._C._aoti.AOTIModelPackageLoader(str(variant.package(dtype, device)), "model", False, 1, device_index)
+    return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
 
 
 def ensure_package(variant: StageVariant, dtype: torch.dtype, device: torch.device) -> bool:
