@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import time
+import unittest.mock
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -72,20 +73,27 @@ class Stage:
     output: type | None = None
     single_step: bool = False
     """Compiled for one step per pixel (step counts fixed at 1) rather than any number."""
+    vectors_per_iteration: int = 1
+    """SIMD vectors an ahead-of-time CPU loop iteration computes side by side (see _vectors_per_iteration)."""
 
 
 # The step sum is a single reduction whose per-step intermediates should stay in registers, not be
 # written out, so Inductor is told not to materialise them (and that the clamped table index needs
-# no bounds check). The per-pixel stage keeps Inductor's defaults.
+# no bounds check), and its loops compute several pixel vectors at once. The per-pixel stage keeps
+# Inductor's defaults.
 FUSED_STEPS = (("realize_reads_threshold", 1 << 20), ("realize_opcount_threshold", 1 << 20),
                ("realize_acc_reads_threshold", 1 << 20), ("assert_indirect_indexing", False))
+FUSED_VECTORS = 4
 PREPARE_PIXELS = Stage(prepare_pixels, ("curved", "point_pixel", "polarization", "use_dmin", "use_sensor"),
                        output=PixelTerms)
-PIXEL_STAGES = (PREPARE_PIXELS, Stage(sum_steps, ("shape", "lookup", "use_dmin"), PREPARE_PIXELS, FUSED_STEPS))
+PIXEL_STAGES = (PREPARE_PIXELS, Stage(sum_steps, ("shape", "lookup", "use_dmin"), PREPARE_PIXELS, FUSED_STEPS,
+                                      vectors_per_iteration=FUSED_VECTORS))
 # With a single step per pixel there is nothing to share between steps: one kernel, no hand-over, and
 # no per-pixel intermediates written out.
-SINGLE_STEP_STAGES = (Stage(pixel_kernel, ALL_OPTIONS, None, FUSED_STEPS, single_step=True),)
-OUT_OF_RANGE_STAGES = (PREPARE_PIXELS, Stage(steps_out_of_range, ("shape", "use_dmin"), PREPARE_PIXELS, FUSED_STEPS))
+SINGLE_STEP_STAGES = (Stage(pixel_kernel, ALL_OPTIONS, None, FUSED_STEPS, single_step=True,
+                            vectors_per_iteration=FUSED_VECTORS),)
+OUT_OF_RANGE_STAGES = (PREPARE_PIXELS, Stage(steps_out_of_range, ("shape", "use_dmin"), PREPARE_PIXELS, FUSED_STEPS,
+                                             vectors_per_iteration=FUSED_VECTORS))
 
 
 @dataclass(frozen=True)
@@ -367,11 +375,44 @@ def _build(variant: StageVariant, dtype: torch.dtype, device: torch.device, pack
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)
     partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")
-    with warnings.catch_warnings():
+    vectors = stage.vectors_per_iteration if device.type == "cpu" else 1
+    inductor_configs = dict(stage.inductor_options)
+    if vectors > 1:
+        # Inductor's own graph cache does not see the patched vector width, so it must not answer.
+        inductor_configs["fx_graph_cache"] = False
+    with warnings.catch_warnings(), _vectors_per_iteration(vectors, dtype):
         # PyTorch's own packaging code trips its LeafSpec deprecation; nothing for a user to act on.
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=dict(stage.inductor_options))
+        aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=inductor_configs)
     os.replace(partial, package)
+
+
+@contextlib.contextmanager
+def _vectors_per_iteration(vectors: int, dtype: torch.dtype) -> Iterator[None]:
+    """Inductor's CPU loops step over `vectors` SIMD vectors of `dtype` per iteration instead of one.
+
+    A fused stage computes one long chain of dependent operations per pixel. With one vector per loop
+    iteration an out-of-order core finds too little independent work in its window and waits on
+    latencies; with several, Inductor emits each operation for all of them side by side (its
+    VectorizedN), which fills those waits. Inductor has no option for this: its loops step by the
+    vector ISA's float lane count, so that count is scaled while the stage compiles. No vector ISA,
+    no change.
+    """
+    from torch._inductor import cpu_vec_isa
+
+    isa = cpu_vec_isa.pick_vec_isa()
+    if vectors <= 1 or not isa:
+        yield
+        return
+    lanes = isa.bit_width() // (8 * dtype.itemsize)
+    scale = max(1, vectors * lanes // isa.nelements(torch.float))
+    unscaled = cpu_vec_isa.VecISA.nelements
+
+    def scaled(self, dtype: torch.dtype = torch.float) -> int:
+        return unscaled(self, dtype) * scale
+
+    with unittest.mock.patch.object(cpu_vec_isa.VecISA, "nelements", scaled):
+        yield
 
 
 def _write_atomically(path: Path, text: str) -> None:
