@@ -245,8 +245,8 @@ def test_kernels_command_lists_and_reports_cached_builds(tmp_path, monkeypatch):
 
 
 def test_fused_stages_compile_several_vectors_per_loop_iteration():
-    """While a fused stage builds, Inductor's loops step over four SIMD vectors of the kernel's dtype;
-    afterwards its own width is back."""
+    """While a fused stage without a table lookup builds, Inductor's loops step over four SIMD vectors of
+    the kernel's dtype; afterwards its own width is back."""
     from torch._inductor import cpu_vec_isa
 
     from nbsim.kernel.backends import FUSED_VECTORS, SINGLE_STEP_STAGES, _vectors_per_iteration
@@ -254,7 +254,9 @@ def test_fused_stages_compile_several_vectors_per_loop_iteration():
     isa = cpu_vec_isa.pick_vec_isa()
     if not isa:
         pytest.skip("Inductor finds no vector instruction set on this processor")
-    assert SINGLE_STEP_STAGES[0].vectors_per_iteration == FUSED_VECTORS > 1
+    single_step = SINGLE_STEP_STAGES[0]
+    assert single_step.vectors_for(KernelOptions()) == FUSED_VECTORS > 1
+    assert single_step.vectors_for(KernelOptions(lookup="nearest")) == 1
     native = isa.nelements(torch.float)
     for dtype in (torch.float32, torch.float64):
         with _vectors_per_iteration(FUSED_VECTORS, dtype):
