@@ -11,9 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import cpu_vec_isa
 
 import nbsim
-from nbsim.kernel.backends import CACHE_EVENTS, Structure, kernels_dir, locked, missing_packages
+from nbsim.kernel.backends import (
+    CACHE_EVENTS,
+    FUSED_VECTORS,
+    SINGLE_STEP_STAGES,
+    Structure,
+    _vectors_per_iteration,
+    kernels_dir,
+    locked,
+    missing_packages,
+)
 from nbsim.kernel.inputs import KernelOptions
 from nbsim.kernel.policy import CompilePlan, plan_compile, start_background_build
 from nbsim.render import Renderer, structure_for
@@ -246,20 +257,20 @@ def test_kernels_command_lists_and_reports_cached_builds(tmp_path, monkeypatch):
 
 def test_fused_stages_compile_several_vectors_per_loop_iteration():
     """While a fused stage without a table lookup builds, Inductor's loops step over four SIMD vectors of
-    the kernel's dtype; afterwards its own width is back."""
-    from torch._inductor import cpu_vec_isa
-
-    from nbsim.kernel.backends import FUSED_VECTORS, SINGLE_STEP_STAGES, _vectors_per_iteration
-
+    the kernel's dtype, with Inductor's graph cache off; afterwards its own width and cache are back."""
     isa = cpu_vec_isa.pick_vec_isa()
     if not isa:
         pytest.skip("Inductor finds no vector instruction set on this processor")
     single_step = SINGLE_STEP_STAGES[0]
-    assert single_step.vectors_for(KernelOptions()) == FUSED_VECTORS > 1
-    assert single_step.vectors_for(KernelOptions(lookup="nearest")) == 1
-    native = isa.nelements(torch.float)
+    cpu = torch.device("cpu")
+    assert single_step.vectors_for(KernelOptions(), cpu) == FUSED_VECTORS > 1
+    assert single_step.vectors_for(KernelOptions(lookup="nearest"), cpu) == 1
+    assert single_step.vectors_for(KernelOptions(), torch.device("cuda")) == 1
+    native, graph_cache = isa.nelements(torch.float), inductor_config.fx_graph_cache
     for dtype in (torch.float32, torch.float64):
         with _vectors_per_iteration(FUSED_VECTORS, dtype):
             elements = isa.nelements(torch.float)
+            assert not inductor_config.fx_graph_cache
         assert elements * dtype.itemsize * 8 == FUSED_VECTORS * isa.bit_width()
         assert isa.nelements(torch.float) == native
+        assert inductor_config.fx_graph_cache == graph_cache

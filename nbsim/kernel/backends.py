@@ -77,10 +77,11 @@ class Stage:
     """SIMD vectors an ahead-of-time CPU loop iteration computes side by side (see _vectors_per_iteration)
     when the variant looks nothing up in the HKL table."""
 
-    def vectors_for(self, options: KernelOptions) -> int:
-        """vectors_per_iteration for a variant: 1 with a table lookup, whose per-pixel gathers ran 25–45 %
-        slower four or two vectors wide (measured side by side on the heavy and triclinic workloads)."""
-        return self.vectors_per_iteration if options.lookup == "default" else 1
+    def vectors_for(self, options: KernelOptions, device: torch.device) -> int:
+        """vectors_per_iteration for a variant: 1 off the CPU, and 1 with a table lookup, whose per-pixel
+        gathers ran 25–45 % slower four or two vectors wide (measured side by side on the heavy and
+        triclinic workloads)."""
+        return self.vectors_per_iteration if device.type == "cpu" and options.lookup == "default" else 1
 
 
 # The step sum is a single reduction whose per-step intermediates should stay in registers, not be
@@ -380,15 +381,10 @@ def _build(variant: StageVariant, dtype: torch.dtype, device: torch.device, pack
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)
     partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")
-    vectors = stage.vectors_for(options) if device.type == "cpu" else 1
-    inductor_configs = dict(stage.inductor_options)
-    if vectors > 1:
-        # Inductor's own graph cache does not see the patched vector width, so it must not answer.
-        inductor_configs["fx_graph_cache"] = False
-    with warnings.catch_warnings(), _vectors_per_iteration(vectors, dtype):
+    with warnings.catch_warnings(), _vectors_per_iteration(stage.vectors_for(options, device), dtype):
         # PyTorch's own packaging code trips its LeafSpec deprecation; nothing for a user to act on.
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=inductor_configs)
+        aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=dict(stage.inductor_options))
     os.replace(partial, package)
 
 
@@ -400,9 +396,10 @@ def _vectors_per_iteration(vectors: int, dtype: torch.dtype) -> Iterator[None]:
     iteration an out-of-order core finds too little independent work in its window and waits on
     latencies; with several, Inductor emits each operation for all of them side by side (its
     VectorizedN), which fills those waits. Inductor has no option for this: its loops step by the
-    vector ISA's float lane count, so that count is scaled while the stage compiles. No vector ISA,
-    no change.
+    vector ISA's float lane count, so that count is scaled while the stage compiles, with Inductor's own
+    graph cache off (its key does not see the scaled count). No vector ISA, no change.
     """
+    from torch._inductor import config as inductor_config
     from torch._inductor import cpu_vec_isa
 
     isa = cpu_vec_isa.pick_vec_isa()
@@ -416,7 +413,8 @@ def _vectors_per_iteration(vectors: int, dtype: torch.dtype) -> Iterator[None]:
     def scaled(self, dtype: torch.dtype = torch.float) -> int:
         return unscaled(self, dtype) * scale
 
-    with unittest.mock.patch.object(cpu_vec_isa.VecISA, "nelements", scaled):
+    with unittest.mock.patch.object(cpu_vec_isa.VecISA, "nelements", scaled), \
+            inductor_config.patch(fx_graph_cache=False):
         yield
 
 
