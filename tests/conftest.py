@@ -35,7 +35,7 @@ def private_compile_cache(tmp_path_factory):
     """Compiled kernels go to a folder of the test session, shared by its pytest-xdist workers (the cache's
     locks let one build a kernel while the others wait for it), unless NBSIM_CACHE_DIR says otherwise; no
     background kernel builds."""
-    if "NBSIM_CACHE_DIR" not in os.environ:
+    if not os.environ.get("NBSIM_CACHE_DIR"):
         basetemp = tmp_path_factory.getbasetemp()
         session_root = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
         os.environ["NBSIM_CACHE_DIR"] = str(session_root / "nbsim-cache")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,10 @@ def test_concurrent_processes_share_one_compiled_kernel(tmp_path, private_compil
     assert sum(e.get("aot_hit", 0) for e in events) == 1  # and loaded by the other process
     package = cache / "kernels" / variant.package(torch.float32, cpu).name
     assert package.is_file() and not list(package.parent.glob(f"{package.stem}.partial-*"))
+    with zipfile.ZipFile(package) as archive:
+        [source] = [archive.read(name).decode() for name in archive.namelist() if name.endswith(".kernel.cpp")]
+    # The single-step kernel is one loop over the tile: nothing written out and read back between loops.
+    assert source.count("#pragma omp for") == 1
 
 
 @pytest.mark.slow

@@ -76,6 +76,9 @@ class Stage:
     vectors_per_iteration: int = 1
     """SIMD vectors an ahead-of-time CPU loop iteration computes side by side (see _vectors_per_iteration)
     when the variant looks nothing up in the HKL table."""
+    one_loop: bool = False
+    """Built ahead of time with ONE_LOOP's Inductor options instead of inductor_options, and with every
+    loop over the tile's rows and columns (see _tile_shaped_loops)."""
 
     def vectors_for(self, options: KernelOptions, device: torch.device) -> int:
         """vectors_per_iteration for a variant: 1 off the CPU, and 1 with a table lookup, whose per-pixel
@@ -91,6 +94,11 @@ class Stage:
 FUSED_STEPS = (("realize_reads_threshold", 1 << 20), ("realize_opcount_threshold", 1 << 20),
                ("realize_acc_reads_threshold", 1 << 20), ("assert_indirect_indexing", False))
 FUSED_VECTORS = 4
+# Inlined whole, the single-step kernel is slow to build: Inductor re-derives a value's expression at
+# each of its uses (x² in every term of a sine polynomial, the fractional Miller index). Built ahead of
+# time, it lets Inductor materialise reused values as usual and fuses them all back into one loop
+# (_tile_shaped_loops), where they stay in registers: the same loop and image, in about half the build.
+ONE_LOOP = (("max_fusion_size", 1 << 20), ("assert_indirect_indexing", False))
 PREPARE_PIXELS = Stage(prepare_pixels, ("curved", "point_pixel", "polarization", "use_dmin", "use_sensor"),
                        output=PixelTerms)
 PIXEL_STAGES = (PREPARE_PIXELS, Stage(sum_steps, ("shape", "lookup", "use_dmin"), PREPARE_PIXELS, FUSED_STEPS,
@@ -98,7 +106,7 @@ PIXEL_STAGES = (PREPARE_PIXELS, Stage(sum_steps, ("shape", "lookup", "use_dmin")
 # With a single step per pixel there is nothing to share between steps: one kernel, no hand-over, and
 # no per-pixel intermediates written out.
 SINGLE_STEP_STAGES = (Stage(pixel_kernel, ALL_OPTIONS, None, FUSED_STEPS, single_step=True,
-                            vectors_per_iteration=FUSED_VECTORS),)
+                            vectors_per_iteration=FUSED_VECTORS, one_loop=True),)
 OUT_OF_RANGE_STAGES = (PREPARE_PIXELS, Stage(steps_out_of_range, ("shape", "use_dmin"), PREPARE_PIXELS, FUSED_STEPS))
 
 
@@ -381,10 +389,12 @@ def _build(variant: StageVariant, dtype: torch.dtype, device: torch.device, pack
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)
     partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")
-    with warnings.catch_warnings(), _vectors_per_iteration(stage.vectors_for(options, device), dtype):
+    inductor_options = ONE_LOOP if stage.one_loop else stage.inductor_options
+    with warnings.catch_warnings(), _vectors_per_iteration(stage.vectors_for(options, device), dtype), \
+            _tile_shaped_loops(stage.one_loop):
         # PyTorch's own packaging code trips its LeafSpec deprecation; nothing for a user to act on.
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=dict(stage.inductor_options))
+        aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=dict(inductor_options))
     os.replace(partial, package)
 
 
@@ -414,6 +424,43 @@ def _vectors_per_iteration(vectors: int, dtype: torch.dtype) -> Iterator[None]:
         return unscaled(self, dtype) * scale
 
     with unittest.mock.patch.object(cpu_vec_isa.VecISA, "nelements", scaled), \
+            inductor_config.patch(fx_graph_cache=False):
+        yield
+
+
+@contextlib.contextmanager
+def _tile_shaped_loops(enabled: bool) -> Iterator[None]:
+    """While enabled, Inductor keeps each loop's dimensions (dropping only those of size 1) instead of
+    merging contiguous ones.
+
+    A materialised value computed only from other per-pixel values would otherwise loop over
+    rows × columns as one dimension, and Inductor's CPU backend cannot fuse such a loop into the
+    two-dimensional ones around it once it has joined another: the kernel then writes those values to
+    memory and reads them back in separate loops. Inductor has no option for this, so its loop
+    simplification is replaced while the stage compiles, with its graph cache off (its key does not see
+    the replacement).
+    """
+    if not enabled:
+        yield
+        return
+    import sympy
+    from torch._inductor import config as inductor_config
+    from torch._inductor.sizevars import SizeVarAllocator
+
+    def unmerged(self, index_vars, sizes, index_formulas):
+        sizes = [self.simplify(size) for size in sizes]
+        kept = [size != 1 for size in sizes]
+
+        def reindex(index):
+            remaining = iter(index)
+            return [next(remaining) if keep else sympy.S.Zero for keep in kept]
+
+        def prune(index):
+            return [var for var, keep in zip(index, kept, strict=True) if keep]
+
+        return [size for size, keep in zip(sizes, kept, strict=True) if keep], reindex, prune
+
+    with unittest.mock.patch.object(SizeVarAllocator, "_simplify_loops_impl", unmerged), \
             inductor_config.patch(fx_graph_cache=False):
         yield
 
