@@ -7,6 +7,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .errors import NbsimError
+
+MAX_TABLE_NODES = 2**31 - 1
+"""The most nodes the padded table may hold: kernels index it with int32."""
+
 
 @dataclass
 class HKLGrid:
@@ -34,6 +39,10 @@ def build_grid(reflections: np.ndarray, default_F: float) -> HKLGrid:
     indices = reflections[:, :3].astype(np.int64)
     index_min = indices.min(axis=0)
     shape = indices.max(axis=0) - index_min + 1
+    nodes = int(np.prod(shape + 2, dtype=object))
+    if nodes > MAX_TABLE_NODES:
+        raise NbsimError(f"the HKL indices span {' x '.join(str(int(n)) for n in shape)} grid nodes, "
+                         f"{nodes} with the table's border; at most {MAX_TABLE_NODES} are supported")
     values = np.full(tuple(shape), default_F, dtype=np.float64)
     offsets = indices - index_min
     values[offsets[:, 0], offsets[:, 1], offsets[:, 2]] = reflections[:, 3]

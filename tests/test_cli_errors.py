@@ -80,6 +80,8 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "hkl non-numeric F": (GOOD + ["-hkl", hkl("text", "1 2 3 abc\n")], "text.hkl:1: 'abc' is not a number"),
         "hkl empty": (GOOD + ["-hkl", hkl("empty", "\n\n")], "no reflections"),
         "hkl truncated": (GOOD + ["-hkl", hkl("truncated", SMALL_HKL + "2 0")], "truncated.hkl:4: expected 4 numbers"),
+        "hkl table too large": (GOOD + ["-hkl", hkl("vast", "-1000 -1000 -1000 1\n1000 1000 1000 2\n")],
+                                "at most 2147483647 are supported"),
         "missing matrix": (GOOD + ["-mat", str(folder / "absent.mat")], "absent.mat: no such file"),
         "matrix too short": (GOOD + ["-mat", _write(folder, "short.mat", "1 0 0\n0 1 0\n")], "needs 9 numbers"),
         "matrix not numeric": (GOOD + ["-mat", _write(folder, "text.mat", "a b c\n0 1 0\n0 0 1\n")],

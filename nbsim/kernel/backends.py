@@ -99,6 +99,12 @@ FUSED_VECTORS = 4
 # time, it lets Inductor materialise reused values as usual and fuses them all back into one loop
 # (_tile_shaped_loops), where they stay in registers: the same loop and image, in about half the build.
 ONE_LOOP = (("max_fusion_size", 1 << 20), ("assert_indirect_indexing", False))
+# Every ahead-of-time build lets the C++ compiler contract a multiply and an add into one fused
+# multiply-add (Inductor's default forbids it): the fused kernels are chains of Horner steps and dot
+# products, and with several vectors per loop iteration their time is the count of instructions
+# (seed float64 21 % and float32 10 % faster, measured side by side; docs/benchmarks.md). The C
+# reference, built with -O3 -march=native, contracts them too.
+CONTRACTED = (("cpp.enable_floating_point_contract_flag", "fast"),)
 PREPARE_PIXELS = Stage(prepare_pixels, ("curved", "point_pixel", "polarization", "use_dmin", "use_sensor"),
                        output=PixelTerms)
 PIXEL_STAGES = (PREPARE_PIXELS, Stage(sum_steps, ("shape", "lookup", "use_dmin"), PREPARE_PIXELS, FUSED_STEPS,
@@ -389,7 +395,7 @@ def _build(variant: StageVariant, dtype: torch.dtype, device: torch.device, pack
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)
     partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")
-    inductor_options = ONE_LOOP if stage.one_loop else stage.inductor_options
+    inductor_options = (ONE_LOOP if stage.one_loop else stage.inductor_options) + CONTRACTED
     with warnings.catch_warnings(), _vectors_per_iteration(stage.vectors_for(options, device), dtype), \
             _tile_shaped_loops(stage.one_loop):
         # PyTorch's own packaging code trips its LeafSpec deprecation; nothing for a user to act on.

@@ -88,14 +88,15 @@ class Scalars(NamedTuple):
 
 
 class KernelTensors(NamedTuple):
-    """Inputs shared by every tile (all on the compute device and dtype but `last_layer_substep`).
+    """Inputs shared by every tile (all on the compute device and dtype but the integer
+    `last_layer_substep` and `grid_extent`).
 
     origins: sub-step origins P_k (K, 3) in m; layer_of_substep (K,): each sub-step's sensor layer;
     last_layer_substep (1,) int64: the first sub-step of the last layer. frame rows: fdet, sdet, beam.
     cells: projections onto the a, b, c axes of every orientation (O each). beam_terms: (a·i)/λ etc.,
     (3, S, O). incident, odet, polar_e, polar_b: projections onto the source directions, the detector
     normal and the per-source polarization frame. grid: the padded HKL table, flat (G,); grid_extent:
-    its (h, k, l) sizes; grid_min/grid_max: the file's index range.
+    its (h, k, l) sizes (int32); grid_min/grid_max: the file's index range.
     """
 
     origins: torch.Tensor
@@ -157,7 +158,8 @@ def example_tensors(dtype: torch.dtype, device: torch.device, single_step: bool)
         return torch.ones(sizes, dtype=dtype, device=device)
 
     tensors = tree_map(make, INPUT_SHAPES, is_leaf=_is_shape)
-    return tensors._replace(last_layer_substep=torch.zeros(1, dtype=torch.int64, device=device))
+    return tensors._replace(last_layer_substep=torch.zeros(1, dtype=torch.int64, device=device),
+                            grid_extent=torch.ones(3, dtype=torch.int32, device=device))
 
 
 @dataclass
@@ -224,7 +226,8 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         last_layer_substep=torch.tensor([(layers - 1) * substeps_per_layer], dtype=torch.int64, device=device),
         frame=to(torch.stack([g.fdet, g.sdet, g.beam])), **orientation(setup.cells_A), incident=projection(incident),
         odet=projection(g.odet.unsqueeze(0)), polar_e=projection(polar_e), polar_b=projection(polar_b),
-        inv_wavelength=to(inv_wavelength), grid=grid, grid_extent=to(grid_extent), grid_min=to(grid_min),
+        inv_wavelength=to(inv_wavelength), grid=grid,
+        grid_extent=torch.tensor(grid_extent, dtype=torch.int32, device=device), grid_min=to(grid_min),
         grid_max=to(grid_max), n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A),
         scalars=scalars)
     options = KernelOptions(

@@ -83,11 +83,13 @@ def _gather(grid: torch.Tensor, h: torch.Tensor, k: torch.Tensor, l: torch.Tenso
     """grid[h, k, l] for integer-valued indices within one node of the file's range.
 
     The table carries a border of default_F one node wide (see HKLGrid.padded), so its first
-    entry is index grid_min − 1; grid_extent holds the padded table's (h, k, l) sizes.
+    entry is index grid_min − 1; grid_extent holds the padded table's (h, k, l) sizes, int32. The flat
+    index is int32 arithmetic on each axis's node: exact for any table (a float32 index is not past
+    2²⁴ entries), and three float-to-int32 conversions are single vector instructions where one
+    float-to-int64 conversion is not (AVX2 has none).
     """
-    nk, nl = grid_extent[1], grid_extent[2]
-    index = ((h - grid_min[0] + 1.0) * nk + (k - grid_min[1] + 1.0)) * nl + (l - grid_min[2] + 1.0)
-    return grid[index.to(torch.int64)]
+    nodes = [(x - low + 1.0).to(torch.int32) for x, low in ((h, grid_min[0]), (k, grid_min[1]), (l, grid_min[2]))]
+    return grid[(nodes[0] * grid_extent[1] + nodes[1]) * grid_extent[2] + nodes[2]]
 
 
 def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
