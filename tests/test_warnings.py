@@ -13,6 +13,12 @@ from .conftest import GOLDEN, load_case
 BASE = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 1 -N 5 -distance 100 -detpixels 16 -compile off".split()
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """The CLI writes its default outputs (intimage.img, noiseimage.img, image.pgm) into the working folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 def warnings_of(arguments: list[str], capsys, tmp_path) -> list[str]:
     assert main([*arguments, "-floatfile", str(tmp_path / "image.bin")]) == 0
     output = capsys.readouterr()
