@@ -146,6 +146,29 @@ def test_interpolation_switch_at_the_first_step_looks_up_nearest_from_there_on(t
         np.testing.assert_allclose(auto().numpy(), nearest().numpy(), rtol=1e-12, atol=0)
 
 
+def test_interpolation_ignores_the_table_beyond_steps_cut_by_dmin(tmp_path):
+    """Steps cut by -dmin are computed with the rest and may reach far outside the HKL table (before,
+    an IndexError in eager and reads past the table compiled). Their neighbourhoods are clamped into
+    the table, so the image is the same as with a table that extends there, whatever it holds."""
+
+    def amplitude(h: int, k: int, l: int) -> int:
+        return 10 + abs(h) + 2 * abs(k) + 3 * abs(l) if max(abs(h), abs(k), abs(l)) <= 6 else 999
+
+    def image(extent: int, path) -> np.ndarray:
+        indices = range(-extent, extent + 1)
+        path.write_text("".join(f"{h} {k} {l} {amplitude(h, k, l)}\n"
+                                for h in indices for k in indices for l in indices))
+        args = (f"-hkl {path} -cell 30 30 30 90 90 90 -misset 0 0 90 -N 5 -interpolate -dmin 8 -lambda 1 "
+                "-distance 20 -detpixels 24 -pixel 2").split()
+        renderer = Renderer(resolve(nbsim.config_from_args(args)), dtype=torch.float64, compile=False)
+        assert renderer._interpolation_switch() is None
+        return renderer().numpy()
+
+    small, large = image(6, tmp_path / "small.hkl"), image(22, tmp_path / "large.hkl")
+    assert np.isfinite(small).all() and small.max() > 0
+    np.testing.assert_array_equal(small, large)
+
+
 def test_renderer_refuses_an_output_buffer_of_the_wrong_kind():
     from nbsim.errors import NbsimError
 

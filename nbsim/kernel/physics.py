@@ -108,11 +108,17 @@ def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
     wh = lagrange_weights(h - h_floor)
     wk = lagrange_weights(k - k_floor)
     wl = lagrange_weights(l - l_floor)
+    # Steps whose neighbourhood leaves the table are never used (cut by -dmin, F_latt = 0, or past
+    # nanoBragg's interpolation switch) but are computed with the rest: clamping each neighbour to the
+    # padded table, as the nearest lookup does, keeps every read inside it and changes no step that counts.
+    low, high = grid_min - 1.0, grid_max + 1.0
+    h_nodes, k_nodes, l_nodes = ([torch.clamp(floor + offset, low[v], high[v]) for offset in (-1, 0, 1, 2)]
+                                 for v, floor in enumerate((h_floor, k_floor, l_floor)))
     total = torch.zeros_like(h)
     for i in range(4):
         for j in range(4):
             for m in range(4):
-                node = _gather(grid, h_floor + (i - 1), k_floor + (j - 1), l_floor + (m - 1), grid_min, grid_extent)
+                node = _gather(grid, h_nodes[i], k_nodes[j], l_nodes[m], grid_min, grid_extent)
                 total = total + wh[i] * wk[j] * wl[m] * node
     return total
 
