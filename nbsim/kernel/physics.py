@@ -92,6 +92,12 @@ def _gather(grid: torch.Tensor, h: torch.Tensor, k: torch.Tensor, l: torch.Tenso
     return grid[(nodes[0] * grid_extent[1] + nodes[1]) * grid_extent[2] + nodes[2]]
 
 
+def _in_table(index: torch.Tensor, axis: int, grid_min: torch.Tensor, grid_max: torch.Tensor) -> torch.Tensor:
+    """An integer-valued index on `axis` clamped to the padded table, one node beyond the file's range:
+    every read stays inside the table, and one past the range lands on the default_F border."""
+    return torch.clamp(index, grid_min[axis] - 1.0, grid_max[axis] + 1.0)
+
+
 def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
                      h0: torch.Tensor, k0: torch.Tensor, l0: torch.Tensor,
                      grid: torch.Tensor, grid_min: torch.Tensor, grid_max: torch.Tensor,
@@ -100,19 +106,16 @@ def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
     if lookup == "default":
         return default_F.expand_as(h)
     if lookup == "nearest":
-        # Clamping to one node beyond the range lands on the default_F border: no separate bounds test.
-        low, high = grid_min - 1.0, grid_max + 1.0
-        return _gather(grid, torch.clamp(h0, low[0], high[0]), torch.clamp(k0, low[1], high[1]),
-                       torch.clamp(l0, low[2], high[2]), grid_min, grid_extent)
+        return _gather(grid, *(_in_table(x, v, grid_min, grid_max) for v, x in enumerate((h0, k0, l0))),
+                       grid_min, grid_extent)
     h_floor, k_floor, l_floor = torch.floor(h), torch.floor(k), torch.floor(l)
     wh = lagrange_weights(h - h_floor)
     wk = lagrange_weights(k - k_floor)
     wl = lagrange_weights(l - l_floor)
     # Steps whose neighbourhood leaves the table are never used (cut by -dmin, F_latt = 0, or past
-    # nanoBragg's interpolation switch) but are computed with the rest: clamping each neighbour to the
-    # padded table, as the nearest lookup does, keeps every read inside it and changes no step that counts.
-    low, high = grid_min - 1.0, grid_max + 1.0
-    h_nodes, k_nodes, l_nodes = ([torch.clamp(floor + offset, low[v], high[v]) for offset in (-1, 0, 1, 2)]
+    # nanoBragg's interpolation switch) but are computed with the rest: clamped, their reads stay inside
+    # the table, and no step that counts changes.
+    h_nodes, k_nodes, l_nodes = ([_in_table(floor + offset, v, grid_min, grid_max) for offset in (-1, 0, 1, 2)]
                                  for v, floor in enumerate((h_floor, k_floor, l_floor)))
     total = torch.zeros_like(h)
     for i in range(4):
