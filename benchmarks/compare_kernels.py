@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_flatten
 
-from nbsim.cli.arguments import parse
 from nbsim.kernel.backends import open_package
+from nbsim.nanobragg.arguments import parse
 from nbsim.render import Renderer
 from nbsim.setup import resolve
 from nbsim.workloads import SEED_ARGS

@@ -11,15 +11,8 @@ from importlib import import_module
 _EXPORTS = {
     "BeamConfig": "config", "CrystalConfig": "config", "DetectorConfig": "config", "SimulationConfig": "config",
     "StructureFactorConfig": "config", "NbsimError": "errors", "Renderer": "render", "Setup": "setup",
-    "resolve": "setup", "simulate": "render",
+    "resolve": "setup", "simulate": "render", "config_from_args": "nanobragg",
 }
-
-
-def config_from_args(argv: list[str]):
-    """A SimulationConfig from nanoBragg-style arguments (e.g. "-cell 100 100 100 90 90 90 ...".split())."""
-    from .cli.arguments import parse
-
-    return parse(list(argv))[0]
 
 
 @cache
@@ -42,4 +35,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'nbsim' has no attribute '{name}'")
 
 
-__all__ = [*_EXPORTS, "__version__", "config_from_args"]
+__all__ = [*_EXPORTS, "__version__"]

@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nbsim
-from nbsim.cli.arguments import parse
-from nbsim.cli.flags import FLAGS
 from nbsim.errors import NbsimError
 from nbsim.io.images import read_smv
 from nbsim.io.inputs import read_hkl, read_mosflm_matrix, read_source_file
 from nbsim.kernel.physics import lattice_factor, sin_pi_polynomial, sincg_parts
+from nbsim.nanobragg.arguments import parse
+from nbsim.nanobragg.flags import FLAGS
 from nbsim.render import Renderer
 from nbsim.setup import resolve
 

@@ -15,8 +15,8 @@ import traceback
 from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..io.paths import check_writable, require_file
-from .arguments import RunOptions, parse
-from .flags import FLAGS
+from ..nanobragg.arguments import RunOptions, parse
+from ..nanobragg.flags import FLAGS
 
 USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
        nbsim kernels build|list   (see nbsim kernels -h)

@@ -11,10 +11,10 @@ from ..config import SimulationConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.images import write_float_image, write_pgm, write_smv
+from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
 from ..setup import Setup, resolve
 from ..vectors import DEGREES_PER_RADIAN
-from .arguments import RunOptions
 from .products import integer_image, noise_image, pgm_image, smv_fields, statistics
 
 

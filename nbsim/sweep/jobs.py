@@ -116,7 +116,7 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
     """Render and time a batch's points, one after another, into one store (dimension `point`) and one
     records JSON. Point batches compare each image with the same point of `reference_store`; reference
     batches (`reference_store` None) render in float64 with nbsim or run `job.c_binary`."""
-    from ..cli import bench  # noqa: F401  (torch and the renderer: part of the process's start-up)
+    from .. import timing  # noqa: F401  (torch and the renderer: part of the process's start-up)
 
     startup_s = process_startup_s()
     started = time.perf_counter()
@@ -153,8 +153,9 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
 
 
 def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[list[dict], list[dict]]:
-    from ..cli.bench import time_nbsim
     from ..devices import resolve_device, resolve_dtype
+    from ..nanobragg import parse
+    from ..timing import time_nbsim
 
     try:
         device = resolve_device(job.device)
@@ -173,13 +174,14 @@ def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[
     progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
     for index, point in enumerate(job.points):
         kernel = point["kernel"] or "eager"
+        config = parse(point["args"])[0].with_options(**point["overrides"])
         if kernel not in loads:
-            _, load = time_nbsim(point["args"], device, dtype, job.compile, 0, 1, overrides=point["overrides"])
+            _, load = time_nbsim(config, device, dtype, job.compile, 0, 1)
             loads[kernel] = {"kernel": kernel, "point": point["point"], "load_s": load.cold_s,
                              "cache": load.compile_cache}
         begin = time.perf_counter()
-        image, result = time_nbsim(point["args"], device, dtype, job.compile, job.warmup, job.repeats,
-                                   overrides=point["overrides"], output_dtype=output_dtype)
+        image, result = time_nbsim(config, device, dtype, job.compile, job.warmup, job.repeats,
+                                   output_dtype=output_dtype)
         timed_s = time.perf_counter() - begin
         result.compile_cache = loads[kernel]["cache"]
         images[index] = image
@@ -202,7 +204,7 @@ def _reference_images(store: Path) -> tuple[dict[str, int], Any]:
 def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
     """Reference images from the C binary (OMP_NUM_THREADS = the job's threads), timed as whole
     processes."""
-    from ..cli.bench import run_c_reference
+    from ..timing import run_c_reference
 
     points = []
     progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
@@ -224,7 +226,7 @@ def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
 
 def compare_images(image: np.ndarray, reference: np.ndarray) -> dict[str, float]:
     """Correlation, maximum absolute and relative error, and sum ratio of an image to its reference."""
-    from ..cli.bench import correlation
+    from ..timing import correlation
 
     image = image.astype(np.float64)
     reference = np.asarray(reference, dtype=np.float64)

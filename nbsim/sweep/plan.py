@@ -201,7 +201,7 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
 @functools.cache
 def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
     """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with."""
-    from ..cli.arguments import parse
+    from ..nanobragg import parse
     from ..render import structure_for
 
     config, _ = parse(list(args))
@@ -212,7 +212,7 @@ def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
 
 def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
     """A scenario's nanoBragg arguments, with file values made absolute against the config's folder."""
-    from ..cli.flags import absolute_file_arguments
+    from ..nanobragg.flags import absolute_file_arguments
 
     spec = config["scenarios"][scenario]
     args = spec["args"] if isinstance(spec["args"], list) else shlex.split(spec["args"])
@@ -221,7 +221,7 @@ def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
 
 def point_arguments(config: dict, point: Point, base: Path) -> tuple[list[str], dict[str, Any]]:
     """nanoBragg arguments of a point (size appended, flag axes appended) and its option overrides."""
-    from ..cli.flags import absolute_file_arguments
+    from ..nanobragg.flags import absolute_file_arguments
 
     flags: list[str] = []
     overrides: dict[str, Any] = {}

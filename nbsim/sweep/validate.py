@@ -80,9 +80,9 @@ def _check_axis(where: str, spec: list | dict) -> None:
 def _check_value(args: list[str], name: str, value, scenario: str, base: Path) -> None:
     """A flag's value must parse after the scenario's arguments (and a file it names must read, relative to
     the config's folder); an option's value must have the option's type (its annotation in nbsim.config)."""
-    from ..cli.arguments import parse
-    from ..cli.flags import absolute_file_arguments
     from ..io.inputs import input_file_paths, read_input_file
+    from ..nanobragg import parse
+    from ..nanobragg.flags import absolute_file_arguments
 
     where = f"sweep.extra.{name}: value {value!r}"
     if name.startswith("-"):
@@ -120,10 +120,10 @@ def option_types() -> dict[str, str]:
 
 def check_config(config: dict, base: Path) -> None:
     """Semantic checks the schema cannot express."""
-    from ..cli.arguments import parse
-    from ..cli.flags import FLAGS
     from ..config import option_names
     from ..io.inputs import read_input_files
+    from ..nanobragg import parse
+    from ..nanobragg.flags import FLAGS
 
     sweep = config["sweep"]
     names = option_names()

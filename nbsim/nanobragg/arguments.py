@@ -1,5 +1,5 @@
 """nanoBragg command-line arguments → SimulationConfig and output options, in three steps: strict
-validation against the flag table (`flags`), nanoBragg's substring matching (`nanobragg_rules`), and the
+validation against the flag table (`flags`), nanoBragg's substring matching (`rules`), and the
 typed configuration built from the C's variables (file paths only: files are read by `setup.resolve`).
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
 from .flags import NBSIM_ONLY, NO_EFFECT, validate
-from .nanobragg_rules import CState, run_nanobragg_rules
+from .rules import CState, run_nanobragg_rules
 
 
 @dataclass

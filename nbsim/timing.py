@@ -1,0 +1,178 @@
+"""The timing harness of `nbsim bench` and the sweep: nbsim cold and warm, and the nanoBragg C binary as
+whole processes, side by side (`BenchResult`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__
+from .cache import configure_compile_cache
+from .config import SimulationConfig
+from .cpu import cpu_name
+from .devices import dtype_name
+from .errors import NbsimError
+from .kernel.backends import CACHE_EVENTS
+from .nanobragg.flags import absolute_file_arguments
+from .render import Renderer
+from .setup import resolve
+
+
+@dataclass
+class BenchResult:
+    """Timings (seconds) of one simulation, with what is needed to compare and reproduce them."""
+
+    cold_s: float
+    warm_median_s: float
+    warm_min_s: float
+    warm_max_s: float
+    warm_times_s: list[float]
+    repeats: int
+    warmup: int
+    device: str
+    dtype: str
+    compile: bool | str
+    """As requested: True (on), False (off) or "auto"."""
+    mode: str
+    """What rendered after the cold call: 'eager', 'jit' or 'aot'."""
+    pixels: int
+    steps: int
+    peak_rss_mb: float
+    threads: int
+    compile_cache: str
+    """'hit' (compiled kernel loaded from the cache), 'miss' (compiled now), 'loaded' (already in this
+    process's memory) or 'unused' (eager)."""
+    torch_version: str
+    nbsim_version: str
+    cpu: str
+    host: str
+    slurm_job_id: str | None
+    gpu: str | None = None
+    c_median_s: float | None = None
+    c_times_s: list[float] = field(default_factory=list)
+    speedup: float | None = None
+    correlation: float | None = None
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: bool | str,
+               warmup: int, repeats: int,
+               output_dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, BenchResult]:
+    """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too.
+
+    Warm renders reuse one output buffer, as a caller rendering repeatedly would.
+    """
+    if compile is not False:
+        configure_compile_cache()
+    events_before = _cache_events()
+    start = time.perf_counter()
+    setup = resolve(config)
+    renderer = Renderer(setup, device=device, dtype=dtype, compile=compile)
+    image = renderer()
+    _synchronize(device)
+    cold = time.perf_counter() - start
+    cache = _cache_state(renderer.mode, events_before, _cache_events())
+    buffer = torch.empty_like(image)
+    for _ in range(warmup):
+        renderer(out=buffer)
+    _synchronize(device)
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        renderer(out=buffer)
+        _synchronize(device)
+        times.append(time.perf_counter() - begin)
+    result = BenchResult(
+        cold_s=cold, warm_median_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times),
+        warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=dtype_name(dtype),
+        compile=compile, mode=renderer.mode, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
+        peak_rss_mb=peak_rss_mb(),
+        threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,
+        nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+        gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    return image.detach().to("cpu", output_dtype).numpy(), result
+
+
+def _cache_events() -> tuple[int, int]:
+    """(loaded from the persistent cache, compiled) kernels so far in this process, both modes."""
+    hits, misses = CACHE_EVENTS["aot_hit"], CACHE_EVENTS["aot_miss"]
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo.utils import counters
+
+        hits += int(counters["inductor"]["fxgraph_cache_hit"])
+        misses += int(counters["inductor"]["fxgraph_cache_miss"])
+    return hits, misses
+
+
+def _cache_state(mode: str, before: tuple[int, int], after: tuple[int, int]) -> str:
+    if mode == "eager":
+        return "unused"
+    if after[1] > before[1]:
+        return "miss"
+    return "hit" if after[0] > before[0] else "loaded"
+
+
+def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
+                    timeout_s: float = 3600.0) -> tuple[np.ndarray, list[float]]:
+    """Run the C binary (argument list, no shell) in a clean folder; whole-process wall times and image."""
+    path = shutil.which(binary) or binary
+    if not Path(path).is_file():
+        raise NbsimError(f"C reference binary {binary} not found")
+    if not os.access(path, os.X_OK):
+        raise NbsimError(f"C reference binary {binary} is not executable")
+    argv = absolute_file_arguments(argv, Path.cwd())
+    times = []
+    with tempfile.TemporaryDirectory(prefix="nbsim-c-") as folder:
+        floatfile = Path(folder) / "c_float.bin"
+        # Output flags go first: nanoBragg's substring matching lets a trailing flag such as
+        # -misset_seed consume the tokens after it.
+        command = [path, "-floatfile", str(floatfile), "-nonoise", "-nopgm", "-intfile",
+                   str(Path(folder) / "c_int.img"), *argv]
+        for run in range(warmup + repeats):
+            for stale in Path(folder).iterdir():
+                stale.unlink()
+            begin = time.perf_counter()
+            try:
+                completed = subprocess.run(command, cwd=folder, capture_output=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise NbsimError(f"C reference {binary} did not finish within {timeout_s:g} s") from None
+            elapsed = time.perf_counter() - begin
+            if completed.returncode != 0:
+                tail = completed.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+                raise NbsimError(f"C reference {binary} failed with status {completed.returncode}: {tail[0]}")
+            if run >= warmup:
+                times.append(elapsed)
+        if not floatfile.is_file():
+            raise NbsimError(f"C reference {binary} wrote no float image")
+        image = np.fromfile(floatfile, dtype=np.float32)
+    return image, times
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    if a.std() == 0 or b.std() == 0:
+        return 1.0 if np.array_equal(a, b) else math.nan
+    return float(np.corrcoef(a, b)[0, 1])
