@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args
 
 if TYPE_CHECKING:
     import torch
@@ -47,9 +47,12 @@ def check_cell(cell_A_deg: tuple[Scalar, ...]) -> None:
         raise NbsimError(f"cell {shown}: these angles close a flat cell of zero volume")
 
 
-CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials", "custom")
-CRYSTAL_SHAPES = ("square", "round", "gauss", "tophat")
-PIVOTS = ("beam", "sample")
+Convention = Literal["mosflm", "denzo", "adxv", "xds", "dials", "custom"]
+CrystalShape = Literal["square", "round", "gauss", "tophat"]
+Pivot = Literal["beam", "sample"]
+CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
+CRYSTAL_SHAPES: tuple[CrystalShape, ...] = get_args(CrystalShape)
+PIVOTS: tuple[Pivot, ...] = get_args(Pivot)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class CrystalConfig:
     n_cells: tuple[int, int, int] = (1, 1, 1)
     crystal_size_mm: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Crystal extent along a, b, c in mm; a non-zero value sets the cell count on that axis."""
-    shape: str = "square"
+    shape: CrystalShape = "square"
     fudge: float = 1.0
     mosaic_spread_deg: Scalar | None = None
     mosaic_domains: int | None = None
@@ -114,8 +117,8 @@ class DetectorConfig:
     pixels_f: int | None = None
     pixels_s: int | None = None
     pixel_size_mm: float = 0.1
-    convention: str = "mosflm"
-    pivot: str = "beam"
+    convention: Convention = "mosflm"
+    pivot: Pivot = "beam"
     """Only used by the custom convention; the named conventions fix their own pivot."""
     beam_x_mm: float | None = None
     beam_y_mm: float | None = None

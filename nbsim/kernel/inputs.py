@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..config import CrystalShape
 from ..vectors import cross, unit
 
 if TYPE_CHECKING:
     from ..setup import Setup
 
+Lookup = Literal["default", "nearest", "interpolate"]
+Polarization = Literal["none", "unpolarized", "kahn"]
 SUBSTEPS, SOURCES, ORIENTATIONS, TABLE = "substeps", "sources", "orientations", "table"
 ROWS, COLS = "rows", "cols"
 STEP_DIMS = (SUBSTEPS, SOURCES, ORIENTATIONS)
@@ -32,13 +35,13 @@ them fixed at 1 (a reduction over sizes only known at run time would cost it a f
 class KernelOptions:
     """Choices that change the code the kernel compiles to: structure only, never a count or value."""
 
-    shape: str = "square"
+    shape: CrystalShape = "square"
     """Crystal shape model: square, round, gauss or tophat."""
-    lookup: str = "default"
+    lookup: Lookup = "default"
     """Structure factors: "default" (no HKL table), "nearest" or "interpolate"."""
     point_pixel: bool = False
     curved: bool = False
-    polarization: str = "unpolarized"
+    polarization: Polarization = "unpolarized"
     """"none" (-nopolar), "unpolarized" (Kahn factor 0) or "kahn"."""
     use_dmin: bool = False
     use_sensor: bool = False
