@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# CPU build of PyTorch; nbsim itself only needs torch>=2.5.
+# CPU build of PyTorch, the only version CI tests; nbsim needs torch>=2.8 (docs/requirements.md).
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= 2
 STAMP := $(VENV)/.installed
