@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -326,3 +327,22 @@ def test_fused_stages_compile_several_vectors_per_loop_iteration():
         assert elements * dtype.itemsize * 8 == FUSED_VECTORS * isa.bit_width()
         assert isa.nelements(torch.float) == native
         assert inductor_config.fx_graph_cache == graph_cache
+
+
+def test_a_missing_inductor_internal_skips_its_patch_and_says_so_once(monkeypatch, caplog):
+    """On a PyTorch without the internal a patch replaces, the stage builds unpatched and a warning is logged once."""
+    from torch._inductor.sizevars import SizeVarAllocator
+
+    from nbsim.kernel import inductor_patches
+
+    monkeypatch.delattr(SizeVarAllocator, "_simplify_loops_impl")
+    inductor_patches._available.cache_clear()
+    graph_cache = inductor_config.fx_graph_cache
+    try:
+        with caplog.at_level(logging.WARNING, logger=inductor_patches.__name__):
+            for _ in range(2):
+                with inductor_patches.tile_shaped_loops(True):
+                    assert inductor_config.fx_graph_cache == graph_cache  # nothing patched
+        assert [r.getMessage().count("tile_shaped_loops") for r in caplog.records] == [1]
+    finally:
+        inductor_patches._available.cache_clear()
