@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_flatten
 
-from nbsim.kernel.backends import open_package
+from nbsim.kernel.aot import open_package
 from nbsim.nanobragg.arguments import parse
 from nbsim.render import Renderer
 from nbsim.setup import resolve

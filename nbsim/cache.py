@@ -1,4 +1,5 @@
-"""The persistent compile cache: where Inductor keeps compiled kernels between processes."""
+"""nbsim's cache folder (compiled kernels, Inductor's intermediate files, the worker's files), and how a
+process's entry point points Inductor's own cache into it."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ def cache_dir() -> Path:
     return Path(base) / "nbsim"
 
 
-def configure_compile_cache() -> Path:
-    """Point Inductor's caches at nbsim's folder (unless the user chose one) and return it."""
-    folder = cache_dir()
+def configure_compile_cache(folder: Path | None = None) -> Path:
+    """Point Inductor's caches at `folder` (default: cache_dir()) / inductor unless the user chose one, and
+    return the folder Inductor uses.
+
+    For a process's entry point only (nbsim's commands, the kernel builder, the sweep's jobs): Inductor
+    reads TORCHINDUCTOR_CACHE_DIR from the environment, so this sets it, and a library function must not
+    (see nbsim.kernel.aot)."""
+    folder = cache_dir() if folder is None else Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])

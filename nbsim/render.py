@@ -1,6 +1,12 @@
 """Rendering a resolved setup: the image in row tiles on one device and dtype, the region of interest
 and mask, and the per-pixel replays that reproduce nanoBragg's OpenMP-order effects (`Renderer`,
-`simulate`)."""
+`simulate`).
+
+A renderer's compile setting becomes a plan when it is made (`Renderer.plan`, nbsim.kernel.policy) and a
+decision once settled (`Renderer.settle`: at once unless `auto` finds the kernel uncached, then on the
+first render or an explicit call); `Renderer.loads` counts the compiled kernels it opened from the cache,
+built, or found open. Nothing is built in the background unless asked (`build_missing_in_background`).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,15 @@ from torch.utils._pytree import tree_flatten
 
 from .config import SimulationConfig
 from .errors import NbsimError
-from .kernel.backends import OUT_OF_RANGE_STAGES, PIXEL_STAGES, SINGLE_STEP_STAGES, Structure, kernel_callable
+from .kernel.build import start_background_build
+from .kernel.cache import KernelCache, KernelLoads
+from .kernel.dispatch import kernel_callable
 from .kernel.inputs import kernel_inputs
+from .kernel.modes import Compile, Mode
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
 from .kernel.physics import PixelTerms
-from .kernel.policy import PROBE_PIXEL_STEPS, plan_compile, start_background_build
+from .kernel.policy import PROBE_PIXEL_STEPS, CompileDecision, plan_compile
+from .kernel.stages import OUT_OF_RANGE_STAGES, Structure
 from .setup import Setup, resolve
 from .structure_factors import HKLGrid
 
@@ -40,10 +50,15 @@ def openmp_row_chunks(rows: int, threads: int) -> list[tuple[int, int]]:
 
 
 class Renderer:
-    """Renders a resolved setup on one device and dtype; reusable for repeated (timed) calls."""
+    """Renders a resolved setup on one device and dtype; reusable for repeated (timed) calls.
+
+    `compile`: Compile.AUTO, ON or OFF, or a spelling Compile.of reads (True/False, "auto", "on", "off").
+    `cache`: where compiled kernels are found and built (default: KernelCache.default(), NBSIM_CACHE_DIR).
+    """
 
     def __init__(self, setup: Setup, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 compile: bool | str = True, tile_elements: int | None = None, reference_threads: int = 2):
+                 compile: Compile | bool | str = True, tile_elements: int | None = None, reference_threads: int = 2,
+                 cache: KernelCache | None = None):
         self.setup = setup
         self.device = torch.device(device)
         self.dtype = dtype
@@ -58,9 +73,16 @@ class Renderer:
         self.counts = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0], tensors.beam_terms.shape[2])
         self.steps_per_pixel = math.prod(self.counts)
         self.structure = Structure(self.inputs.options, single_step=self.steps_per_pixel == 1)
+        self.cache = cache if cache is not None else KernelCache.default()
+        self.loads = KernelLoads()
+        """The compiled kernels this renderer's renders opened from the cache, built, or found open."""
+        setting = Compile.of(compile)
         # Step-ordered renders run eagerly whatever the mode: in `auto` there is nothing worth building.
-        self.plan = plan_compile("off" if self.step_ordered and compile == "auto" else compile, self.device, dtype,
-                                 needs_grad, self.structure)
+        if self.step_ordered and setting is Compile.AUTO:
+            setting = Compile.OFF
+        self.plan = plan_compile(setting, self.device, dtype, needs_grad, self.structure, self.cache)
+        self.decision: CompileDecision | None = None if self.plan.pending else self.plan.decide()
+        """The settled mode and why (None until `settle` has timed the eager probe of a pending plan)."""
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
@@ -68,16 +90,32 @@ class Renderer:
         """What the renders found that nanoBragg warns about (each once)."""
 
     @property
-    def mode(self) -> str:
-        """How the kernel runs now: 'eager', 'jit' or 'aot' (`auto` may switch from eager on the first call)."""
-        return self.plan.mode
+    def mode(self) -> Mode:
+        """How the kernel runs now (eager while a pending plan is not settled)."""
+        return (self.decision or self.plan).mode
+
+    def settle(self) -> CompileDecision:
+        """The mode this renderer renders in, settled once: a plan pending in `auto` mode is settled by
+        timing the eager kernel on a probe of the image (at most PROBE_PIXEL_STEPS pixel-steps) and
+        asking the plan whether compiling first pays (nbsim.kernel.policy). The first render settles it
+        when no caller has."""
+        if self.decision is None:
+            self.decision = self.plan.decide(self._eager_estimate_s())
+        return self.decision
+
+    def build_missing_in_background(self) -> bool:
+        """Start a detached build of the ahead-of-time kernels the settled decision left unbuilt
+        (nbsim.kernel.build; one per structure at a time); True when one was started."""
+        if not self.settle().unbuilt:
+            return False
+        return start_background_build(self.cache, self.structure, self.dtype, self.device)
 
     @property
     def values_per_pixel(self) -> int:
         """Values a tile holds per pixel besides the image: every pixel-step when eager, none for the
         compiled single-step kernel (it writes the image directly), else the per-pixel terms handed
         from the first compiled stage to the fused step sum."""
-        if self.mode == "eager" or self.step_ordered:
+        if self.mode is Mode.EAGER or self.step_ordered:
             return self.steps_per_pixel
         if self.steps_per_pixel == 1:
             return 0
@@ -96,7 +134,7 @@ class Renderer:
             raise NbsimError(f"out must be a {setup.shape[0]}x{setup.shape[1]} {self.dtype} tensor on {self.device}, "
                              f"not {'x'.join(map(str, out.shape))} {out.dtype} on {out.device}")
         image = out if out is not None else torch.empty(setup.shape, device=self.device, dtype=self.dtype)
-        build_later = self.plan.pending is not None and not self._compile_now()
+        self.settle()
         if not setup.roi_is_whole_detector:
             image.zero_()
         region = image[ymin:ymax + 1, xmin:xmax + 1]
@@ -126,17 +164,10 @@ class Renderer:
             region[row - ymin, col - xmin] = value
         if self.mask is not None:
             region.mul_(torch.as_tensor(self.mask, device=self.device, dtype=self.dtype))
-        if build_later:
-            started = start_background_build(self.plan)
-            self.plan.note += ("; building it in the background for the next run" if started
-                               else "; not built now (background builds off, or one is running)")
-            self.plan.pending = None
         return image
 
-    def _compile_now(self) -> bool:
-        """Settle `auto` mode on the first call: time the eager kernel on a probe of the image, and switch
-        to the compiled kernel when building it costs less than the eager render it saves
-        (nbsim.kernel.policy). True when it switched."""
+    def _eager_estimate_s(self) -> float:
+        """Seconds an eager render of the image would take, extrapolated from an eager probe of its first rows."""
         _, _, ymin, ymax = self.setup.roi
         rows = ymax + 1 - ymin
         probe_rows = max(1, min(rows, PROBE_PIXEL_STEPS // max(1, len(self.cols) * self.steps_per_pixel)))
@@ -145,16 +176,7 @@ class Renderer:
         self._render_rows(ymin, ymin + probe_rows, lookup, torch.empty((probe_rows, len(self.cols)),
                                                                         device=self.device, dtype=self.dtype))
         passes = 2 if lookup == "interpolate" else 1
-        eager_estimate_s = (time.perf_counter() - started) * rows / probe_rows * passes
-        build_s = self.plan.estimated_build_s
-        if not self.plan.compile_pays(eager_estimate_s):
-            self.plan.note = (f"kernel not compiled yet: eager render (about {eager_estimate_s:.1f} s) is quicker "
-                              f"than compiling first (about {build_s:.0f} s)")
-            return False
-        self.plan = dataclasses.replace(self.plan, mode=self.plan.pending, pending=None,
-                                        note=f"compiling the kernel first (about {build_s:.0f} s) is quicker than "
-                                             f"an eager render (about {eager_estimate_s:.0f} s)")
-        return True
+        return (time.perf_counter() - started) * rows / probe_rows * passes
 
     def trace(self, row: int, col: int) -> tuple[float, Trace]:
         """Value and last-step trace of one pixel (for -printout_pixel)."""
@@ -188,8 +210,7 @@ class Renderer:
     def _render_rows(self, start: int, stop: int, lookup: str, out: torch.Tensor) -> None:
         """Render ROI rows [start, stop) into `out` (rows × ROI columns), tile by tile."""
         options = dataclasses.replace(self.inputs.options, lookup=lookup)
-        stages = SINGLE_STEP_STAGES if self.steps_per_pixel == 1 else PIXEL_STAGES
-        kernel = kernel_callable(stages, options, self.mode)
+        kernel = kernel_callable(self.structure.stages, options, self.mode, self.cache, self.loads)
         ordered = OrderedOptions(**self._ordered_flags())
         for first, rows in self._row_tiles(start, stop):
             block = out[first - start:first - start + len(rows)]
@@ -233,7 +254,7 @@ class Renderer:
         pixels still interpolated) and the pixel whose step triggers the switch.
         """
         _, _, ymin, ymax = self.setup.roi
-        kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.mode)
+        kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.mode, self.cache, self.loads)
         flags = torch.empty((ymax + 1 - ymin, len(self.cols)), dtype=torch.bool, device=self.device)
         for first, rows in self._row_tiles(ymin, ymax + 1):
             kernel(rows, self.cols, self.inputs.tensors, flags[first - ymin:first - ymin + len(rows)])
@@ -280,10 +301,15 @@ def structure_for(config: SimulationConfig) -> Structure:
 
 
 def simulate(config: SimulationConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-             compile: bool | str = "auto") -> torch.Tensor:
+             compile: Compile | bool | str = "auto", background_build: bool = False) -> torch.Tensor:
     """Render the image nanoBragg would produce for `config`, as a (slow, fast) tensor.
 
     `compile`: "auto" (compiled when the kernel is cached or building it pays, see nbsim.kernel.policy),
-    True/"on" or False/"off".
+    True/"on" or False/"off". `background_build`: when `auto` rendered eagerly for want of a kernel,
+    start building it in a detached process for later runs (nbsim.kernel.build).
     """
-    return Renderer(resolve(config), device=device, dtype=dtype, compile=compile)()
+    renderer = Renderer(resolve(config), device=device, dtype=dtype, compile=compile)
+    image = renderer()
+    if background_build:
+        renderer.build_missing_in_background()
+    return image

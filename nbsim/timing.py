@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from . import __version__
-from .cache import configure_compile_cache
 from .config import SimulationConfig
 from .cpu import cpu_name
 from .devices import dtype_name
 from .errors import NbsimError
-from .kernel.backends import CACHE_EVENTS
+from .kernel.cache import KernelLoads
+from .kernel.modes import Mode
 from .nanobragg.flags import absolute_file_arguments
 from .render import Renderer
 from .setup import resolve
@@ -47,7 +47,7 @@ class BenchResult:
     compile: bool | str
     """As requested: True (on), False (off) or "auto"."""
     mode: str
-    """What rendered after the cold call: 'eager', 'jit' or 'aot'."""
+    """What rendered after the cold call: 'eager', 'jit' or 'aot' (a kernel.modes.Mode)."""
     pixels: int
     steps: int
     peak_rss_mb: float
@@ -84,16 +84,14 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
 
     Warm renders reuse one output buffer, as a caller rendering repeatedly would.
     """
-    if compile is not False:
-        configure_compile_cache()
-    events_before = _cache_events()
+    graphs_before = _inductor_graphs()
     start = time.perf_counter()
     setup = resolve(config)
     renderer = Renderer(setup, device=device, dtype=dtype, compile=compile)
     image = renderer()
     _synchronize(device)
     cold = time.perf_counter() - start
-    cache = _cache_state(renderer.mode, events_before, _cache_events())
+    cache = _cache_state(renderer.mode, renderer.loads, graphs_before, _inductor_graphs())
     buffer = torch.empty_like(image)
     for _ in range(warmup):
         renderer(out=buffer)
@@ -107,7 +105,7 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
     result = BenchResult(
         cold_s=cold, warm_median_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times),
         warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=dtype_name(dtype),
-        compile=compile, mode=renderer.mode, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
+        compile=compile, mode=renderer.mode.value, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
         peak_rss_mb=peak_rss_mb(),
         threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
@@ -116,23 +114,22 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
     return image.detach().to("cpu", output_dtype).numpy(), result
 
 
-def _cache_events() -> tuple[int, int]:
-    """(loaded from the persistent cache, compiled) kernels so far in this process, both modes."""
-    hits, misses = CACHE_EVENTS["aot_hit"], CACHE_EVENTS["aot_miss"]
-    if "torch._dynamo" in sys.modules:
-        from torch._dynamo.utils import counters
+def _inductor_graphs() -> tuple[int, int]:
+    """(loaded from Inductor's cache, compiled) graphs so far in this process (the jit path's count)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0, 0
+    from torch._dynamo.utils import counters
 
-        hits += int(counters["inductor"]["fxgraph_cache_hit"])
-        misses += int(counters["inductor"]["fxgraph_cache_miss"])
-    return hits, misses
+    return int(counters["inductor"]["fxgraph_cache_hit"]), int(counters["inductor"]["fxgraph_cache_miss"])
 
 
-def _cache_state(mode: str, before: tuple[int, int], after: tuple[int, int]) -> str:
-    if mode == "eager":
+def _cache_state(mode: Mode, loads: KernelLoads, graphs_before: tuple[int, int], graphs_after: tuple[int, int]) -> str:
+    """'unused', 'miss', 'hit' or 'loaded' (BenchResult.compile_cache) for the cold call."""
+    if mode is Mode.EAGER:
         return "unused"
-    if after[1] > before[1]:
+    if loads.built or graphs_after[1] > graphs_before[1]:
         return "miss"
-    return "hit" if after[0] > before[0] else "loaded"
+    return "hit" if loads.opened or graphs_after[0] > graphs_before[0] else "loaded"
 
 
 def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,

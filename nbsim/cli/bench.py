@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache import configure_compile_cache
 from ..errors import NbsimError
 from ..io.images import write_float_image
 from ..nanobragg import parse
@@ -63,6 +64,8 @@ def main(argv: list[str]) -> int:
     if options.threads:
         torch.set_num_threads(options.threads)
     device = resolve_device(options.device)
+    if options.compile != "off":
+        configure_compile_cache()
     image, result = time_nbsim(parse(nanobragg_args)[0], device, resolve_dtype(options.dtype),
                                {"on": True, "off": False}.get(options.compile, options.compile),
                                options.warmup, options.repeats)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..errors import NbsimError
 
@@ -39,44 +38,31 @@ def build_command(argv: list[str]) -> int:
     parser = _Parser(prog="nbsim kernels build", add_help=False)
     parser.add_argument("--dtype", nargs="+", default=["float32", "float64"], choices=("float32", "float64"))
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--structure", help=argparse.SUPPRESS)
-    parser.add_argument("--lock", help=argparse.SUPPRESS)
     options = parser.parse_args(argv[:split])
-    nanobragg_args = argv[split + 1:]
-    from ..kernel.backends import locked
-
-    if options.lock is None:
-        return _build(options, nanobragg_args)
-    with locked(Path(options.lock), blocking=False) as free:
-        return _build(options, nanobragg_args) if free else 0
-
-
-def _build(options: argparse.Namespace, nanobragg_args: list[str]) -> int:
     from ..cache import configure_compile_cache
     from ..devices import resolve_device, resolve_dtype
-    from ..kernel.backends import ensure_packages, kernels_dir
+    from ..kernel.aot import ensure_packages
+    from ..kernel.build import build_line
+    from ..kernel.cache import KernelCache
 
     device = resolve_device(options.device)
-    structures = _structures(options.structure, nanobragg_args)
+    structures = _structures(argv[split + 1:])
     configure_compile_cache()
-    by_dtype = {name: list({v.key(resolve_dtype(name), device): v for s in structures
-                            for v in s.stage_variants()}.values()) for name in options.dtype}
-    print(f"{sum(map(len, by_dtype.values()))} kernel(s) for {len(structures)} structure(s) into {kernels_dir()}",
+    cache = KernelCache.default()
+    by_dtype = {resolve_dtype(name): list({v: None for s in structures for v in s.stage_variants()})
+                for name in options.dtype}
+    print(f"{sum(map(len, by_dtype.values()))} kernel(s) for {len(structures)} structure(s) into {cache.kernels}",
           flush=True)
-    for name, variants in by_dtype.items():
-        for variant, built, seconds in ensure_packages(variants, resolve_dtype(name), device):
-            options_text = " ".join(f"{k}={v}" for k, v in variant.options.non_default().items())
-            print(f"  {variant.stage.function.__name__} {name} {device.type} {options_text or '(default options)'}: "
-                  f"{f'built in {seconds:.1f} s' if built else 'cached'}", flush=True)
+    for dtype, variants in by_dtype.items():
+        for variant, built, seconds in ensure_packages(cache, variants, dtype, device):
+            print(build_line(variant, dtype, device, built, seconds), flush=True)
     return 0
 
 
-def _structures(structure_json: str | None, nanobragg_args: list[str]):
-    from ..kernel.backends import Structure
+def _structures(nanobragg_args: list[str]):
     from ..kernel.inputs import KernelOptions
+    from ..kernel.stages import Structure
 
-    if structure_json is not None:
-        return [Structure.from_json(structure_json)]
     if nanobragg_args:
         from ..nanobragg import parse
         from ..render import structure_for
@@ -89,10 +75,11 @@ def _structures(structure_json: str | None, nanobragg_args: list[str]):
 def list_command(argv: list[str]) -> int:
     if argv:
         raise NbsimError(f"kernels list takes no arguments (got {' '.join(argv)})")
-    from ..kernel.backends import cached_descriptions, kernels_dir, runs_here
+    from ..kernel.cache import KernelCache, runs_here
 
-    descriptions = cached_descriptions()
-    print(f"{len(descriptions)} kernel(s) in {kernels_dir()}")
+    cache = KernelCache.default()
+    descriptions = cache.descriptions()
+    print(f"{len(descriptions)} kernel(s) in {cache.kernels}")
     if descriptions:
         print(f"{'stage':<20} {'dtype':<8} {'device':<6} {'build s':>7}  {'built':<24} {'usable':<6} options")
     for d in descriptions:

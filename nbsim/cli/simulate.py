@@ -3,6 +3,8 @@ once the arguments are known to be sound, see nbsim.cli)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import __version__
@@ -33,8 +35,7 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     image = renderer().detach().to("cpu", torch.float32).numpy()
     for line in renderer.warnings:
         print(f"WARNING: {line}")
-    if renderer.plan.note:
-        print(f"  {renderer.plan.note}")
+    _report_compile_decision(renderer)
     stats = statistics(image, setup)
     wavelength_A = float(config.beam.wavelength_A)
     fields = smv_fields(setup.geometry, setup, wavelength_A)
@@ -61,6 +62,20 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"writing {run.noisefile} as 2-byte integers")
         write_smv(run.noisefile, noisy, fields)
     return 0
+
+
+def _report_compile_decision(renderer: Renderer) -> None:
+    """Print what `auto` decided and, when it left kernels unbuilt, start building them for the next run
+    (unless NBSIM_BACKGROUND_BUILD=off)."""
+    decision = renderer.settle()
+    if not decision.note:
+        return
+    if not decision.unbuilt:
+        print(f"  {decision.note}")
+        return
+    started = os.environ.get("NBSIM_BACKGROUND_BUILD", "on") != "off" and renderer.build_missing_in_background()
+    print(f"  {decision.note}; " + ("building it in the background for the next run" if started
+                                    else "not built now (background builds off, or one is running)"))
 
 
 def describe(setup: Setup) -> list[str]:

@@ -1,37 +1,20 @@
-"""Image files: raw float32, SMV (ADSC) 16-bit with nanoBragg's header, PGM; all written atomically."""
+"""Image files: raw float32, SMV (ADSC) 16-bit with nanoBragg's header, PGM; all written atomically
+(`atomic_write`, from nbsim.io.atomic)."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputFileError, NbsimError
-from .paths import check_writable, current_umask
+from .atomic import atomic_write
 from .text import c_atof
 
 SMV_HEADER_BYTES = 512
-
-
-def atomic_write(path: str | Path, *parts: bytes | memoryview) -> None:
-    """Write the parts via a temporary file in the same folder and rename, so no reader sees a partial file."""
-    path = Path(path)
-    check_writable(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            for part in parts:
-                stream.write(part)
-        os.chmod(temporary, 0o666 & ~current_umask())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_float_image(path: str | Path, image: np.ndarray) -> None:

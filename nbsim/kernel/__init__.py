@@ -1,7 +1,10 @@
 """The per-pixel physics and how it runs.
 
 `inputs` (the options and tensors a kernel takes, and which sizes vary), `physics` (the fused
-per-pixel functions), `ordered` (nanoBragg's loop-order behaviours, evaluated step by step),
-`backends` (eager, just-in-time and ahead-of-time execution and the kernel cache) and `policy`
-(when compiling pays, and building kernels for later runs).
+per-pixel functions), `ordered` (nanoBragg's loop-order behaviours, evaluated step by step), `stages`
+(the stage pipelines, `Structure`, `StageVariant`), `cache` (`KernelCache`: packages, keys, locks),
+`aot` (export, build and open ahead-of-time packages), `inductor_patches` (what Inductor has no option
+for), `jit` (torch.compile), `dispatch` (`kernel_callable`: eager, jit or aot), `modes` (`Compile`,
+`Mode`), `policy` (when compiling pays) and `build` (a structure's packages built in a process of
+their own).
 """

@@ -1,103 +1,92 @@
-"""When compiling pays: the `auto` compile mode, and kernels built in the background for later runs.
+"""When compiling pays: the `auto` compile mode.
 
-`-compile on` always runs the compiled kernel (building it first if needed) and `off` always runs
-eagerly. `auto` (the default) runs the compiled kernel when its structure is already compiled. When it
-is not, the renderer times the eager kernel on a small probe of the image (at most about a million
-pixel-steps, a fraction of a second), extrapolates the eager render time, and compiles first only
-when the estimated build time plus the compiled render is shorter than rendering eagerly. Otherwise
-it renders eagerly and, for ahead-of-time kernels, starts one detached `nbsim kernels build` process
-(niced, one per structure at a time) so that the next run of that structure loads a compiled kernel.
-NBSIM_BACKGROUND_BUILD=off turns the background build off.
+`Compile.ON` always runs the compiled kernel (building it first if needed) and `Compile.OFF` always runs
+eagerly. `Compile.AUTO` (the default) runs the compiled kernel when its structure is already compiled.
+When it is not, the plan is pending: the renderer times the eager kernel on a small probe of the image
+(at most PROBE_PIXEL_STEPS pixel-steps, a fraction of a second), extrapolates the eager render time, and
+`CompilePlan.decide` compiles first only when the estimated build time plus the compiled render is
+shorter than rendering eagerly. Otherwise the render is eager and the decision lists the ahead-of-time
+packages left unbuilt; building them for a later run (nbsim.kernel.build) is the caller's choice.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
 import statistics
-import subprocess
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from ..devices import dtype_name
-from .backends import StageVariant, Structure, cached_descriptions, kernels_dir, locked, missing_packages
-from .modes import choose_mode
+from .cache import KernelCache
+from .modes import Compile, Mode, choose_mode
+from .stages import StageVariant, Structure
 
-COMPILE_CHOICES = ("auto", "on", "off")
 COMPILED_SPEEDUP = 10.0
 """How much faster than eager a compiled render is assumed to be (measured: 15-70× on the CPU)."""
-DEFAULT_BUILD_S = {"aot": 40.0, "jit": 20.0}
+DEFAULT_BUILD_S = {Mode.AOT: 40.0, Mode.JIT: 20.0}
 """Build time assumed per stage before this machine has built one (aot measured 30-42 s on 2 cores)."""
 PROBE_PIXEL_STEPS = 1 << 20
 
 
-@dataclass
-class CompilePlan:
-    """How a renderer runs: the mode it uses now and, in `auto` mode, the compiled mode it may switch to
-    once the eager probe has been timed."""
+@dataclass(frozen=True)
+class CompileDecision:
+    """The mode a renderer runs in, why (`note`, empty unless `auto` had to choose), and the
+    ahead-of-time packages its structure lacks and that were not built (a later run may want them)."""
 
-    mode: str
+    mode: Mode
+    note: str = ""
+    unbuilt: tuple[StageVariant, ...] = ()
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """What a renderer's compile setting comes to before any render: the mode, or (`pending`, in `auto`
+    mode with nothing cached) the compiled mode it may switch to once an eager probe is timed."""
+
+    mode: Mode
     structure: Structure
     dtype: torch.dtype
     device: torch.device
-    pending: str | None = None
-    missing: list[StageVariant] = field(default_factory=list)
-    note: str = ""
-    """What `auto` decided and why, for the command line's summary."""
-
-    @functools.cached_property
-    def estimated_build_s(self) -> float:
-        """Seconds to build what is missing: this machine's past builds when it has any, else a default
-        (read from the cache once per plan)."""
-        if self.pending == "jit":
-            return DEFAULT_BUILD_S["jit"] * len(self.structure.stage_variants())
-        past = [d["build_s"] for d in cached_descriptions() if "build_s" in d]
-        per_stage = statistics.median(past) if past else DEFAULT_BUILD_S["aot"]
-        return per_stage * len(self.missing)
+    pending: Mode | None = None
+    missing: tuple[StageVariant, ...] = ()
+    estimated_build_s: float = 0.0
+    """Seconds to build what is missing: this machine's past builds per stage when it has any, else a default."""
 
     def compile_pays(self, eager_estimate_s: float) -> bool:
         """Does building, then rendering compiled, beat rendering eagerly?"""
         return eager_estimate_s > self.estimated_build_s + eager_estimate_s / COMPILED_SPEEDUP
 
+    def decide(self, eager_estimate_s: float | None = None) -> CompileDecision:
+        """The mode to render in: the plan's own unless it is pending, else compiled when that pays
+        given `eager_estimate_s` (the eager render's estimated seconds)."""
+        if self.pending is None:
+            return CompileDecision(self.mode)
+        if eager_estimate_s is None:
+            raise ValueError("a pending compile plan needs the eager render's estimated time")
+        if self.compile_pays(eager_estimate_s):
+            return CompileDecision(self.pending, f"compiling the kernel first (about {self.estimated_build_s:.0f} s) "
+                                                 f"is quicker than an eager render (about {eager_estimate_s:.0f} s)")
+        return CompileDecision(Mode.EAGER, f"kernel not compiled yet: eager render (about {eager_estimate_s:.1f} s) "
+                                           f"is quicker than compiling first (about {self.estimated_build_s:.0f} s)",
+                               unbuilt=self.missing)
 
-def plan_compile(compile: bool | str, device: torch.device, dtype: torch.dtype, needs_grad: bool,
-                 structure: Structure) -> CompilePlan:
-    """The mode for `compile` (True/"on", False/"off" or "auto"); see the module docstring."""
-    choice = {True: "on", False: "off"}.get(compile, compile)
-    if choice not in COMPILE_CHOICES:
-        raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)} (got {compile!r})")
-    compiled = choose_mode(True, device.type, needs_grad)
-    if choice == "off":
-        return CompilePlan("eager", structure, dtype, device)
-    if choice == "on":
+
+def plan_compile(compile: Compile, device: torch.device, dtype: torch.dtype, needs_grad: bool,
+                 structure: Structure, cache: KernelCache) -> CompilePlan:
+    """The plan for `compile`; see the module docstring."""
+    if not isinstance(compile, Compile):
+        raise TypeError(f"plan_compile takes a Compile (Compile.of turns {compile!r} into one)")
+    compiled = choose_mode(Compile.ON, device.type, needs_grad)
+    if compile is Compile.OFF:
+        return CompilePlan(Mode.EAGER, structure, dtype, device)
+    if compile is Compile.ON:
         return CompilePlan(compiled, structure, dtype, device)
-    missing = missing_packages(structure, dtype, device) if compiled == "aot" else []
-    if compiled == "aot" and not missing:
-        return CompilePlan("aot", structure, dtype, device)
-    return CompilePlan("eager", structure, dtype, device, pending=compiled, missing=missing)
-
-
-def start_background_build(plan: CompilePlan) -> bool:
-    """Start building the plan's missing ahead-of-time kernels in a detached process (unless one is
-    already building this structure, or NBSIM_BACKGROUND_BUILD=off); True when one was started."""
-    if plan.pending != "aot" or not plan.missing or os.environ.get("NBSIM_BACKGROUND_BUILD", "on") == "off":
-        return False
-    folder = kernels_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    structure = plan.structure.to_json()
-    dtype = dtype_name(plan.dtype)
-    name = hashlib.sha256(f"{structure}{dtype}{plan.device}".encode()).hexdigest()[:16]
-    lock = folder / f"build-{name}.lock"
-    with locked(lock, blocking=False) as free:
-        if not free:
-            return False
-    command = [sys.executable, "-m", "nbsim.cli", "kernels", "build", "--structure", structure, "--dtype", dtype,
-               "--device", str(plan.device), "--lock", str(lock)]
-    with open(folder / "background-build.log", "a") as log:
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True, env={**os.environ, "NBSIM_CACHE_DIR": str(folder.parent)},
-                         preexec_fn=lambda: os.nice(10))
-    return True
+    if compiled is Mode.JIT:
+        estimate_s = DEFAULT_BUILD_S[Mode.JIT] * len(structure.stage_variants())
+        return CompilePlan(Mode.EAGER, structure, dtype, device, pending=Mode.JIT, estimated_build_s=estimate_s)
+    missing = tuple(cache.missing(structure, dtype, device))
+    if not missing:
+        return CompilePlan(Mode.AOT, structure, dtype, device)
+    past = cache.past_build_times_s()
+    per_stage_s = statistics.median(past) if past else DEFAULT_BUILD_S[Mode.AOT]
+    return CompilePlan(Mode.EAGER, structure, dtype, device, pending=Mode.AOT, missing=missing,
+                       estimated_build_s=per_stage_s * len(missing))

@@ -80,8 +80,11 @@ def _use_job_resources(compile_cache: str, threads: int) -> None:
     and its CPU threads."""
     import torch
 
+    from ..cache import configure_compile_cache
+
     os.environ["NBSIM_CACHE_DIR"] = compile_cache
     os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
+    configure_compile_cache()
     torch.set_num_threads(max(1, threads))
 
 
@@ -96,16 +99,17 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
     """Build (or find in the shared cache) the ahead-of-time kernels of one structure; the marker JSON
     records each stage's build time and whether the cache already held it. Kernel jobs run in parallel
     before the timed jobs, which then start warm."""
-    from ..cache import configure_compile_cache
     from ..devices import resolve_device, resolve_dtype
-    from ..kernel.backends import Structure, ensure_packages
+    from ..kernel.aot import ensure_packages
+    from ..kernel.cache import KernelCache
+    from ..kernel.stages import Structure
 
     _use_job_resources(compile_cache, threads)
-    configure_compile_cache()
+    cache = KernelCache(compile_cache)
     device, dtype = resolve_device(job.device), resolve_dtype(job.dtype)
-    stages = [{"stage": variant.stage.function.__name__, "package": variant.package(dtype, device).name,
+    stages = [{"stage": variant.stage.name, "package": cache.package(variant, dtype, device).name,
                "cache": "miss" if built else "hit", "build_s": seconds}
-              for variant, built, seconds in ensure_packages(Structure.from_json(job.structure).stage_variants(),
+              for variant, built, seconds in ensure_packages(cache, Structure.from_json(job.structure).stage_variants(),
                                                              dtype, device)]
     record = {**asdict(job), "stages": stages, "build_s": sum(s["build_s"] for s in stages), **_job_identity()}
     write_json(marker, record)

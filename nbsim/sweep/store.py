@@ -24,9 +24,9 @@ def json_safe(value: Any) -> Any:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    from ..io.images import atomic_write
+    from ..io.atomic import atomic_write_text
 
-    atomic_write(path, (json.dumps(json_safe(payload), indent=1, sort_keys=True) + "\n").encode())
+    atomic_write_text(path, json.dumps(json_safe(payload), indent=1, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> dict:

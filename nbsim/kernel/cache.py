@@ -1,0 +1,149 @@
+"""The on-disk kernel cache (`KernelCache`): where ahead-of-time packages live, their keys and
+descriptions, which of them run on this installation and machine, the locks that let one process build
+a package while others wait, and what a cache object has loaded and built.
+
+A package's key is the SHA-256 of its description: the build environment (nbsim and PyTorch versions,
+the digest of every source file a compiled kernel's code comes from, the machine and its instruction
+set) and the stage variant's identity (stage, the options it reads, whether it writes into the image,
+dtype, device). It never holds a count, a shape or a value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..cache import cache_dir
+from ..cpu import cpu_flags
+from ..devices import dtype_name
+from ..io.atomic import atomic_write_text
+from .stages import StageVariant, Structure
+
+KERNEL_SOURCES = ("physics.py", "inputs.py", "stages.py", "aot.py", "inductor_patches.py",
+                  "../structure_factors.py")
+"""Every file whose code an ahead-of-time package is built from (relative to nbsim/kernel)."""
+
+
+@dataclass
+class KernelLoads:
+    """How the compiled kernels a renderer ran were obtained: packages opened from the disk cache,
+    built now, or already open in this process."""
+
+    opened: int = 0
+    built: int = 0
+    reused: int = 0
+
+
+class KernelCache:
+    """The packages in `folder`/kernels (`folder` is NBSIM_CACHE_DIR's role), with the packages this
+    object has opened kept in memory. `hits` and `builds` count the packages it found on disk and
+    built (whoever asked)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.kernels = self.folder / "kernels"
+        self.hits = 0
+        self.builds = 0
+        self.open_packages: dict[tuple[Path, torch.device], object] = {}
+        """Package runners opened from this cache, by package path and device."""
+
+    @staticmethod
+    def default() -> KernelCache:
+        """The cache in NBSIM_CACHE_DIR (else ~/.cache/nbsim): one object per folder and process, so a
+        package opened by one renderer stays open for the next."""
+        return _cache_in(cache_dir())
+
+    def __repr__(self) -> str:
+        return f"KernelCache({str(self.folder)!r})"
+
+    def description(self, variant: StageVariant, dtype: torch.dtype, device: torch.device) -> dict:
+        """Everything the variant's compiled code depends on, and nothing else: its cache key's content."""
+        return {**build_environment(), **variant.identity(dtype, device)}
+
+    def key(self, variant: StageVariant, dtype: torch.dtype, device: torch.device) -> str:
+        text = json.dumps(self.description(variant, dtype, device), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def package(self, variant: StageVariant, dtype: torch.dtype, device: torch.device) -> Path:
+        return self.kernels / f"{self.key(variant, dtype, device)}.pt2"
+
+    def missing(self, structure: Structure, dtype: torch.dtype, device: torch.device) -> list[StageVariant]:
+        """The ahead-of-time packages of a structure that the cache does not hold yet."""
+        return [v for v in structure.stage_variants() if not self.package(v, dtype, device).is_file()]
+
+    def record_build(self, variant: StageVariant, dtype: torch.dtype, device: torch.device, build_s: float,
+                     built: str) -> None:
+        """Write the description of a package just built (with its build time and date) beside it."""
+        description = {**self.description(variant, dtype, device), "build_s": round(build_s, 2), "built": built}
+        atomic_write_text(self.package(variant, dtype, device).with_suffix(".json"), json.dumps(description, indent=1))
+
+    def descriptions(self) -> list[dict]:
+        """The descriptions of every package in the cache (newest first)."""
+        descriptions = []
+        for path in sorted(self.kernels.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+            if path.with_suffix(".pt2").is_file():
+                with contextlib.suppress(OSError, ValueError):
+                    descriptions.append({**json.loads(path.read_text()), "package": path.with_suffix(".pt2").name})
+        return descriptions
+
+    def past_build_times_s(self) -> list[float]:
+        """Seconds each cached package took to build."""
+        return [d["build_s"] for d in self.descriptions() if "build_s" in d]
+
+    def structure_lock(self, structure: Structure, dtype: torch.dtype, device: torch.device) -> Path:
+        """The lock file a builder of a whole structure holds (so that one builds it at a time)."""
+        name = hashlib.sha256(f"{structure.to_json()}{dtype_name(dtype)}{device}".encode())
+        return self.kernels / f"build-{name.hexdigest()[:16]}.lock"
+
+
+@functools.cache
+def _cache_in(folder: Path) -> KernelCache:
+    return KernelCache(folder)
+
+
+def runs_here(description: dict) -> bool:
+    """Was a cached package built for this nbsim, PyTorch, kernel source and processor?"""
+    return all(description.get(key) == value for key, value in build_environment().items())
+
+
+def build_environment() -> dict[str, str]:
+    """What every package of this installation and machine depends on: versions, kernel source, processor."""
+    from .. import __version__
+
+    return {"nbsim": __version__, "torch": torch.__version__, "source": source_digest(),
+            "machine": platform.machine(), "isa": cpu_flags()}
+
+
+@functools.cache
+def source_digest() -> str:
+    """SHA-256 of KERNEL_SOURCES."""
+    folder = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in KERNEL_SOURCES:
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def locked(path: Path, blocking: bool = True) -> Iterator[bool]:
+    """An exclusive lock on `path` for the block; with blocking=False, yields False at once when another
+    process holds it."""
+    with open(path, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
