@@ -207,21 +207,22 @@ def test_point_spec_round_trip_and_no_parsing_after_planning(tmp_path):
     [point] = sweep_points(config)
     spec = point_spec(config, point, tmp_path, {})
     assert PointSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
-    assert spec.config is point_config(config, point, tmp_path)  # parsed once, shared with validation
+    assert spec.config == point_config(config, point, tmp_path)  # validation builds what planning builds
     assert spec.config.crystal.phi_start_deg == 0.5 and spec.config.crystal.mosaic_spread_deg == 0.2
     assert spec.argv[-4:] == ("-detpixels", "8", "-phi", "0.5") and spec.kernel is None
     assert spec.axes == {"size": 8, "dtype": "float32", "device": "cpu", "compile": "off", "mosaic_spread_deg": 0.2,
                          "phi": 0.5}
 
 
-@pytest.mark.parametrize("value", [2.5, "four", True])
-def test_a_value_that_fails_validation_fails_planning_too(tmp_path, value):
-    """Validation builds each point as planning does (`point_config`): one channel, the same verdict."""
-    config = config_with({"mosaic_domains": [value]})
+@pytest.mark.parametrize("values", [[2.5], ["four"], [1, True]])
+def test_a_value_that_fails_validation_fails_planning_too(tmp_path, values):
+    """Validation builds each point as planning does (`point_config`): one channel, the same verdict (and
+    True is no integer even after 1 has built)."""
+    config = config_with({"mosaic_domains": values})
     with pytest.raises(NbsimError, match="sweep.extra.mosaic_domains: value"):
         validate_config(config, SCHEMA, tmp_path)
     with pytest.raises(NbsimError):
-        point_config(config, sweep_points(config)[0], tmp_path)
+        point_config(config, sweep_points(config)[-1], tmp_path)
 
 
 @pytest.mark.parametrize("spelling", [True, False, "on", "off"])

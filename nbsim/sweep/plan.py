@@ -213,13 +213,19 @@ def kernel_structure(simulation: SimulationConfig):
     return structure_for(simulation)
 
 
-def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
+def scenario_args(config: dict, scenario: str, base: Path) -> tuple[str, ...]:
     """A scenario's nanoBragg arguments, with file values made absolute against the config's folder."""
+    args = config["scenarios"][scenario]["args"]
+    return _absolute_args(tuple(args) if isinstance(args, list) else args, base)
+
+
+@functools.cache
+def _absolute_args(args: str | tuple, base: Path) -> tuple[str, ...]:
+    """Split and made absolute once per scenario, however many points it has."""
     from ..nanobragg.flags import absolute_file_arguments
 
-    spec = config["scenarios"][scenario]
-    args = spec["args"] if isinstance(spec["args"], list) else shlex.split(spec["args"])
-    return absolute_file_arguments([str(a) for a in args], base)
+    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+    return tuple(absolute_file_arguments(words, base))
 
 
 def point_argv(config: dict, point: Point, base: Path) -> tuple[str, ...]:
@@ -227,25 +233,26 @@ def point_argv(config: dict, point: Point, base: Path) -> tuple[str, ...]:
     from ..nanobragg.flags import absolute_file_arguments
 
     flags = [text for name, value in point.flags for text in (name, str(value))]
-    return tuple(scenario_args(config, point.scenario, base) + ["-detpixels", str(point.size)]
-                 + absolute_file_arguments(flags, base))
+    return (*scenario_args(config, point.scenario, base), "-detpixels", str(point.size),
+            *absolute_file_arguments(flags, base))
 
 
 def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
     """What a point renders: its nanoBragg arguments parsed, then its option axes applied, each checked
     against the option's type. The one construction planning and validation share; NbsimError for a value
     that does not build."""
-    return _simulation(point_argv(config, point, base), point.options)
+    for name, value in point.options:
+        check_option_value(name, value)
+    return _parsed(point_argv(config, point, base)).with_options(**dict(point.options))
 
 
 @functools.cache
-def _simulation(argv: tuple[str, ...], options: tuple[tuple[str, Any], ...]) -> SimulationConfig:
-    """Parsed once per distinct point: the points of every dtype, device and compile setting share it."""
+def _parsed(argv: tuple[str, ...]) -> SimulationConfig:
+    """Parsed once per distinct argv: validation's parse is planning's, and the points of every dtype,
+    device, compile setting and option value share it."""
     from ..nanobragg import parse
 
-    for name, value in options:
-        check_option_value(name, value)
-    return parse(list(argv))[0].with_options(**dict(options))
+    return parse(list(argv))[0]
 
 
 def option_types() -> dict[str, Any]:
@@ -282,11 +289,10 @@ def _is_union(hint: Any) -> bool:
 def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Point, str],
                as_reference: bool = False) -> PointSpec:
     """A point as its batch job renders it (`as_reference`: as its reference batch renders it)."""
-    argv = point_argv(config, point, base)
     kernel_point = nbsim_reference_point(point) if as_reference else point
     return PointSpec(name=point.reference_name if as_reference else point.name, reference=point.reference_name,
-                     size=point.size, axes=point.axis_values, config=_simulation(argv, point.options), argv=argv,
-                     kernel=kernel_of_point.get(kernel_point))
+                     size=point.size, axes=point.axis_values, config=point_config(config, point, base),
+                     argv=point_argv(config, point, base), kernel=kernel_of_point.get(kernel_point))
 
 
 def c_binary_path(config: dict, base: Path) -> str | None:

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
@@ -45,59 +45,83 @@ def dataclass_to_dict(instance: Any) -> dict[str, Any]:
 def dataclass_from_dict(cls: type[Data], data: Mapping[str, Any]) -> Data:
     """The dataclass `dataclass_to_dict` wrote, restored exactly: lists become tuples where the field is a
     tuple, dicts become the field's dataclass, values become the field's enum; None stays None."""
-    hints = field_types(cls)
-    return cls(**{field.name: _decode(hints[field.name], data[field.name])
-                  for field in dataclasses.fields(cls) if field.name in data})
+    return cls(**{name: decode(data[name]) for name, decode in _field_decoders(cls) if name in data})
+
+
+_PLAIN = (bool, int, float, str)
 
 
 def _encode(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _encode(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if value is None or type(value) in _PLAIN:
+        return value
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (tuple, list)):
         return [_encode(item) for item in value]
     if isinstance(value, Mapping):
         return {str(key): _encode(item) for key, item in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {name: _encode(getattr(value, name)) for name, _ in _field_decoders(type(value))}
+    if isinstance(value, _PLAIN):
         return value
     raise TypeError(f"a {type(value).__name__} cannot be written as JSON data")
 
 
-def _decode(hint: Any, value: Any) -> Any:
-    if value is None or hint is Any:
-        return value
-    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return _decode(_member_for(arguments, value), value)
-    if origin is tuple:
-        if len(arguments) == 2 and arguments[1] is Ellipsis:
-            return tuple(_decode(arguments[0], item) for item in value)
-        return tuple(_decode(item_hint, item) for item_hint, item in zip(arguments, value, strict=True))
-    if origin is list:
-        return [_decode(arguments[0], item) for item in value]
-    if origin in (dict, Mapping):
-        return {key: _decode(arguments[1], item) for key, item in value.items()}
-    if dataclasses.is_dataclass(hint):
-        return dataclass_from_dict(hint, value)
-    if isinstance(hint, type) and issubclass(hint, Enum):
-        return hint(value)
+Decoder = Callable[[Any], Any]
+
+
+@functools.cache
+def _field_decoders(cls: type) -> tuple[tuple[str, Decoder], ...]:
+    hints = field_types(cls)
+    return tuple((field.name, _decoder(hints[field.name])) for field in dataclasses.fields(cls))
+
+
+def _as_is(value: Any) -> Any:
     return value
 
 
-def _member_for(members: tuple[Any, ...], value: Any) -> Any:
-    """The member of a union that JSON `value` was written from: the one whose shape (sequence, mapping,
-    plain value) it has; plain values (float | Tensor) are restored as they were written."""
-    candidates = [m for m in members if m is not type(None)]
-    for member in candidates:
-        origin = typing.get_origin(member) or member
-        if isinstance(value, list) and origin in (tuple, list):
-            return member
-        if isinstance(value, Mapping) and (origin in (dict, Mapping) or dataclasses.is_dataclass(member)):
-            return member
-        if isinstance(member, type) and issubclass(member, Enum) and not isinstance(value, (list, Mapping)):
-            return member
-    return Any
+@functools.cache
+def _decoder(hint: Any) -> Decoder:
+    """How to restore a value of type `hint` from its JSON data (None always stays None), built once per
+    type."""
+    decode = _structure_decoder(hint)
+    return lambda value: None if value is None else decode(value)
+
+
+def _structure_decoder(hint: Any) -> Decoder:
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _union_decoder([m for m in arguments if m is not type(None)])
+    if origin is tuple:
+        if len(arguments) == 2 and arguments[1] is Ellipsis:
+            item = _decoder(arguments[0])
+            return lambda value: tuple(item(v) for v in value)
+        items = tuple(_decoder(a) for a in arguments)
+        return lambda value: tuple(decode(v) for decode, v in zip(items, value, strict=True))
+    if origin is list:
+        item = _decoder(arguments[0])
+        return lambda value: [item(v) for v in value]
+    if origin in (dict, Mapping):
+        item = _decoder(arguments[1])
+        return lambda value: {key: item(v) for key, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return lambda value: dataclass_from_dict(hint, value)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return hint
+    return _as_is
+
+
+def _union_decoder(members: list[Any]) -> Decoder:
+    """A union's value is restored by the member whose shape it has (a sequence, a mapping, an enum's
+    value); plain values (float | Tensor) stay as they were written."""
+    def shaped(*shapes: Any) -> Decoder:
+        return next((_decoder(m) for m in members if (typing.get_origin(m) or m) in shapes
+                     or (Mapping in shapes and dataclasses.is_dataclass(m))), _as_is)
+
+    sequence, mapping = shaped(tuple, list), shaped(dict, Mapping)
+    plain = next((_decoder(m) for m in members if isinstance(m, type) and issubclass(m, Enum)), _as_is)
+    return lambda value: (sequence if isinstance(value, list) else mapping if isinstance(value, Mapping)
+                          else plain)(value)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Configuration validation, the sweep's plan (points, batches, kernel jobs), and the parameters each job
-receives."""
+receives: a batch job gets its points' PointSpecs (nbsim.sweep.spec), each parsed once here."""
 
 import re
 import sys
