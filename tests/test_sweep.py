@@ -232,3 +232,16 @@ def test_compile_spellings_give_one_enum(spelling):
     [point] = sweep_points(config)
     assert point.compile is Compile.of(spelling)
     assert point.name.endswith(f"compile_{point.compile.value}") and point.axis_values["compile"] in ("on", "off")
+
+
+def test_option_axes_are_refused_with_a_c_reference(tmp_path):
+    """The C binary takes argv only, so an option axis fails at validation, not in the reference job."""
+    binary = tmp_path / "nanoBragg"
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    binary.chmod(0o755)
+    config = config_with({"mosaic_spread_deg": [0.1]})
+    config["reference"] = {"c_binary": str(binary)}
+    with pytest.raises(NbsimError, match="sweep.extra.mosaic_spread_deg: a simulator option cannot be passed"):
+        validate_config(config, SCHEMA, tmp_path)
+    config["sweep"]["extra"] = {"-mosaic": [0.1]}
+    validate_config(config, SCHEMA, tmp_path)
