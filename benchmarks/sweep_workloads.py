@@ -104,7 +104,7 @@ def write_synthetic_batches(folder: Path, batches: int, per_batch: int, size: in
                 image = np.zeros((size, size), np.float32)
                 image[generator.integers(0, size, 200), generator.integers(0, size, 200)] = k + 1
                 images[i] = image
-                entries.append({"point": f"{name}-{i}", "reference": f"r{b}-{i}", "size": size, "index": i,
+                entries.append({"name": f"{name}-{i}", "reference": f"r{b}-{i}", "size": size, "index": i,
                                 "status": "ok", "axes": {"size": size, "dtype": "float32", "device": "cpu",
                                                          "compile": "on", axis: k},
                                 "timing": {"cold_s": 0.01, "warm_median_s": 0.002},

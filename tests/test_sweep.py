@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import tracemalloc
+import types
+import typing
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.sweep_workloads import write_synthetic_batches
+from nbsim import workloads
+from nbsim.config import SimulationConfig
 from nbsim.errors import NbsimError
+from nbsim.kernel.modes import Compile
+from nbsim.nanobragg import parse
 from nbsim.sweep.collate import point_rows, write_collated_store
-from nbsim.sweep.plan import axis_values, plan_sweep, point_arguments, sweep_points
+from nbsim.sweep.plan import axis_values, plan_sweep, point_argv, point_config, point_spec, sweep_points
+from nbsim.sweep.spec import PointSpec, dataclass_from_dict, dataclass_to_dict, field_types
 from nbsim.sweep.store import read_store
 from nbsim.sweep.validate import validate_config
 
@@ -86,8 +97,8 @@ def test_input_files_are_read_before_any_job_and_relative_to_the_config(tmp_path
     (tmp_path / "short.mat").write_text("1 0 0\n0 1 0\n")
     config = config_with({"-hkl": ["good.hkl"]})
     validate_config(config, SCHEMA, tmp_path)
-    args, _ = point_arguments(config, sweep_points(config)[0], tmp_path)
-    assert args[-2:] == ["-hkl", str(tmp_path / "good.hkl")]
+    argv = point_argv(config, sweep_points(config)[0], tmp_path)
+    assert argv[-2:] == ("-hkl", str(tmp_path / "good.hkl"))
     with pytest.raises(NbsimError, match=r"value 'bad.hkl' in scenario 'seed': .*bad.hkl:2: 'zero' is not a number"):
         validate_config(config_with({"-hkl": ["good.hkl", "bad.hkl"]}), SCHEMA, tmp_path)
     config = config_with({})
@@ -144,5 +155,93 @@ def test_collation_holds_one_image_at_a_time(tmp_path):
     assert np.prod(dataset["image_n256"].encoding["chunks"][:-2]) == 1
     for phi in (0, 77, 159):
         assert float(series.sel(phi=phi).max()) == phi + 1
-    assert json.loads(str(dataset["attributes"].squeeze().sel(phi=77).values))["point"] == \
+    assert json.loads(str(dataset["attributes"].squeeze().sel(phi=77).values))["name"] == \
         "n256-float32-cpu-compile_on-b0001-37"
+
+
+def _through_json(config: SimulationConfig) -> SimulationConfig:
+    return dataclass_from_dict(SimulationConfig, json.loads(json.dumps(dataclass_to_dict(config))))
+
+
+@pytest.mark.parametrize("argv, options", [
+    (workloads.SEED_ARGS, {}),
+    (workloads.HEAVY_ARGS, {"sensor_absorption_depth_um": math.inf, "mosaic_spread_deg": 0}),
+    (("-cell", "70", "80", "90", "75", "85", "95", "-misset", "random", "-N", "5", "-detpixels", "16",
+      "-roi", "1", "8", "2", "9", "-beam_vector", "0", "0", "1", "-curved_det"), {"interpolate": None}),
+])
+def test_config_survives_its_json_round_trip(argv, options):
+    """Exactly: tuples stay tuples, None stays None, ints stay ints (repr tells 1 from 1.0 and () from [])."""
+    config = parse(list(argv))[0].with_options(**options)
+    assert repr(_through_json(config)) == repr(config)
+
+
+def _values(hint) -> st.SearchStrategy | None:
+    """Any value of a config field's type (None for torch.Tensor, which a sweep never holds)."""
+    if hint is type(None):
+        return st.none()
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of([s for s in map(_values, arguments) if s is not None])
+    if origin is tuple:
+        if arguments[-1] is Ellipsis:
+            return st.lists(_values(arguments[0]), max_size=4).map(tuple)
+        return st.tuples(*map(_values, arguments))
+    if origin is typing.Literal:
+        return st.sampled_from(arguments)
+    if dataclasses.is_dataclass(hint):
+        return st.builds(hint, **{name: _values(h) for name, h in field_types(hint).items()})
+    return {bool: st.booleans(), int: st.integers(), float: st.floats(allow_nan=False), str: st.text()}.get(hint)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_values(SimulationConfig))
+def test_any_config_survives_its_json_round_trip(config):
+    assert repr(_through_json(config)) == repr(config)
+
+
+def test_point_spec_round_trip_and_no_parsing_after_planning(tmp_path):
+    """A spec carries the parsed configuration: the batch job renders `spec.config` as planned, and the
+    argv is there only for the C binary and the reader."""
+    config = config_with({"-phi": [0.5], "mosaic_spread_deg": [0.2]})
+    validate_config(config, SCHEMA, tmp_path)
+    [point] = sweep_points(config)
+    spec = point_spec(config, point, tmp_path, {})
+    assert PointSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert spec.config == point_config(config, point, tmp_path)  # validation builds what planning builds
+    assert spec.config.crystal.phi_start_deg == 0.5 and spec.config.crystal.mosaic_spread_deg == 0.2
+    assert spec.argv[-4:] == ("-detpixels", "8", "-phi", "0.5") and spec.kernel is None
+    assert spec.axes == {"size": 8, "dtype": "float32", "device": "cpu", "compile": "off", "mosaic_spread_deg": 0.2,
+                         "phi": 0.5}
+
+
+@pytest.mark.parametrize("values", [[2.5], ["four"], [1, True]])
+def test_a_value_that_fails_validation_fails_planning_too(tmp_path, values):
+    """Validation builds each point as planning does (`point_config`): one channel, the same verdict (and
+    True is no integer even after 1 has built)."""
+    config = config_with({"mosaic_domains": values})
+    with pytest.raises(NbsimError, match="sweep.extra.mosaic_domains: value"):
+        validate_config(config, SCHEMA, tmp_path)
+    with pytest.raises(NbsimError):
+        point_config(config, sweep_points(config)[-1], tmp_path)
+
+
+@pytest.mark.parametrize("spelling", [True, False, "on", "off"])
+def test_compile_spellings_give_one_enum(spelling):
+    config = config_with({})
+    config["sweep"]["compile"] = [spelling]
+    [point] = sweep_points(config)
+    assert point.compile is Compile.of(spelling)
+    assert point.name.endswith(f"compile_{point.compile.value}") and point.axis_values["compile"] in ("on", "off")
+
+
+def test_option_axes_are_refused_with_a_c_reference(tmp_path):
+    """The C binary takes argv only, so an option axis fails at validation, not in the reference job."""
+    binary = tmp_path / "nanoBragg"
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    binary.chmod(0o755)
+    config = config_with({"mosaic_spread_deg": [0.1]})
+    config["reference"] = {"c_binary": str(binary)}
+    with pytest.raises(NbsimError, match="sweep.extra.mosaic_spread_deg: a simulator option cannot be passed"):
+        validate_config(config, SCHEMA, tmp_path)
+    config["sweep"]["extra"] = {"-mosaic": [0.1]}
+    validate_config(config, SCHEMA, tmp_path)

@@ -95,6 +95,7 @@ def test_tables_list_every_point(sweep_run):
 
 @pytest.mark.slow
 def test_batch_stores_carry_images_and_records(sweep_run):
+    from nbsim.sweep.spec import PointSpec
     from nbsim.sweep.store import read_store
 
     batch = sweep_run / "results" / "seed" / "batches" / "n16-float32-cpu-compile_off-b0000"
@@ -107,7 +108,9 @@ def test_batch_stores_carry_images_and_records(sweep_run):
     assert {"nbsim", "torch", "numpy", "zarr", "xarray"} <= set(records["versions"])
     assert records["process_startup_s"] > 0 and records["wall_s"] >= records["timed_s"] > 0
     [point] = records["points"]
-    assert point["size"] == 16 and point["args"][-2:] == ["-detpixels", "16"]
+    assert point["size"] == 16 and point["argv"][-2:] == ["-detpixels", "16"]
+    spec = PointSpec.from_dict(point)  # the records keep the spec the job rendered
+    assert spec.config.detector.pixels_f == 16 and spec.config.crystal.fudge == 1.0
     assert point["timing"]["repeats"] == 2 and point["timing"]["warm_median_s"] > 0 and point["device_name"]
     assert point["comparison"]["correlation"] > 0.9999
 
@@ -124,7 +127,7 @@ def test_collated_store_has_every_axis(sweep_run):
     assert bool((dataset["correlation"] > 0.9999).all())
     assert dataset["image_n16"].shape[-2:] == (16, 16)
     attributes = json.loads(str(dataset["attributes"].sel(size=12, dtype="float64").values.ravel()[0]))
-    assert attributes["point"].startswith("n12-float64")
+    assert attributes["name"].startswith("n12-float64")
     assert attributes["timing"]["warm_median_s"] > 0 and attributes["host"]
 
 

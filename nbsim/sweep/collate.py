@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import xarray as xr
 
 from .progress import Progress
 from .store import AtomicStore, open_store_array, read_json
@@ -41,7 +43,7 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
     for path in reference_records:
         record = read_json(path)
         for point in record["points"]:
-            references[point["point"]] = (record.get("reference"), (point.get("timing") or {}).get("warm_median_s"))
+            references[point["name"]] = (record.get("reference"), (point.get("timing") or {}).get("warm_median_s"))
     rows = []
     for path in batch_records:
         record = read_json(path)
@@ -49,7 +51,7 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
         for point in record["points"]:
             timing = point.get("timing") or {}
             reference_kind, reference_s = references.get(point["reference"], (None, None))
-            row: dict[str, Any] = {"scenario": record["scenario"], "point": point["point"], **point["axes"],
+            row: dict[str, Any] = {"scenario": record["scenario"], "point": point["name"], **point["axes"],
                                    "status": point["status"], "batch": record["batch"], "index": point["index"],
                                    "reference": reference_kind, "reference_median_s": reference_s}
             row.update({key: timing[key] for key in TIMING_COLUMNS if key in timing})
@@ -88,42 +90,31 @@ def write_tables(rows: list[dict[str, Any]], axes: list[str], csv_path: Path, md
             stream.write("| " + " | ".join(_format(row.get(c)) for c in header) + " |\n")
 
 
-def _sort_key(value: Any):
-    return (0, value) if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, str(value))
-
-
 def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], axes: list[str], output: Path,
                          label: str = "collate") -> None:
-    """The collated store (see the module's docstring); `stores` maps a batch name to its store."""
-    coords = {axis: sorted({row[axis] for row in rows}, key=_sort_key) for axis in axes}
-    positions = {axis: {value: i for i, value in enumerate(values)} for axis, values in coords.items()}
-    shape = tuple(len(coords[a]) for a in axes)
-
-    def where(row: dict, skip: str | None = None) -> tuple[int, ...]:
-        return tuple(positions[a][row[a]] for a in axes if a != skip)
-
+    """The collated store (see the module's docstring); `stores` maps a batch name to its store. The rows
+    are gridded over the axes by pandas and xarray (a DataFrame indexed by the axes, as a Dataset: sorted
+    coordinates, NaN where no point is); the images are then copied one point at a time."""
+    grid = xr.Dataset.from_dataframe(pd.DataFrame(rows).set_index(axes))
     attributes = {"description": "nbsim sweep: one entry per point; images per detector size", "axes": axes}
     with AtomicStore(output, attributes) as store:
         for axis in axes:
-            store.coordinate(axis, coords[axis])
+            store.coordinate(axis, grid[axis].values.tolist())
+        shape = tuple(grid.sizes[axis] for axis in axes)
         for name in (*TIMING_COLUMNS, *CORRELATION_COLUMNS):
-            numeric = [r for r in rows if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)]
-            if numeric:
-                data = np.full(shape, np.nan)
-                for row in numeric:
-                    data[where(row)] = float(row[name])
-                store.variable(name, tuple(axes), shape, np.float64, data=data)
+            if name in grid and grid[name].dtype.kind in "iuf" and bool(grid[name].notnull().any()):
+                store.variable(name, tuple(axes), shape, np.float64, data=grid[name].values.astype(np.float64))
         for name in ("status", "reference", "compile_cache", "attributes"):
-            data = np.full(shape, "", dtype=object)
-            for row in rows:
-                data[where(row)] = str(row.get(name) or "")
-            store.variable(name, tuple(axes), shape, str, data=data)
+            values = grid[name].values if name in grid else np.full(shape, None)
+            text = np.vectorize(lambda v: "" if pd.isna(v) else str(v), otypes=[object])(values)
+            store.variable(name, tuple(axes), shape, str, data=text)
         other_axes = tuple(a for a in axes if a != "size")
         targets = {}
-        for size in sorted({row["size"] for row in rows}):
-            image_shape = (*(len(coords[a]) for a in other_axes), size, size)
+        for size in grid["size"].values.tolist():
+            image_shape = (*(grid.sizes[a] for a in other_axes), size, size)
             targets[size] = store.variable(f"image_n{size}", (*other_axes, f"slow_n{size}", f"fast_n{size}"),
                                            image_shape, np.float32, chunks=(*(1 for _ in other_axes), size, size))
+        indexes = {axis: grid.indexes[axis] for axis in other_axes}
         ok = [row for row in rows if row["status"] == "ok"]
         progress = Progress(len(ok), label)
         by_batch: dict[str, list[dict]] = {}
@@ -132,6 +123,7 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
         for batch, members in by_batch.items():
             images = open_store_array(stores[batch], "image")
             for row in members:
-                targets[row["size"]][where(row, skip="size")] = np.asarray(images[row["index"]], dtype=np.float32)
+                where = tuple(indexes[axis].get_loc(row[axis]) for axis in other_axes)
+                targets[row["size"]][where] = np.asarray(images[row["index"]], dtype=np.float32)
                 progress.advance()
         store.commit()

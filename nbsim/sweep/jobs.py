@@ -4,19 +4,21 @@ with its reference), render a batch of references. Plain functions the workflow'
 Timing inside a batch: the process's start-up (interpreter, Snakemake's script preamble, importing torch
 and nbsim) is recorded once per batch as `process_startup_s`; then each kernel the batch needs is loaded
 by one untimed render of the first point that uses it (`kernel_loads`: seconds and cache state). A
-point's `cold_s` is therefore its own first image in a process whose kernel is loaded: parsing its
-arguments, setting up its crystal, beam and detector, and rendering once. Its warm times follow, as in `nbsim bench`.
+point's `cold_s` is therefore its own first image in a process whose kernel is loaded: setting up its
+crystal, beam and detector from its spec's configuration (parsed at planning, not here), and rendering
+once. Its warm times follow, as in `nbsim bench`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import platform
 import socket
 import statistics
-import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,26 +26,27 @@ from typing import Any
 import numpy as np
 
 from ..errors import NbsimError
+from ..kernel.modes import Compile
 from .plan import KernelJob
 from .progress import Progress
+from .spec import PointSpec, dataclass_from_dict, dataclass_to_dict
 from .store import AtomicStore, open_store_array, write_json
 
 IMAGE_DIMENSIONS = ("point", "slow", "fast")
+log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchJob:
-    """What one batch job needs (its rule's params): the points in order and how to render and time them.
-
-    Each point is a dict: `point` (name), `size`, `axes` (its coordinate on every sweep axis), `args`,
-    `overrides` and `kernel` (the kernel job whose structure it renders with, or None)."""
+    """What one batch job needs (its rule's params, as `to_dict` data): its points' specs in order and how
+    to render and time them."""
 
     scenario: str
     batch: str
-    points: list[dict[str, Any]]
+    points: tuple[PointSpec, ...]
     dtype: str
     device: str
-    compile: bool
+    compile: Compile
     warmup: int
     repeats: int
     threads: int
@@ -51,6 +54,13 @@ class BatchJob:
     c_binary: str | None = None
     """Reference batches only: time this nanoBragg binary instead of nbsim in float64."""
     on_unavailable_device: str = "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclass_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchJob:
+        return dataclass_from_dict(cls, data)
 
 
 def package_versions() -> dict[str, str]:
@@ -65,14 +75,11 @@ def package_versions() -> dict[str, str]:
     return found
 
 
-def process_startup_s() -> float | None:
-    """Seconds since this process started (Linux; None elsewhere): its start-up and imports so far."""
-    try:
-        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
-        return uptime_s - int(after_name[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+def process_startup_s() -> float:
+    """Seconds since this process started: its start-up and imports so far."""
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
 
 
 def _use_job_resources(compile_cache: str, threads: int) -> None:
@@ -129,14 +136,14 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
         "scenario": job.scenario, "batch": job.batch, "kind": "points" if reference_store else "reference",
         "dtype": job.dtype, "device": job.device, "compile": job.compile, "warmup": job.warmup,
         "repeats": job.repeats, "threads": job.threads, "process_startup_s": startup_s, **_job_identity()}
-    size = job.points[0]["size"]
+    size = job.points[0].size
     shape = (len(job.points), size, size)
-    print(f"{job.scenario} {job.batch}: {len(job.points)} points, {job.points[0]['point']} .. "
-          f"{job.points[-1]['point']}; process start-up {startup_s or 0:.2f} s", flush=True)
+    log.info("%s %s: %d points, %s .. %s; process start-up %.2f s", job.scenario, job.batch, len(job.points),
+             job.points[0].name, job.points[-1].name, startup_s)
     with AtomicStore(store, {"scenario": job.scenario, "batch": job.batch}) as output:
-        output.coordinate("point", [p["point"] for p in job.points])
-        for axis in job.points[0]["axes"]:
-            output.coordinate(axis, [p["axes"][axis] for p in job.points], dimension="point")
+        output.coordinate("point", [p.name for p in job.points])
+        for axis in job.points[0].axes:
+            output.coordinate(axis, [p.axes[axis] for p in job.points], dimension="point")
         reference_kind = "c" if job.c_binary else "nbsim-float64-cpu"
         images = output.variable("image", IMAGE_DIMENSIONS, shape, np.float64 if reference_store is None and
                                  not job.c_binary else np.float32, chunks=(1, size, size))
@@ -151,14 +158,13 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
         output.commit()
     write_json(records_path, record)
     loads = [(load["kernel"], round(load["load_s"], 3), load["cache"]) for load in record["kernel_loads"]]
-    print(f"{job.scenario} {job.batch}: done in {record['wall_s']:.2f} s, {record['timed_s']:.2f} s of it timing "
-          f"points; kernel loads (kernel, seconds, cache) {loads}")
+    log.info("%s %s: done in %.2f s, %.2f s of it timing points; kernel loads (kernel, seconds, cache) %s",
+             job.scenario, job.batch, record["wall_s"], record["timed_s"], loads)
     return record
 
 
 def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[list[dict], list[dict]]:
     from ..devices import resolve_device, resolve_dtype
-    from ..nanobragg import parse
     from ..timing import time_nbsim
 
     try:
@@ -166,7 +172,7 @@ def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[
     except NbsimError as error:
         if job.on_unavailable_device != "skip":
             raise
-        return [{**point, "index": index, "status": "skipped", "reason": str(error)}
+        return [{**point.to_dict(), "index": index, "status": "skipped", "reason": str(error)}
                 for index, point in enumerate(job.points)], []
     import torch
 
@@ -177,23 +183,22 @@ def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[
     points = []
     progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
     for index, point in enumerate(job.points):
-        kernel = point["kernel"] or "eager"
-        config = parse(point["args"])[0].with_options(**point["overrides"])
+        kernel = point.kernel or "eager"
         if kernel not in loads:
-            _, load = time_nbsim(config, device, dtype, job.compile, 0, 1)
-            loads[kernel] = {"kernel": kernel, "point": point["point"], "load_s": load.cold_s,
+            _, load = time_nbsim(point.config, device, dtype, job.compile, 0, 1)
+            loads[kernel] = {"kernel": kernel, "point": point.name, "load_s": load.cold_s,
                              "cache": load.compile_cache}
         begin = time.perf_counter()
-        image, result = time_nbsim(config, device, dtype, job.compile, job.warmup, job.repeats,
+        image, result = time_nbsim(point.config, device, dtype, job.compile, job.warmup, job.repeats,
                                    output_dtype=output_dtype)
         timed_s = time.perf_counter() - begin
         result.compile_cache = loads[kernel]["cache"]
         images[index] = image
-        entry = {**point, "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
+        entry = {**point.to_dict(), "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
                  "device_name": result.gpu or result.cpu}
         if reference is not None:
             names, stored = reference
-            entry["comparison"] = compare_images(image, stored[names[point["reference"]]])
+            entry["comparison"] = compare_images(image, stored[names[point.reference]])
         points.append(entry)
         progress.advance()
     return points, list(loads.values())
@@ -213,15 +218,11 @@ def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
     points = []
     progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
     for index, point in enumerate(job.points):
-        if point["overrides"]:
-            raise NbsimError(f"simulator options {sorted(point['overrides'])} cannot be passed to the C reference; "
-                             "sweep them as nanoBragg flags (names starting with '-') instead")
         begin = time.perf_counter()
-        image, times = run_c_reference(job.c_binary, point["args"], job.warmup, job.repeats)
-        size = point["size"]
-        images[index] = image.reshape(size, size)
+        image, times = run_c_reference(job.c_binary, list(point.argv), job.warmup, job.repeats)
+        images[index] = image.reshape(point.size, point.size)
         median_s = statistics.median(times)
-        points.append({**point, "index": index, "status": "ok", "binary": job.c_binary,
+        points.append({**point.to_dict(), "index": index, "status": "ok", "binary": job.c_binary,
                        "timed_s": time.perf_counter() - begin,
                        "timing": {"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s}})
         progress.advance()
@@ -240,21 +241,3 @@ def compare_images(image: np.ndarray, reference: np.ndarray) -> dict[str, float]
             "max_rel_error": float(difference.max()) / scale,
             "sum_ratio": float(image.sum() / reference.sum()) if reference.sum() != 0 else math.nan,
             "finite": bool(np.isfinite(image).all())}
-
-
-def run_logged(log_path: str | Path, work, *args) -> None:
-    """Run one job's work with stdout/stderr in its log; a bad input ends it with a one-line reason
-    (in the log and on the real stderr) and exit status 1 instead of a traceback."""
-    real_stderr = sys.stderr
-    with open(log_path, "w") as log:
-        sys.stdout = sys.stderr = log
-        try:
-            work(*args)
-        except NbsimError as error:
-            message = f"nbsim: error: {error}"
-            print(message, file=log)
-            print(message, file=real_stderr)
-            log.flush()
-            sys.exit(1)
-        finally:
-            sys.stdout, sys.stderr = sys.__stdout__, real_stderr

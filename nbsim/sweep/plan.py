@@ -1,11 +1,14 @@
-"""The sweep's plan, torch-free (the part the Snakefile imports): points, their references, batches and
-kernel jobs.
+"""The sweep's plan, torch-free (the part the Snakefile imports): points, their references, their specs,
+batches and kernel jobs.
 
 A *point* is one (scenario, detector size, dtype, device, compile, extra option values) combination;
 its *reference point* drops dtype, device and compile. Points that share a scenario, size, dtype, device
 and compile setting are rendered in *batches* of `sweep.batch_size` by one job; the references of a
 (scenario, size) are batched the same way, so point batch `b0003` of every dtype compares against
 reference batch `b0003`.
+
+`point_config` builds what a point renders, the one construction that planning (`point_spec`, the
+`PointSpec` a batch job receives) and validation (`nbsim.sweep.validate`) share.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ import functools
 import itertools
 import math
 import shlex
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..kernel.modes import choose_mode
+from ..config import SimulationConfig
+from ..errors import NbsimError
+from ..kernel.modes import Compile, Mode, choose_mode
+from .spec import PointSpec, field_types
 
 CORE_AXES = ("size", "dtype", "device", "compile")
 ORIENTATION_FLAGS = frozenset({"-phi", "-misset", "-misset_seed", "-mosaic_seed"})
@@ -35,7 +43,7 @@ class Point:
     """Detector pixels per side."""
     dtype: str
     device: str
-    compile: bool
+    compile: Compile
     extras: tuple[tuple[str, Any], ...] = ()
     """(option or nanoBragg flag, value) for each extra axis, in the config's sorted order."""
 
@@ -45,7 +53,7 @@ class Point:
 
     @property
     def name(self) -> str:
-        return f"n{self.size}-{self.dtype}-{self.device}-compile_{on_off(self.compile)}" + self._extras_suffix
+        return f"n{self.size}-{self.dtype}-{self.device}-compile_{self.compile.value}" + self._extras_suffix
 
     @property
     def reference_name(self) -> str:
@@ -54,14 +62,24 @@ class Point:
     @property
     def axis_values(self) -> dict[str, Any]:
         """The point's coordinate on every axis of the collated store (extra axes by `axis_name`)."""
-        return {"size": self.size, "dtype": self.dtype, "device": self.device, "compile": on_off(self.compile),
+        return {"size": self.size, "dtype": self.dtype, "device": self.device, "compile": self.compile.value,
                 **{axis_name(k): v for k, v in self.extras}}
+
+    @property
+    def flags(self) -> tuple[tuple[str, Any], ...]:
+        """Its nanoBragg flag axes (names starting with '-') and their values."""
+        return tuple((k, v) for k, v in self.extras if k.startswith("-"))
+
+    @property
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        """Its simulator option axes (nbsim.config field names) and their values."""
+        return tuple((k, v) for k, v in self.extras if not k.startswith("-"))
 
     @property
     def prebuilds_kernel(self) -> bool:
         """Points that load ahead-of-time kernels (asked of the renderer's own mode choice) get them from
         a `kernel` job first."""
-        return choose_mode(self.compile, self.device.split(":")[0], needs_grad=False) == "aot"
+        return choose_mode(self.compile, self.device.split(":")[0], needs_grad=False) is Mode.AOT
 
 
 def axis_name(option: str) -> str:
@@ -70,19 +88,10 @@ def axis_name(option: str) -> str:
     return option.lstrip("-")
 
 
-def on_off(value: bool) -> str:
-    return "on" if value else "off"
-
-
 def _slug(value: Any) -> str:
     text = str(value)
     text = "m" + text[1:] if text.startswith("-") else text
     return "".join(c if c.isalnum() or c in "._" else "_" for c in text)
-
-
-def _on(value: Any) -> bool:
-    """YAML turns a bare `on` into True; accept either spelling."""
-    return value is True or str(value).lower() in ("on", "true", "yes", "1")
 
 
 def axis_values(spec: list | dict) -> list:
@@ -108,7 +117,7 @@ def sweep_points(config: dict) -> list[Point]:
         for size, dtype, device, compile_, *values in itertools.product(
                 axis_values(sweep["sizes"]), sweep["dtypes"], sweep["devices"], sweep["compile"],
                 *(axis_values(extra[name]) for name in extra_names)):
-            points.append(Point(scenario, int(size), dtype, device, _on(compile_),
+            points.append(Point(scenario, int(size), dtype, device, Compile.of(compile_),
                                 tuple(zip(extra_names, values, strict=True))))
     return points
 
@@ -120,7 +129,7 @@ def sweep_axes(config: dict) -> list[str]:
 
 def nbsim_reference_point(point: Point) -> Point:
     """The float64 CPU point whose kernel renders the nbsim reference of `point`."""
-    return Point(point.scenario, point.size, "float64", "cpu", True, point.extras)
+    return Point(point.scenario, point.size, "float64", "cpu", Compile.ON, point.extras)
 
 
 @dataclass(frozen=True)
@@ -159,7 +168,7 @@ def plan_sweep(points: list[Point], batch_size: int) -> SweepPlan:
         for index, start in enumerate(range(0, len(members), batch_size)):
             chunk = tuple(members[start:start + batch_size])
             reference = f"n{size}-b{index:04d}"
-            name = f"n{size}-{dtype}-{_slug(device)}-compile_{on_off(compile_)}-b{index:04d}"
+            name = f"n{size}-{dtype}-{_slug(device)}-compile_{compile_.value}-b{index:04d}"
             batches[(scenario, name)] = Batch(scenario, name, chunk, reference)
             references.setdefault((scenario, reference), Batch(scenario, reference, chunk, None))
     return SweepPlan(batches, references)
@@ -189,8 +198,7 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
             continue
         key = (point.scenario, point.size, tuple((k, v) for k, v in point.extras if k not in ORIENTATION_FLAGS))
         if key not in structures:
-            args, overrides = point_arguments(config, point, base)
-            structures[key] = structure_of(tuple(args), tuple(sorted(overrides.items())))
+            structures[key] = kernel_structure(point_config(config, point, base))
         structure = structures[key]
         name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
         jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
@@ -198,40 +206,93 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
     return jobs, names
 
 
-@functools.cache
-def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
-    """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with."""
-    from ..nanobragg import parse
+def kernel_structure(simulation: SimulationConfig):
+    """The kernel structure (nbsim.kernel.backends.Structure) a point's configuration renders with."""
     from ..render import structure_for
 
-    config, _ = parse(list(args))
-    if overrides:
-        config = config.with_options(**dict(overrides))
-    return structure_for(config)
+    return structure_for(simulation)
 
 
-def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:
+def scenario_args(config: dict, scenario: str, base: Path) -> tuple[str, ...]:
     """A scenario's nanoBragg arguments, with file values made absolute against the config's folder."""
+    args = config["scenarios"][scenario]["args"]
+    return _absolute_args(tuple(args) if isinstance(args, list) else args, base)
+
+
+@functools.cache
+def _absolute_args(args: str | tuple, base: Path) -> tuple[str, ...]:
+    """Split and made absolute once per scenario, however many points it has."""
     from ..nanobragg.flags import absolute_file_arguments
 
-    spec = config["scenarios"][scenario]
-    args = spec["args"] if isinstance(spec["args"], list) else shlex.split(spec["args"])
-    return absolute_file_arguments([str(a) for a in args], base)
+    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+    return tuple(absolute_file_arguments(words, base))
 
 
-def point_arguments(config: dict, point: Point, base: Path) -> tuple[list[str], dict[str, Any]]:
-    """nanoBragg arguments of a point (size appended, flag axes appended) and its option overrides."""
+def point_argv(config: dict, point: Point, base: Path) -> tuple[str, ...]:
+    """A point's nanoBragg arguments: its scenario's, its size, then its flag axes (file values absolute)."""
     from ..nanobragg.flags import absolute_file_arguments
 
-    flags: list[str] = []
-    overrides: dict[str, Any] = {}
-    for name, value in point.extras:
-        if name.startswith("-"):
-            flags += [name, str(value)]
-        else:
-            overrides[name] = value
-    args = scenario_args(config, point.scenario, base) + ["-detpixels", str(point.size)]
-    return args + absolute_file_arguments(flags, base), overrides
+    flags = [text for name, value in point.flags for text in (name, str(value))]
+    return (*scenario_args(config, point.scenario, base), "-detpixels", str(point.size),
+            *absolute_file_arguments(flags, base))
+
+
+def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
+    """What a point renders: its nanoBragg arguments parsed, then its option axes applied, each checked
+    against the option's type. The one construction planning and validation share; NbsimError for a value
+    that does not build."""
+    for name, value in point.options:
+        check_option_value(name, value)
+    return _parsed(point_argv(config, point, base)).with_options(**dict(point.options))
+
+
+@functools.cache
+def _parsed(argv: tuple[str, ...]) -> SimulationConfig:
+    """Parsed once per distinct argv: validation's parse is planning's, and the points of every dtype,
+    device, compile setting and option value share it."""
+    from ..nanobragg import parse
+
+    return parse(list(argv))[0]
+
+
+def option_types() -> dict[str, Any]:
+    """Each simulator option's type (nbsim.config's field types, resolved)."""
+    return {name: hint for part in field_types(SimulationConfig).values() for name, hint in field_types(part).items()}
+
+
+def check_option_value(name: str, value: Any) -> None:
+    """An option axis's value must have the option's type: a bool, a number (an integer for an int), text
+    or one of a Literal's values; an option holding several values (a cell, a vector) is no axis. The
+    error says what is expected; the caller names the key."""
+    hint = option_types()[name]
+    members = [m for m in (typing.get_args(hint) if _is_union(hint) else (hint,)) if m is not type(None)]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    accepted = {bool: ("true or false", isinstance(value, bool)), str: ("text", isinstance(value, str)),
+                int: ("an integer", number and float(value).is_integer()), float: ("a number", number)}
+    if typing.get_origin(members[0]) is typing.Literal:
+        choices = typing.get_args(members[0])
+        if value not in choices:
+            raise NbsimError(f"expects one of {', '.join(map(repr, choices))}")
+        return
+    kinds = [m for m in members if m in accepted]
+    if not kinds:
+        raise NbsimError(f"{name} holds several values and cannot be an axis of single values; "
+                         "sweep the nanoBragg flag that sets it instead")
+    if not any(accepted[kind][1] for kind in kinds):
+        raise NbsimError(f"expects {accepted[kinds[0]][0]}")
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Point, str],
+               as_reference: bool = False) -> PointSpec:
+    """A point as its batch job renders it (`as_reference`: as its reference batch renders it)."""
+    kernel_point = nbsim_reference_point(point) if as_reference else point
+    return PointSpec(name=point.reference_name if as_reference else point.name, reference=point.reference_name,
+                     size=point.size, axes=point.axis_values, config=point_config(config, point, base),
+                     argv=point_argv(config, point, base), kernel=kernel_of_point.get(kernel_point))
 
 
 def c_binary_path(config: dict, base: Path) -> str | None:

@@ -1,47 +1,53 @@
 """Sweep configuration checks: the JSON schema (with its defaults filled in), then what a schema cannot
-say. Every failure is an NbsimError with a one-line reason naming the offending key."""
+say, then every point built as planning builds it. Every failure is an NbsimError with a one-line reason
+naming the offending key."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import NbsimError
-from .plan import CORE_AXES, axis_name, axis_values, c_binary_path, scenario_args, sweep_points
+from .plan import (
+    CORE_AXES,
+    Point,
+    axis_name,
+    axis_values,
+    c_binary_path,
+    nbsim_reference_point,
+    point_config,
+    sweep_points,
+)
 
 MAX_AXIS_VALUES = 1_000_000
 
 
 def validate_config(config: dict, schema_path: str | Path, base: Path) -> None:
     """Check the config against the JSON schema (filling its defaults), then semantically."""
-    import yaml
-
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    errors = sorted(_validator_with_defaults(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        error = errors[0]
-        where = ".".join(str(p) for p in error.absolute_path) or "top level"
-        raise NbsimError(f"{where}: {_short_message(error)}")
+    check_schema(config, schema_path)
     check_config(config, base)
 
 
-def _validator_with_defaults(schema: dict):
-    """A jsonschema validator that also fills in defaults, as snakemake's validate() does."""
+def check_schema(config: dict, schema_path: str | Path) -> None:
+    """snakemake.utils.validate, which fills the schema's defaults; its error (the jsonschema error it
+    chains, taken at the key the config got wrong) becomes one line."""
     import jsonschema
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
 
-    base = jsonschema.validators.validator_for(schema)
-    original = base.VALIDATORS["properties"]
-
-    def properties(validator, properties, instance, subschema):
-        if isinstance(instance, dict):
-            for name, property_schema in properties.items():
-                if "default" in property_schema:
-                    instance.setdefault(name, copy.deepcopy(property_schema["default"]))
-        yield from original(validator, properties, instance, subschema)
-
-    return jsonschema.validators.extend(base, {"properties": properties})(schema)
+    try:
+        validate(config, str(schema_path), set_default=True)
+    except WorkflowError as error:
+        cause = error.__context__
+        if not isinstance(cause, jsonschema.ValidationError):
+            raise NbsimError(str(error).splitlines()[0]) from None
+        while cause.parent is not None:
+            cause = cause.parent
+        where = ".".join(str(p) for p in cause.absolute_path) or "top level"
+        raise NbsimError(f"{where}: {_short_message(cause)}") from None
 
 
 def _short_message(error) -> str:
@@ -77,67 +83,33 @@ def _check_axis(where: str, spec: list | dict) -> None:
         raise NbsimError(f"{where}: values repeat (after rounding to 12 significant digits)")
 
 
-def _check_value(args: list[str], name: str, value, scenario: str, base: Path) -> None:
-    """A flag's value must parse after the scenario's arguments (and a file it names must read, relative to
-    the config's folder); an option's value must have the option's type (its annotation in nbsim.config)."""
-    from ..io.inputs import input_file_paths, read_input_file
-    from ..nanobragg import parse
-    from ..nanobragg.flags import absolute_file_arguments
-
-    where = f"sweep.extra.{name}: value {value!r}"
-    if name.startswith("-"):
-        flag = absolute_file_arguments([name, str(value)], base)
-        try:
-            config, _ = parse(args + flag)
-            for field, path in input_file_paths(config).items():
-                if path == flag[1]:  # the input file this value names (the scenario's own were read already)
-                    read_input_file(field, path)
-        except NbsimError as error:
-            raise NbsimError(f"{where} in scenario '{scenario}': {error}") from None
-        return
-    kind = option_types()[name]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    valid = {"bool": isinstance(value, bool), "str": isinstance(value, str), "int": number and value == int(value),
-             "float": number, "Scalar": number}
-    if kind not in valid:
-        raise NbsimError(f"sweep.extra.{name}: a {kind} option cannot be an axis of single values; sweep the "
-                         "nanoBragg flag that sets it instead")
-    if not valid[kind]:
-        expected = {"bool": "true or false", "str": "text", "int": "an integer"}.get(kind, "a number")
-        raise NbsimError(f"{where}: expects {expected}")
-
-
-def option_types() -> dict[str, str]:
-    """Each simulator option's type as annotated in nbsim.config, without `| None`."""
-    import dataclasses
-
-    from ..config import BeamConfig, CrystalConfig, DetectorConfig, StructureFactorConfig
-
-    return {f.name: str(f.type).removesuffix(" | None") for cls in (CrystalConfig, BeamConfig, DetectorConfig,
-                                                                    StructureFactorConfig)
-            for f in dataclasses.fields(cls)}
-
-
 def check_config(config: dict, base: Path) -> None:
-    """Semantic checks the schema cannot express."""
+    """Semantic checks the schema cannot express, then every point built (`check_points`)."""
     from ..config import option_names
-    from ..io.inputs import read_input_files
-    from ..nanobragg import parse
     from ..nanobragg.flags import FLAGS
 
     sweep = config["sweep"]
     names = option_names()
     _check_axis("sweep.sizes", sweep["sizes"])
-    sizes = axis_values(sweep["sizes"])
-    if any(not isinstance(size, int) or not 1 <= size <= 65536 for size in sizes):
+    if any(not isinstance(size, int) or not 1 <= size <= 65536 for size in axis_values(sweep["sizes"])):
         raise NbsimError("sweep.sizes: detector sizes are whole numbers of pixels from 1 to 65536")
     extra = sweep.get("extra") or {}
+    binary = (config.get("reference") or {}).get("c_binary")
+    if binary:
+        path = Path(c_binary_path(config, base))
+        if not path.is_file():
+            raise NbsimError(f"reference.c_binary {binary} does not exist")
+        if not os.access(path, os.X_OK):
+            raise NbsimError(f"reference.c_binary {binary} is not executable")
     for name, spec in extra.items():
         if name.startswith("-"):
             if name not in FLAGS:
                 raise NbsimError(f"sweep.extra: '{name}' is not a nanoBragg option")
         elif name not in names:
             raise NbsimError(f"sweep.extra: '{name}' is not a simulator option (known: see nbsim.config)")
+        elif binary:
+            raise NbsimError(f"sweep.extra.{name}: a simulator option cannot be passed to the C reference "
+                             "(reference.c_binary); sweep the nanoBragg flag that sets it instead")
         _check_axis(f"sweep.extra.{name}", spec)
     axes = [*CORE_AXES, *(axis_name(name) for name in extra)]
     clash = sorted({a for a in axes if axes.count(a) > 1})
@@ -150,19 +122,41 @@ def check_config(config: dict, base: Path) -> None:
         if other is not point:
             raise NbsimError(f"sweep.extra: the values of {dict(point.extras)} and {dict(other.extras)} give "
                              f"the same point name {point.name}")
-    for scenario in config["scenarios"]:
-        args = scenario_args(config, scenario, base) + ["-detpixels", str(sizes[0])]
+    check_points(config, points, base)
+
+
+def check_points(config: dict, points: list[Point], base: Path) -> None:
+    """Build every distinct point as planning builds it (`plan.point_config`) and read each input file its
+    configuration names, once, strictly. A point that fails is built again from its scenario alone, then
+    with each of its axis values alone, to name the key at fault."""
+    from ..io.inputs import input_file_paths, read_input_file
+
+    files_read: set[tuple[str, str]] = set()
+
+    def build(point: Point) -> None:
+        simulation = point_config(config, point, base)
+        for field, path in input_file_paths(simulation).items():
+            if path is not None and (field, path) not in files_read:
+                read_input_file(field, path)
+                files_read.add((field, path))
+
+    for point in dict.fromkeys(nbsim_reference_point(p) for p in points):
         try:
-            read_input_files(parse(args)[0])
+            build(point)
         except NbsimError as error:
-            raise NbsimError(f"scenario '{scenario}': {error}") from None
-        for name, spec in extra.items():
-            for value in axis_values(spec):
-                _check_value(args, name, value, scenario, base)
-    binary = (config.get("reference") or {}).get("c_binary")
-    if binary:
-        path = Path(c_binary_path(config, base))
-        if not path.is_file():
-            raise NbsimError(f"reference.c_binary {binary} does not exist")
-        if not os.access(path, os.X_OK):
-            raise NbsimError(f"reference.c_binary {binary} is not executable")
+            raise NbsimError(_blame(build, point, error)) from None
+
+
+def _blame(build: Callable[[Point], None], point: Point, error: NbsimError) -> str:
+    """The failing point's error, naming the scenario, the axis value, or the combination at fault."""
+    try:
+        build(dataclasses.replace(point, extras=()))
+    except NbsimError as own:
+        return f"scenario '{point.scenario}': {own}"
+    for name, value in point.extras:
+        try:
+            build(dataclasses.replace(point, extras=((name, value),)))
+        except NbsimError as alone:
+            where = f" in scenario '{point.scenario}'" if name.startswith("-") else ""
+            return f"sweep.extra.{name}: value {value!r}{where}: {alone}"
+    return f"sweep.extra: the values {dict(point.extras)} in scenario '{point.scenario}': {error}"

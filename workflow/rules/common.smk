@@ -1,14 +1,15 @@
 """Configuration validation, the sweep's plan (points, batches, kernel jobs), and the parameters each job
-receives."""
+receives: a batch job gets its points' PointSpecs (nbsim.sweep.spec), each parsed once here."""
 
 import re
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import sys
-
 from nbsim.errors import NbsimError
+from nbsim.kernel.modes import Compile
 from nbsim.sweep import plan, validate
+from nbsim.sweep.jobs import BatchJob
 
 
 CONFIG_BASE = (
@@ -48,34 +49,29 @@ def reference_batch_of(wildcards):
     return PLAN.references[(wildcards.scenario, wildcards.batch)]
 
 
-def point_entry(point, name, kernel_point):
-    """One point of a batch job (plain data, so a changed value re-runs exactly the batch holding it)."""
-    args, overrides = plan.point_arguments(config, point, CONFIG_BASE)
-    return dict(point=name, reference=point.reference_name, size=point.size, axes=point.axis_values,
-                args=args, overrides=overrides, kernel=KERNEL_OF_POINT.get(kernel_point))
-
-
 def timing_params():
     return dict(warmup=TIMING["warmup"], repeats=TIMING["repeats"], threads=TIMING["threads"],
                 compile_cache=COMPILE_CACHE)
 
 
 def batch_job(wildcards):
-    """The simulate job's parameters: its points in order and how to time them."""
+    """The simulate job's parameters: its points' specs in order and how to time them (plain data, so a
+    changed value re-runs exactly the batch holding it)."""
     batch = batch_of(wildcards)
     first = batch.points[0]
-    return dict(scenario=batch.scenario, batch=batch.name, dtype=first.dtype, device=first.device,
-                compile=first.compile, on_unavailable_device=config["sweep"]["on_unavailable_device"],
-                points=[point_entry(p, p.name, p) for p in batch.points], **timing_params())
+    specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT) for p in batch.points)
+    return BatchJob(scenario=batch.scenario, batch=batch.name, points=specs, dtype=first.dtype, device=first.device,
+                    compile=first.compile, on_unavailable_device=config["sweep"]["on_unavailable_device"],
+                    **timing_params()).to_dict()
 
 
 def reference_job(wildcards):
     """The reference job's parameters: nbsim in float64 on the CPU (or the C binary) for each point."""
     batch = reference_batch_of(wildcards)
-    return dict(scenario=batch.scenario, batch=batch.name, dtype="float64", device="cpu",
-                compile=config["reference"]["compile"], c_binary=C_BINARY,
-                points=[point_entry(p, p.reference_name, plan.nbsim_reference_point(p)) for p in batch.points],
-                **timing_params())
+    specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT, as_reference=True) for p in batch.points)
+    return BatchJob(scenario=batch.scenario, batch=batch.name, points=specs, dtype="float64", device="cpu",
+                    compile=Compile.of(config["reference"]["compile"]), c_binary=C_BINARY,
+                    **timing_params()).to_dict()
 
 
 def kernel_job(wildcards):

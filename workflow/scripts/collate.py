@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from nbsim.sweep.collate import CORRELATION_COLUMNS, TIMING_COLUMNS, point_rows, write_collated_store, write_tables
-from nbsim.sweep.jobs import run_logged
+from nbsim.sweep.progress import run_logged
 
 
 def collate(inputs, outputs, params, scenario) -> None:

@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from nbsim.sweep.jobs import build_kernel, run_logged
+from nbsim.sweep.jobs import build_kernel
 from nbsim.sweep.plan import KernelJob
+from nbsim.sweep.progress import run_logged
 
 params = snakemake.params.kernel  # noqa: F821
 run_logged(snakemake.log[0], build_kernel, KernelJob(**params["job"]), snakemake.threads,  # noqa: F821

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from nbsim.sweep.collate import point_rows
-from nbsim.sweep.jobs import run_logged
 from nbsim.sweep.plots import plot_scenario
+from nbsim.sweep.progress import run_logged
 
 
 def plots(inputs, outputs, params) -> None:

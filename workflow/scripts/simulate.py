@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from nbsim.sweep.jobs import BatchJob, run_batch, run_logged
+from nbsim.sweep.jobs import BatchJob, run_batch
+from nbsim.sweep.progress import run_logged
 
-run_logged(snakemake.log[0], run_batch, BatchJob(**snakemake.params.job),  # noqa: F821
+run_logged(snakemake.log[0], run_batch, BatchJob.from_dict(snakemake.params.job),  # noqa: F821
            Path(snakemake.output.store), Path(snakemake.output.records), Path(snakemake.input.reference))  # noqa: F821
