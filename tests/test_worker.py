@@ -320,3 +320,25 @@ def test_commands_in_a_row_keep_their_settings_apart(tmp_path, running_worker):
     assert after["cwd"] == before["cwd"] and after["umask"] == before["umask"]
     assert int(after["threads"]) <= int(before["threads"])  # NumPy's BLAS shuts its own pool at a fork
     assert "3 commands served" in _nbsim(["worker", "status"], tmp_path, running_worker).stdout
+
+
+def test_the_worker_never_initialises_cuda():
+    """What the worker imports before it forks asks CUDA nothing (a child could not use CUDA after a parent
+    that did): the render path imported in a fresh process, with CUDA's device count watched."""
+    script = ("import unittest.mock, torch\ncalls = []\n"
+              "with unittest.mock.patch.object(torch._C, '_cuda_getDeviceCount', create=True,\n"
+              "                                side_effect=lambda: calls.append(1) or 0):\n"
+              "    from nbsim.cli import simulate, worker\n"
+              "print(len(calls), torch.cuda.is_initialized())\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["0", "False"], result.stderr
+
+
+def test_a_command_whose_process_dies_ends_in_one_line(tmp_path, monkeypatch):
+    """A command's process killed by a signal (out of memory, say): one error line and status 128 + the signal."""
+    from nbsim.cli import worker
+
+    monkeypatch.setattr(worker, "_command_status", lambda argv: os.kill(os.getpid(), signal.SIGKILL))
+    status, frames = _run_in_child(worker, {"cwd": str(tmp_path), "umask": 0o022})
+    assert status == 128 + signal.SIGKILL
+    assert frames == [(b"e", b"nbsim: error: the command's process was killed by SIGKILL\n")]

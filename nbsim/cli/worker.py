@@ -195,14 +195,14 @@ class CommandProcess:
         socket.send_fds(self.control, [json.dumps(message).encode()], [connection.fileno()])
         started = time.monotonic()
         cancelled_at = self._wait_or_cancel(connection)
-        report = self.control.recv(64, socket.MSG_DONTWAIT) if _readable(self.control) else b""
         if cancelled_at is not None:
             print(f"nbsim worker: the client went away after {cancelled_at - started:.1f} s; cancelled `nbsim "
                   f"{' '.join(message.get('argv', []))}` (stopped in {time.monotonic() - cancelled_at:.2f} s)",
                   file=sys.stderr, flush=True)
             return None
-        if report:
-            return int(report)
+        reported = self._reported_status()
+        if reported is not None:
+            return reported
         status = os.waitstatus_to_exitcode(self._reap())
         if status < 0:
             _send(connection, STDERR, f"nbsim: error: the command's process was killed by "
@@ -234,6 +234,13 @@ class CommandProcess:
         finally:
             os.close(child_exit)
 
+    def _reported_status(self) -> int | None:
+        """The status the child reported before it exited; None if it did not (it was killed)."""
+        with contextlib.suppress(BlockingIOError):
+            report = self.control.recv(64, socket.MSG_DONTWAIT)
+            return int(report) if report else None
+        return None
+
     def _reap(self) -> int:
         """The child's wait status, once it has exited."""
         self.control.close()
@@ -243,10 +250,6 @@ class CommandProcess:
         """Let the child end (one that has no command yet exits when its control socket closes)."""
         with contextlib.suppress(ChildProcessError):
             self._reap()
-
-
-def _readable(connection: socket.socket) -> bool:
-    return bool(select.select([connection], [], [], 0)[0])
 
 
 def _run_command(control: socket.socket) -> NoReturn:
