@@ -329,8 +329,11 @@ def load_package(variant: StageVariant, dtype: torch.dtype, device: torch.device
     return open_package(variant.package(dtype, device), device)
 
 
+@functools.cache
 def open_package(package: Path, device: torch.device):
-    """The runner of an ahead-of-time package file on `device` (its `run` takes the flat inputs)."""
+    """The runner of an ahead-of-time package file on `device` (its `run` takes the flat inputs), opened
+    once per process (a package's name is its content's key), and kept: the resident worker opens the
+    cached ones before it forks a command's process (nbsim.cli.worker)."""
     device_index = device.index if device.type == "cuda" and device.index is not None else -1
     return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
 
