@@ -94,7 +94,6 @@ def serve(idle_timeout_s: float) -> int:
     to the socket keeps a second worker for the same folder from starting."""
     from . import simulate  # noqa: F401 - PyTorch and the render path, imported once for every child
 
-    open_cached_kernels()
     path = socket_path()
     if not private_folder(path):
         return refuse_shared_folder(path)
@@ -120,7 +119,7 @@ def serve(idle_timeout_s: float) -> int:
 def _serve_connections(listener: socket.socket, path: Path) -> None:
     started, digest, served = time.time(), source_digest(), 0
     devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-    child = CommandProcess.fork(listener)
+    child = _next_child(listener)
     try:
         while True:
             try:
@@ -154,10 +153,15 @@ def _serve_connections(listener: socket.socket, path: Path) -> None:
                     _send(connection, EXIT, str(UNSTARTED_STATUS))
             if child.used:
                 child.close()
-                open_cached_kernels()
-                child = CommandProcess.fork(listener)
+                child = _next_child(listener)
     finally:
         child.close()
+
+
+def _next_child(listener: socket.socket) -> CommandProcess:
+    """The process for the next command, forked once the worker has opened the kernels the cache holds."""
+    open_cached_kernels()
+    return CommandProcess.fork(listener)
 
 
 def open_cached_kernels() -> None:
