@@ -87,8 +87,8 @@ def test_client_does_not_import_torch(tmp_path, running_worker):
 
 def test_worker_with_other_sources_steps_aside(tmp_path, running_worker):
     """A worker started from other nbsim sources stops, and the command runs in its own process."""
-    result = _client("import sys\nimport nbsim.cli.client as worker\nworker.source_digest = lambda: 'other sources'\n"
-                     "sys.exit(worker.main(sys.argv[1:]))\n", tmp_path, running_worker)
+    result = _client("import sys\nimport nbsim.cli.client as client\nclient.source_digest = lambda: 'other sources'\n"
+                     "sys.exit(client.main(sys.argv[1:]))\n", tmp_path, running_worker)
     assert result.returncode == 0 and "other nbsim sources" in result.stderr
     assert (tmp_path / "float.bin").is_file()
     assert _nbsim(["worker", "status"], tmp_path, running_worker).returncode == 1
@@ -102,35 +102,36 @@ def test_without_a_worker_the_command_runs_in_process(tmp_path, worker_env):
 
 def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
     """The socket's folder must be this user's and private; otherwise no worker is used or started."""
-    from nbsim.cli import client as worker
+    from nbsim.cli import client, protocol
 
     folder = tmp_path / "sockets"
     folder.mkdir(mode=0o755)
     folder.chmod(0o755)
-    monkeypatch.setattr(worker, "socket_path", lambda: folder / "worker.sock")
+    monkeypatch.setattr(protocol, "socket_path", lambda: folder / "worker.sock")
+    monkeypatch.setattr(client, "socket_path", protocol.socket_path)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(str(folder / "worker.sock"))
         listener.listen(1)
         listener.settimeout(1)
-        assert worker.run_in_worker(["-help"]) is None
+        assert client.run_in_worker(["-help"]) is None
         with pytest.raises(TimeoutError):
             listener.accept()
-    assert worker.start(idle_timeout_s=1.0) == 1
+    assert client.start(idle_timeout_s=1.0) == 1
     assert "not a private folder" in capsys.readouterr().err
 
 
 def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, running_worker, monkeypatch):
-    from nbsim.cli import client as worker
+    from nbsim.cli import client, protocol
 
     monkeypatch.setenv("NBSIM_CACHE_DIR", running_worker["NBSIM_CACHE_DIR"])
-    with worker._connect(timeout_s=60) as connection:
-        worker._request(connection, {"command": "run", "argv": ["-help"], "cwd": str(tmp_path / "gone"),
-                                     "source": worker.source_digest(), "env": {}, "umask": 0o022,
-                                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
-        frames = list(worker._frames(connection))
-    assert frames[-1] == (b"x", b"2")
-    assert frames[0][0] == b"e" and b"FileNotFoundError" in frames[0][1]
-    assert "1 commands served" in worker._ask("status")
+    with protocol.connect(timeout_s=60) as connection:
+        protocol.send_request(connection, {"command": "run", "argv": ["-help"], "cwd": str(tmp_path / "gone"),
+                                           "source": protocol.source_digest(), "env": {}, "umask": 0o022,
+                                           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
+        frames = list(protocol.frames(connection))
+    assert frames == [(b"e", frames[0][1]), (b"x", b"2")]
+    assert b"FileNotFoundError" in frames[0][1]
+    assert "1 commands served" in client._ask("status")
 
 
 LONG_ARGS = f"{SEED_ARGS} -detpixels 3000 -oversample 16 -compile off -floatfile long.bin -nonoise -nopgm".split()
@@ -203,34 +204,141 @@ def test_a_killed_client_cancels_its_command(tmp_path, running_worker):
     _worker_serves_next_command_at_once(tmp_path, running_worker, long_folder)
 
 
-@pytest.mark.timeout(30)
-def test_a_command_cancelled_while_writing_leaves_whole_files(tmp_path):
-    """Cancelled while it computes and writes files in turn, a command stops within a moment, leaving
-    each file complete and no temporary file (the worker lets a file being written finish first)."""
-    from nbsim.cli import worker
-    from nbsim.io.images import atomic_write
-
-    payload = bytes(1 << 20)
-
-    def command() -> int:
-        for index in itertools.count():
-            sum(range(500_000))  # stands for rendering
-            atomic_write(tmp_path / f"out{index % 3}.bin", payload)
-        return 0
+def _run_in_child(worker, message: dict, hang_up_after_s: float | None = None) -> tuple[int | None, list]:
+    """A worker.CommandProcess run on one end of a socket pair: its status and the frames the other end
+    received (that end shut after `hang_up_after_s`, if given)."""
+    from nbsim.cli import protocol
 
     served, client = socket.socketpair()
-    streams = sys.stdout, sys.stderr
-    hang_up = threading.Timer(0.5, client.close)
+    hang_up = threading.Timer(hang_up_after_s or 0, client.shutdown, [socket.SHUT_RDWR])
     try:
-        hang_up.start()
-        started = time.monotonic()
-        assert worker._run_cancellable(served, command, "test") is None
-        assert time.monotonic() - started < 3
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            child = worker.CommandProcess.fork(listener)
+        try:
+            if hang_up_after_s is not None:
+                hang_up.start()
+            status = child.run(served, {"argv": ["test"], "env": {}, **message})
+        finally:
+            child.close()
+        served.close()
+        return status, list(protocol.frames(client))
     finally:
-        sys.stdout, sys.stderr = streams
         hang_up.cancel()
         served.close()
         client.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_command_cancelled_while_writing_leaves_whole_files(tmp_path, monkeypatch, capsys):
+    """Cancelled while it computes and writes files in turn, a command's process stops within a moment,
+    leaving each file complete and no temporary file (SIGTERM reaches it mid-file too: atomic_write
+    writes a file in many parts, and removes its temporary file when interrupted)."""
+    import torch  # noqa: F401 - imported before the fork, as in the worker
+
+    from nbsim.cli import worker
+    from nbsim.io.images import atomic_write
+
+    parts = [bytes(1 << 20)] * 16
+
+    def command(argv: list[str]) -> int:
+        for index in itertools.count():
+            sum(range(100_000))  # stands for rendering
+            atomic_write(Path(f"out{index % 3}.bin"), *parts)
+        return 0
+
+    monkeypatch.setattr(worker, "_command_status", command)
+    started = time.monotonic()
+    status, frames = _run_in_child(worker, {"cwd": str(tmp_path), "umask": 0o022}, hang_up_after_s=1.0)
+    assert status is None and frames == []
+    assert time.monotonic() - started < 3
     files = sorted(tmp_path.iterdir())
     assert [f.name for f in files] == ["out0.bin", "out1.bin", "out2.bin"]
-    assert all(f.stat().st_size == len(payload) for f in files)
+    assert all(f.stat().st_size == 16 << 20 for f in files)
+    assert "cancelled `nbsim test`" in capsys.readouterr().err
+
+
+def test_each_command_has_its_own_folder_umask_and_variables(tmp_path, monkeypatch):
+    """Two commands in a row, each with its client's working folder, umask, NBSIM_* variables and thread
+    count, see only their own; the worker's own stay as they were."""
+    import torch
+
+    from nbsim.cli import worker
+
+    def command(argv: list[str]) -> int:
+        print(json.dumps([os.getcwd(), oct(os.umask(0)), sorted((k, v) for k, v in os.environ.items()
+                                                                   if k.startswith("NBSIM_")),
+                          torch.get_num_threads()]))
+        return 7
+
+    monkeypatch.setattr(worker, "_command_status", command)
+    monkeypatch.setenv("NBSIM_WORKER_OWN", "kept")
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    cwd, umask, environment, threads = os.getcwd(), os.umask(0o022), dict(os.environ), torch.get_num_threads()
+    try:
+        seen = []
+        for folder, mask, variables in ((first, 0o077, {"NBSIM_DEBUG": "1", "OMP_NUM_THREADS": "1"}),
+                                        (second, 0o002, {"NBSIM_CACHE_DIR": str(first)})):
+            status, frames = _run_in_child(worker, {"cwd": str(folder), "umask": mask, "env": variables})
+            assert status == 7
+            seen.append(json.loads(b"".join(payload for kind, payload in frames if kind == b"o")))
+        assert os.getcwd() == cwd and os.umask(0o022) == 0o022 and dict(os.environ) == environment
+        assert torch.get_num_threads() == threads
+    finally:
+        os.umask(umask)
+    assert seen[0][:3] == [str(first), oct(0o077), [["NBSIM_DEBUG", "1"]]]
+    assert seen[1][:3] == [str(second), oct(0o002), [["NBSIM_CACHE_DIR", str(first)]]]
+    assert seen[0][3] == 1 and seen[1][3] == threads
+
+
+def _worker_process(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """The worker's working folder, umask and number of threads, read from /proc."""
+    status = _nbsim(["worker", "status"], folder, env).stdout
+    pid = status.split("pid ")[1].split(",")[0]
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {"cwd": os.readlink(f"/proc/{pid}/cwd"), "umask": fields["Umask"], "threads": fields["Threads"]}
+
+
+@pytest.mark.timeout(120)
+def test_commands_in_a_row_keep_their_settings_apart(tmp_path, running_worker):
+    """Commands through one worker in other folders, umasks and thread counts (OpenMP with 2 threads in
+    some): each writes its own files with its own permissions, and the worker itself keeps its folder,
+    umask and threads (it never renders, so it never starts a thread pool its children would inherit)."""
+    before = _worker_process(running_worker, tmp_path)
+    for index, (mask, threads) in enumerate([(0o077, "2"), (0o022, "1"), (0o027, "2")]):
+        folder = tmp_path / f"command{index}"
+        folder.mkdir()
+        env = {**running_worker, "OMP_NUM_THREADS": threads}
+        result = subprocess.run([sys.executable, "-m", "nbsim.cli.client", *ARGS], cwd=folder, env=env,
+                                capture_output=True, text=True, timeout=60,
+                                preexec_fn=lambda mask=mask: os.umask(mask))
+        assert result.returncode == 0, result.stderr
+        assert {f.name: f.stat().st_mode & 0o777 for f in folder.iterdir()} == \
+            {"float.bin": 0o666 & ~mask, "int.img": 0o666 & ~mask}
+    after = _worker_process(running_worker, tmp_path)
+    assert after["cwd"] == before["cwd"] and after["umask"] == before["umask"]
+    assert int(after["threads"]) <= int(before["threads"])  # NumPy's BLAS shuts its own pool at a fork
+    assert "3 commands served" in _nbsim(["worker", "status"], tmp_path, running_worker).stdout
+
+
+def test_the_worker_never_initialises_cuda():
+    """What the worker imports before it forks asks CUDA nothing (a child could not use CUDA after a parent
+    that did): the render path imported in a fresh process, with CUDA's device count watched."""
+    script = ("import unittest.mock, torch\ncalls = []\n"
+              "with unittest.mock.patch.object(torch._C, '_cuda_getDeviceCount', create=True,\n"
+              "                                side_effect=lambda: calls.append(1) or 0):\n"
+              "    from nbsim.cli import simulate, worker\n"
+              "print(len(calls), torch.cuda.is_initialized())\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["0", "False"], result.stderr
+
+
+def test_a_command_whose_process_dies_ends_in_one_line(tmp_path, monkeypatch):
+    """A command's process killed by a signal (out of memory, say): one error line and status 128 + the signal."""
+    from nbsim.cli import worker
+
+    monkeypatch.setattr(worker, "_command_status", lambda argv: os.kill(os.getpid(), signal.SIGKILL))
+    status, frames = _run_in_child(worker, {"cwd": str(tmp_path), "umask": 0o022})
+    assert status == 128 + signal.SIGKILL
+    assert frames == [(b"e", b"nbsim: error: the command's process was killed by SIGKILL\n")]

@@ -1,75 +1,102 @@
-"""The resident worker (`nbsim worker serve`, started by `nbsim worker start`): PyTorch and nbsim imported
-once, kernels kept loaded, one command at a time from the clients of nbsim.cli.client, each in a thread
-the worker cancels when its client hangs up (see _run_cancellable)."""
+"""The resident worker (`python -m nbsim.cli.worker`, started by `nbsim worker start`): PyTorch and nbsim's
+render path imported once, then one command at a time from the clients of nbsim.cli.client, each in a
+child process of its own (CommandProcess).
+
+The child owns everything a command may change: it takes the client's working folder, umask, NBSIM_*
+variables and OMP_NUM_THREADS (torch's thread count), sends its output to the client as frames on the
+client's connection (which the worker passes it), and reports the command's exit status, which the
+worker relays to the client. So no command sees another's settings, and the worker's own stay as they
+were. The child is forked while the worker waits for a client, and the worker answers the client before
+it reaps the child, so neither the fork nor the child's exit (milliseconds each) adds to a command's
+time; what remains is the child's first touch of memory it shares with the worker.
+
+Cancelling: when the client hangs up (anything readable on its connection), the worker sends the child
+SIGTERM, which raises _Cancelled at the child's next Python step (rendering calls PyTorch tile by tile
+and op by op); `finally` blocks run, so atomic_write (nbsim.io.images: a temporary file, renamed when
+complete) removes its temporary file, and a cancelled command leaves complete files or none. A child
+still running CANCEL_GRACE_S later (stuck in one long call that runs no Python) is killed, which may
+leave a temporary file behind.
+
+What the worker must never do, so that its children work: render, or start OpenMP or PyTorch thread
+pools any other way (a forked child cannot use the pool of a parent that ran a parallel region, and can
+deadlock in it), or initialise CUDA (a forked child cannot use CUDA once its parent did). The worker only
+imports, and opens the CPU kernels the cache holds (which runs none of them), so that its children find
+them loaded; a child asked for `-device cuda` initialises CUDA and opens its kernels itself.
+"""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import ctypes
 import fcntl
 import io
 import json
 import os
 import select
+import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
-from .client import (
-    _DECLINE,
-    _EXIT,
-    _HEADER,
-    _STDERR,
-    _STDOUT,
-    _private_folder,
-    _refuse_shared_folder,
+from .protocol import (
+    DECLINE,
+    DEFAULT_IDLE_TIMEOUT_S,
+    EXIT,
+    STDERR,
+    STDOUT,
+    idle_timeout,
+    private_folder,
+    read_request,
+    refuse_shared_folder,
+    send_frame,
     socket_path,
     source_digest,
 )
 
-CANCEL_RETRY_S = 2.0
+CANCEL_GRACE_S = 10.0
+UNSTARTED_STATUS = 2
+"""A child's status when it could not start the command (its working folder is gone, say)."""
 
 
 class _Cancelled(BaseException):
-    """Raised in a command's thread in the worker once its client has gone (a BaseException, so that the
-    CLI's own handlers let it through)."""
+    """Raised in a child by SIGTERM, the worker's cancel (a BaseException, so that the CLI's own handlers
+    let it through and only `finally` blocks run)."""
 
 
 class _FrameWriter(io.TextIOBase):
-    """A text stream sending each write to the client as one frame. Once the client is gone (a failed
-    send, or `cancel` set by the worker), a write from the command's thread raises _Cancelled: the CLI
-    prints before each file it writes, so a cancelled command stops there; other threads' writes are
-    dropped."""
+    """A text stream sending each write to the client as one frame; writes after the client has gone are
+    dropped (the worker cancels the command then)."""
 
-    def __init__(self, connection: socket.socket, kind: bytes, cancel: threading.Event):
-        self.connection, self.kind, self.cancel = connection, kind, cancel
-        self.owner = threading.get_ident()
+    def __init__(self, connection: socket.socket, kind: bytes):
+        self.connection, self.kind = connection, kind
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if text and not self.cancel.is_set():
-            payload = text.encode()
-            try:
-                self.connection.sendall(_HEADER.pack(self.kind, len(payload)) + payload)
-            except OSError:
-                self.cancel.set()
-        if self.cancel.is_set() and threading.get_ident() == self.owner:
-            raise _Cancelled
+        if text:
+            _send(self.connection, self.kind, text)
         return len(text)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python -m nbsim.cli.worker [--idle-timeout SECONDS]`: serve in the foreground."""
+    parser = argparse.ArgumentParser(prog="nbsim worker serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--idle-timeout", type=idle_timeout, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+                        help=f"exit after this long without a command (default {DEFAULT_IDLE_TIMEOUT_S:g})")
+    return serve(parser.parse_args(argv).idle_timeout)
+
+
 def serve(idle_timeout_s: float) -> int:
-    """The worker: import everything once, then serve commands one at a time until idle or stopped.
-    A lock next to the socket keeps a second worker for the same folder from starting."""
-    from .. import cli
+    """Import the render path once, then serve commands one at a time until idle or stopped. A lock next
+    to the socket keeps a second worker for the same folder from starting."""
+    from . import simulate  # noqa: F401 - PyTorch and the render path, imported once for every child
 
     path = socket_path()
-    if not _private_folder(path):
-        return _refuse_shared_folder(path)
+    if not private_folder(path):
+        return refuse_shared_folder(path)
     with open(path.with_suffix(".lock"), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -83,172 +110,230 @@ def serve(idle_timeout_s: float) -> int:
             listener.listen(16)
             listener.settimeout(idle_timeout_s)
             try:
-                _serve_connections(listener, path, cli.main)
+                _serve_connections(listener, path)
             finally:
                 path.unlink(missing_ok=True)
     return 0
 
 
-def _serve_connections(listener: socket.socket, path: Path, cli_main) -> None:
+def _serve_connections(listener: socket.socket, path: Path) -> None:
     started, digest, served = time.time(), source_digest(), 0
     devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-    while True:
-        try:
-            connection, _ = listener.accept()
-        except TimeoutError:
-            return
-        with connection:
-            connection.settimeout(None)
+    child = _next_child(listener)
+    try:
+        while True:
             try:
-                message = json.loads(connection.makefile("rb").readline() or b"{}")
-                command = message.get("command")
-                if command == "status":
-                    _send(connection, _STDOUT, f"pid {os.getpid()}, up {time.time() - started:.0f} s, "
-                                               f"{served} commands served, socket {path}")
-                elif command == "stop":
-                    _send(connection, _STDOUT, f"stopped (pid {os.getpid()})")
-                    return
-                elif command == "run" and message.get("source") != digest:
-                    _send(connection, _DECLINE, "nbsim: note: the worker was started with other nbsim sources "
-                                                "and has stopped; running in this process\n")
-                    return
-                elif command == "run" and message.get("cuda_visible_devices") != devices:
-                    _send(connection, _DECLINE, "")
-                elif command == "run":
-                    served += 1
-                    status = _run(connection, cli_main, message)
-                    if status is not None:
-                        _send(connection, _EXIT, json.dumps(status))
-            except Exception as error:  # noqa: BLE001 - one bad request must not end the worker
-                _send(connection, _STDERR, f"nbsim: error: the worker could not run the command: "
-                                           f"{type(error).__name__}: {error}\n")
-                _send(connection, _EXIT, "2")
+                connection, _ = listener.accept()
+            except TimeoutError:
+                return
+            with connection:
+                connection.settimeout(None)
+                try:
+                    message = read_request(connection)
+                    command = message.get("command")
+                    if command == "status":
+                        _send(connection, STDOUT, f"pid {os.getpid()}, up {time.time() - started:.0f} s, "
+                                                  f"{served} commands served, socket {path}")
+                    elif command == "stop":
+                        _send(connection, STDOUT, f"stopped (pid {os.getpid()})")
+                        return
+                    elif command == "run" and message.get("source") != digest:
+                        _send(connection, DECLINE, "nbsim: note: the worker was started with other nbsim "
+                                                   "sources and has stopped; running in this process\n")
+                        return
+                    elif command == "run" and message.get("cuda_visible_devices") != devices:
+                        _send(connection, DECLINE, "")
+                    elif command == "run":
+                        served += 1
+                        status = child.run(connection, message)
+                        if status is not None:
+                            _send(connection, EXIT, json.dumps(status))
+                except Exception as error:  # noqa: BLE001 - one bad request must not end the worker
+                    _send(connection, STDERR, _could_not_run(error))
+                    _send(connection, EXIT, str(UNSTARTED_STATUS))
+            if child.used:
+                child.close()
+                child = _next_child(listener)
+    finally:
+        child.close()
+
+
+def _next_child(listener: socket.socket) -> CommandProcess:
+    """The process for the next command, forked once the worker has opened the kernels the cache holds."""
+    open_cached_kernels()
+    return CommandProcess.fork(listener)
+
+
+def open_cached_kernels() -> None:
+    """Open every CPU kernel package the cache holds for this installation (nbsim.kernel.aot), so each
+    forked command finds them open; opening loads code and constants and runs nothing, so no thread
+    pool starts."""
+    import torch
+
+    from ..kernel.aot import open_cached_packages
+    from ..kernel.cache import KernelCache
+
+    open_cached_packages(KernelCache.default(), torch.device("cpu"))
 
 
 def _send(connection: socket.socket, kind: bytes, text: str) -> None:
+    """A frame to a client that may have gone."""
     with contextlib.suppress(OSError):
-        payload = text.encode()
-        connection.sendall(_HEADER.pack(kind, len(payload)) + payload)
+        send_frame(connection, kind, text)
 
 
-def _run(connection: socket.socket, cli_main, message: dict) -> int | None:
-    """One command with the client's folder, umask, NBSIM_* variables, thread count and output streams;
-    its exit status, or None when its client went away and it was cancelled."""
+def _could_not_run(error: Exception) -> str:
+    return f"nbsim: error: the worker could not run the command: {type(error).__name__}: {error}\n"
+
+
+class CommandProcess:
+    """A child of the worker that runs one command. It is forked ahead of its command, while the worker
+    waits for a client, and reports the command's status before it exits: neither the fork nor the
+    child's exit adds to a command's time."""
+
+    def __init__(self, pid: int, control: socket.socket):
+        self.pid, self.control, self.used = pid, control, False
+
+    @classmethod
+    def fork(cls, listener: socket.socket) -> CommandProcess:
+        """A child waiting for its command (the worker's `listener` closed in it)."""
+        control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            listener.close()
+            _run_command(child_control)
+        child_control.close()
+        return cls(pid, control)
+
+    def run(self, connection: socket.socket, message: dict) -> int | None:
+        """Hand the child the client's connection and request and wait for its status; None when the
+        client hung up and the command was cancelled."""
+        self.used = True
+        socket.send_fds(self.control, [json.dumps(message).encode()], [connection.fileno()])
+        started = time.monotonic()
+        cancelled_at = self._wait_or_cancel(connection)
+        if cancelled_at is not None:
+            print(f"nbsim worker: the client went away after {cancelled_at - started:.1f} s; cancelled `nbsim "
+                  f"{' '.join(message.get('argv', []))}` (stopped in {time.monotonic() - cancelled_at:.2f} s)",
+                  file=sys.stderr, flush=True)
+            return None
+        reported = self._reported_status()
+        if reported is not None:
+            return reported
+        status = os.waitstatus_to_exitcode(self._reap())
+        if status < 0:
+            _send(connection, STDERR, f"nbsim: error: the command's process was killed by "
+                                      f"{signal.Signals(-status).name}\n")
+            return 128 - status
+        return status
+
+    def _wait_or_cancel(self, connection: socket.socket) -> float | None:
+        """Wait until the child reports or exits; should its client hang up first, send it SIGTERM (and
+        SIGKILL after CANCEL_GRACE_S). The time of the cancel, or None."""
+        child_exit = os.pidfd_open(self.pid)
+        try:
+            poller = select.poll()
+            poller.register(self.control, select.POLLIN)
+            poller.register(child_exit, select.POLLIN)
+            poller.register(connection, select.POLLIN | select.POLLPRI)
+            cancelled_at = None
+            while True:
+                timeout_ms = None if cancelled_at is None else CANCEL_GRACE_S * 1000
+                ready = {fd for fd, _ in poller.poll(timeout_ms)}
+                if ready & {self.control.fileno(), child_exit}:
+                    return cancelled_at
+                if cancelled_at is None:
+                    os.kill(self.pid, signal.SIGTERM)
+                    cancelled_at = time.monotonic()
+                    poller.unregister(connection)
+                else:
+                    os.kill(self.pid, signal.SIGKILL)
+        finally:
+            os.close(child_exit)
+
+    def _reported_status(self) -> int | None:
+        """The status the child reported before it exited; None if it did not (it was killed)."""
+        with contextlib.suppress(BlockingIOError):
+            report = self.control.recv(64, socket.MSG_DONTWAIT)
+            return int(report) if report else None
+        return None
+
+    def _reap(self) -> int:
+        """The child's wait status, once it has exited."""
+        self.control.close()
+        return os.waitpid(self.pid, 0)[1]
+
+    def close(self) -> None:
+        """Let the child end (one that has no command yet exits when its control socket closes)."""
+        with contextlib.suppress(ChildProcessError):
+            self._reap()
+
+
+def _run_command(control: socket.socket) -> NoReturn:
+    """In the child: wait for the command, take the client's settings and streams, run it, report its
+    status and exit (os._exit: nothing of the worker's, no atexit handler or buffered stream, runs twice)."""
+    status = 1
+    try:
+        signal.signal(signal.SIGTERM, _cancel)
+        request, descriptors, _, _ = socket.recv_fds(control, 1 << 20, 1)
+        if not descriptors:
+            os._exit(0)
+        connection = socket.socket(fileno=descriptors[0])
+        try:
+            argv = _take_client_settings(json.loads(request))
+        except Exception as error:  # noqa: BLE001 - reported to the client like a bad request
+            _send(connection, STDERR, _could_not_run(error))
+            status = UNSTARTED_STATUS
+        else:
+            sys.stdout = _FrameWriter(connection, STDOUT)
+            sys.stderr = _FrameWriter(connection, STDERR)
+            status = _command_status(argv)
+    except _Cancelled:
+        status = 128 + signal.SIGTERM
+    finally:
+        with contextlib.suppress(OSError):
+            control.send(str(status).encode())
+        os._exit(status)
+
+
+def _cancel(_signum: int, _frame) -> None:
+    raise _Cancelled
+
+
+def _take_client_settings(message: dict) -> list[str]:
+    """The client's working folder, umask, NBSIM_* variables and OMP_NUM_THREADS, taken by this child;
+    the command's arguments. torch.set_num_threads is called only for another count than the worker's:
+    after it, even with the count unchanged, a process renders a small image several times slower
+    (measured: 60 ms of CPU instead of 15 for the 24-pixel seed image)."""
     import torch
 
-    saved_environment = {name: value for name, value in os.environ.items() if name.startswith("NBSIM_")}
-    saved_cwd, saved_threads = os.getcwd(), torch.get_num_threads()
-    saved_streams = sys.stdout, sys.stderr
-    saved_umask = os.umask(int(message["umask"]))
+    os.chdir(message["cwd"])
+    os.umask(int(message["umask"]))
+    for name in [name for name in os.environ if name.startswith("NBSIM_")]:
+        del os.environ[name]
+    environment = message["env"]
+    os.environ.update({name: value for name, value in environment.items() if name.startswith("NBSIM_")})
+    threads = environment.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        os.environ["OMP_NUM_THREADS"] = threads
+        if int(threads) != torch.get_num_threads():
+            torch.set_num_threads(int(threads))
+    return list(message["argv"])
+
+
+def _command_status(argv: list[str]) -> int:
+    """`nbsim argv`'s exit status, SystemExit included."""
+    from . import main as cli_main
+
     try:
-        os.chdir(message["cwd"])
-        for name in saved_environment:
-            del os.environ[name]
-        os.environ.update({k: v for k, v in message["env"].items() if k.startswith("NBSIM_")})
-        threads = message["env"].get("OMP_NUM_THREADS", "")
-        threads = int(threads) if threads.isdigit() and int(threads) > 0 else saved_threads
-        argv = list(message["argv"])
-
-        def command() -> int:
-            torch.set_num_threads(threads)  # the command thread's own OpenMP setting
-            try:
-                return cli_main(argv)
-            except SystemExit as stop:
-                if stop.code is None or isinstance(stop.code, int):
-                    return stop.code or 0
-                print(stop.code, file=sys.stderr)
-                return 1
-
-        return _run_cancellable(connection, command, " ".join(argv))
-    finally:
-        sys.stdout, sys.stderr = saved_streams
-        os.umask(saved_umask)
-        os.chdir(saved_cwd)
-        torch.set_num_threads(saved_threads)
-        for name in [n for n in os.environ if n.startswith("NBSIM_")]:
-            del os.environ[name]
-        os.environ.update(saved_environment)
+        return cli_main(argv)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
 
 
-def _run_cancellable(connection: socket.socket, command, description: str) -> int | None:
-    """Run `command` in a thread of the worker while this thread watches the client's connection: a
-    client sends nothing after its request, so anything readable there (end of file, a hang-up, any
-    byte) means it has gone, and the command is cancelled. Returns its status, or None if cancelled.
-
-    Cancelling raises _Cancelled in the command's thread (PyThreadState_SetAsyncExc), which the thread
-    sees at its next Python step: rendering calls PyTorch tile by tile and op by op, so it stops within
-    one op; its output streams raise it too (_FrameWriter). A thread rather than a child process: the
-    worker keeps its imported PyTorch, loaded kernels and CUDA context, and starts no process per
-    command. Output files: a thread in atomic_write (nbsim.io.images: a temporary file, renamed when
-    complete) is left to finish that file, then stops at its next print ("writing ..." precedes each
-    file) or Python step; so a cancelled command leaves complete files or none, and no temporary one.
-    Should the thread not stop (in a long call that runs no Python), the exception is raised again every
-    CANCEL_RETRY_S; the worker serves the next command once the thread has stopped.
-    """
-    cancel = threading.Event()
-    outcome: dict = {}
-    wake_read, wake_write = os.pipe()
-
-    def run() -> None:
-        try:
-            try:
-                sys.stdout = _FrameWriter(connection, _STDOUT, cancel)
-                sys.stderr = _FrameWriter(connection, _STDERR, cancel)
-                outcome["status"] = command()
-            except _Cancelled:
-                cancel.set()
-            except BaseException as error:  # noqa: BLE001 - handed to the serving thread
-                outcome["error"] = error
-            finally:
-                os.write(wake_write, b".")
-        except _Cancelled:
-            cancel.set()
-
-    thread = threading.Thread(target=run, name="nbsim command", daemon=True)
-    started = time.monotonic()
-    try:
-        poller = select.poll()
-        poller.register(connection.fileno(), select.POLLIN | select.POLLPRI)
-        poller.register(wake_read, select.POLLIN)
-        thread.start()
-        finished = hung_up = False
-        while not finished and not cancel.is_set():
-            ready = {fd for fd, _ in poller.poll(1000)}
-            finished = wake_read in ready or not thread.is_alive()
-            hung_up = connection.fileno() in ready
-            if hung_up:
-                cancel.set()
-        cancelled_at = time.monotonic()
-        poller.unregister(connection.fileno())
-        wait_s = 0.0 if hung_up else CANCEL_RETRY_S  # a command cancelled by its stream is stopping already
-        while not finished:
-            finished = bool(poller.poll(int(wait_s * 1000))) or not thread.is_alive()
-            if finished:
-                break
-            if _writing_a_file(thread):
-                wait_s = 0.01
-                continue
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Cancelled))
-            wait_s = CANCEL_RETRY_S
-        thread.join()
-    finally:
-        os.close(wake_read)
-        os.close(wake_write)
-    if "status" in outcome:
-        return outcome["status"]
-    if cancel.is_set():
-        print(f"nbsim worker: the client went away after {cancelled_at - started:.1f} s; cancelled `nbsim "
-              f"{description}` (stopped in {time.monotonic() - cancelled_at:.2f} s)", file=sys.__stderr__, flush=True)
-        return None
-    raise outcome["error"]
-
-
-def _writing_a_file(thread: threading.Thread) -> bool:
-    """Whether `thread` is in nbsim's atomic_write (nbsim.io.images), found by name: nothing to import
-    or fail while a command is being cancelled."""
-    frame = sys._current_frames().get(thread.ident)
-    while frame is not None:
-        if frame.f_code.co_name == "atomic_write" and frame.f_globals.get("__name__", "").startswith("nbsim."):
-            return True
-        frame = frame.f_back
-    return False
+if __name__ == "__main__":
+    sys.exit(main())

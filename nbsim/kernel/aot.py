@@ -12,6 +12,7 @@ the sweep's jobs) point it into nbsim's cache folder at their start (nbsim.cache
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .cache import KernelCache, KernelLoads, locked
+from .cache import KernelCache, KernelLoads, locked, runs_here
 from .inductor_patches import contracted_options, tile_shaped_loops, vectors_per_iteration
 from .inputs import COLS, EXAMPLE_SIZES, ROWS, KernelOptions, example_tensors, input_dims
 from .stages import ONE_LOOP, Stage, StageVariant, dynamic_shape_config
@@ -73,6 +74,18 @@ def open_package(package: Path, device: torch.device):
     """The runner of an ahead-of-time package file on `device` (its `run` takes the flat inputs)."""
     device_index = device.index if device.type == "cuda" and device.index is not None else -1
     return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
+
+
+def open_cached_packages(cache: KernelCache, device: torch.device) -> None:
+    """Open, in `cache`, every package it holds for `device` that was built for this installation (the
+    resident worker does this before it forks a command's process). One that fails to open is left to
+    the render that needs it, which reports the error."""
+    for description in cache.descriptions():
+        package = cache.kernels / description["package"]
+        if (description.get("device") == device.type and runs_here(description)
+                and (package, device) not in cache.open_packages):
+            with contextlib.suppress(RuntimeError):
+                cache.open_packages[package, device] = open_package(package, device)
 
 
 def ensure_package(cache: KernelCache, variant: StageVariant, dtype: torch.dtype, device: torch.device) -> bool:
