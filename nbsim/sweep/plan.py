@@ -21,9 +21,6 @@ from typing import Any
 from ..kernel.modes import choose_mode
 
 CORE_AXES = ("size", "dtype", "device", "compile")
-ORIENTATION_FLAGS = frozenset({"-phi", "-misset", "-misset_seed", "-mosaic_seed"})
-"""Flags that only turn the crystal (its start angle, its misset, the seeds that draw them): they never
-change a kernel's structure, so planning works out the structure once for all their values."""
 
 
 @dataclass(frozen=True)
@@ -183,15 +180,11 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
     jobs: dict[str, KernelJob] = {}
     names: dict[Point, str] = {}
-    structures: dict[tuple, Any] = {}
     for point in candidates:
         if not point.prebuilds_kernel or point in names:
             continue
-        key = (point.scenario, point.size, tuple((k, v) for k, v in point.extras if k not in ORIENTATION_FLAGS))
-        if key not in structures:
-            args, overrides = point_arguments(config, point, base)
-            structures[key] = structure_of(tuple(args), tuple(sorted(overrides.items())))
-        structure = structures[key]
+        args, overrides = point_arguments(config, point, base)
+        structure = arguments_structure(tuple(args), tuple(sorted(overrides.items())))
         name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
         jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
         names[point] = name
@@ -199,15 +192,16 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
 
 
 @functools.cache
-def structure_of(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
-    """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with."""
+def arguments_structure(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
+    """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with (once per
+    distinct arguments: the points of every dtype, device and compile setting share them)."""
+    from ..kernel.structure import structure_of
     from ..nanobragg import parse
-    from ..render import structure_for
 
     config, _ = parse(list(args))
     if overrides:
         config = config.with_options(**dict(overrides))
-    return structure_for(config)
+    return structure_of(config)
 
 
 def scenario_args(config: dict, scenario: str, base: Path) -> list[str]:

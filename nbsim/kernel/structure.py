@@ -1,0 +1,41 @@
+"""The kernel structure a configuration renders with (`structure_of`), from the configuration alone: what
+the renderer, the kernel cache, the sweep's planning and `nbsim kernels` all ask.
+
+It reads no file and builds nothing sized by the detector or the HKL table. Each count comes from the same
+pure rule `setup.resolve` follows (cell counts, automatic oversample, lookup, sensor layers, mosaic
+domains, sources, phi steps), so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ..beam import source_count
+from ..config import SimulationConfig
+from ..crystal import build_lattice, cell_counts, mosaic_domain_count, phi_sampling
+from ..geometry import build_geometry
+from ..rng import Ran1
+from ..setup import lookup_of, oversample_advice, requested_oversample, sensor_layers
+from .backends import Structure
+from .inputs import kernel_options
+
+
+def structure_of(config: SimulationConfig) -> Structure:
+    """The kernel options of `config` and whether a pixel has a single step (sources × mosaic domains ×
+    phi steps × sensor layers × sub-pixels == 1).
+
+    The cell counts and the automatic oversample need the lattice and the detector distance after pivots:
+    they come from `crystal.build_lattice` and `geometry.build_geometry` (float64 3×3 CPU tensors, about a
+    millisecond together) rather than from a second copy of their arithmetic, and only where a decision
+    needs them: the lookup with -hkl and neither -interpolate nor -nointerpolate, the oversample where it
+    is automatic and every other count is 1."""
+    crystal, detector, wavelength_A = config.crystal, config.detector, config.beam.wavelength_A
+    lattice = functools.cache(lambda: build_lattice(crystal, wavelength_A, Ran1()))
+    n_cells = functools.cache(lambda: cell_counts(crystal, lattice()))
+    layers = sensor_layers(detector.sensor_thickness_um, detector.sensor_absorption_depth_um,
+                           detector.sensor_layers).layers
+    steps_per_subpixel = (source_count(config.beam) * mosaic_domain_count(crystal) * phi_sampling(crystal).steps
+                          * layers)
+    single_step = steps_per_subpixel == 1 and (requested_oversample(detector) or oversample_advice(
+        lattice(), n_cells(), wavelength_A, build_geometry(detector)).recommended) == 1
+    return Structure(kernel_options(config, lookup_of(config.structure, n_cells)), single_step=single_step)
