@@ -39,9 +39,10 @@ class SensorLayers:
     mu_per_m: float
 
 
-def sensor_layers(thickness_um: float, absorption_depth_um: float | None, layers: int | None) -> SensorLayers:
+def sensor_layers(detector: DetectorConfig) -> SensorLayers:
     """Sensor thickness, layer step and count, and μ, after nanoBragg's rules."""
-    thick = thickness_um * 1e-6
+    absorption_depth_um, layers = detector.sensor_absorption_depth_um, detector.sensor_layers
+    thick = detector.sensor_thickness_um * 1e-6
     mu = -1.0 if absorption_depth_um is None else (
         0.0 if math.isinf(absorption_depth_um) or absorption_depth_um == 0 else 1.0 / (absorption_depth_um * 1e-6))
     steps = -1 if layers is None else layers
@@ -185,8 +186,7 @@ def resolve(config: SimulationConfig) -> Setup:
                                                         f"detector is {geometry.pixels_f}x{geometry.pixels_s}")
     return Setup(config=config, geometry=geometry, lattice=lattice, n_cells=n_cells, phi=phi, mosaic=mosaic,
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
-                 sensor=sensor_layers(config.detector.sensor_thickness_um,
-                                      config.detector.sensor_absorption_depth_um, config.detector.sensor_layers),
+                 sensor=sensor_layers(config.detector),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
                  first_evaluation_cells_A=first_cells, warnings=warnings)
 

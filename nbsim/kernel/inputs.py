@@ -244,8 +244,7 @@ def kernel_options(config: SimulationConfig, lookup: Lookup) -> KernelOptions:
     """The code path `config` renders with, given its structure-factor lookup (`setup.lookup_of`): the
     one place options are derived, for kernel_inputs and nbsim.kernel.structure alike."""
     beam, detector = config.beam, config.detector
-    sensor = sensor_layers(detector.sensor_thickness_um, detector.sensor_absorption_depth_um, detector.sensor_layers)
     return KernelOptions(
         shape=config.crystal.shape, lookup=lookup, point_pixel=detector.point_pixel, curved=detector.curved,
         polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
-        use_dmin=beam.dmin_A > 0, use_sensor=sensor.thickness_m > 0)
+        use_dmin=beam.dmin_A > 0, use_sensor=sensor_layers(detector).thickness_m > 0)

@@ -32,10 +32,8 @@ def structure_of(config: SimulationConfig) -> Structure:
     crystal, detector, wavelength_A = config.crystal, config.detector, config.beam.wavelength_A
     lattice = functools.cache(lambda: build_lattice(crystal, wavelength_A, Ran1()))
     n_cells = functools.cache(lambda: cell_counts(crystal, lattice()))
-    layers = sensor_layers(detector.sensor_thickness_um, detector.sensor_absorption_depth_um,
-                           detector.sensor_layers).layers
     steps_per_subpixel = (source_count(config.beam) * mosaic_domain_count(crystal) * phi_sampling(crystal).steps
-                          * layers)
+                          * sensor_layers(detector).layers)
     single_step = steps_per_subpixel == 1 and (requested_oversample(detector) or oversample_advice(
         lattice(), n_cells(), wavelength_A, build_geometry(detector)).recommended) == 1
     return Structure(kernel_options(config, lookup_of(config.structure, n_cells)), single_step=single_step)

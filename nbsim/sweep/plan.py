@@ -10,7 +10,6 @@ reference batch `b0003`.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import shlex
@@ -180,27 +179,30 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
     jobs: dict[str, KernelJob] = {}
     names: dict[Point, str] = {}
+    structures: dict[tuple, Any] = {}
     for point in candidates:
         if not point.prebuilds_kernel or point in names:
             continue
-        args, overrides = point_arguments(config, point, base)
-        structure = arguments_structure(tuple(args), tuple(sorted(overrides.items())))
+        key = (point.scenario, point.size, point.extras)
+        if key not in structures:
+            args, overrides = point_arguments(config, point, base)
+            structures[key] = arguments_structure(args, overrides)
+        structure = structures[key]
         name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
         jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
         names[point] = name
     return jobs, names
 
 
-@functools.cache
-def arguments_structure(args: tuple[str, ...], overrides: tuple[tuple[str, Any], ...]):
-    """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments render with (once per
-    distinct arguments: the points of every dtype, device and compile setting share them)."""
+def arguments_structure(args: list[str], overrides: dict[str, Any]):
+    """The kernel structure (nbsim.kernel.backends.Structure) a point's arguments and option overrides
+    render with."""
     from ..kernel.structure import structure_of
     from ..nanobragg import parse
 
-    config, _ = parse(list(args))
+    config, _ = parse(args)
     if overrides:
-        config = config.with_options(**dict(overrides))
+        config = config.with_options(**overrides)
     return structure_of(config)
 
 
