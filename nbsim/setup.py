@@ -75,19 +75,24 @@ class OversampleAdvice:
 
 
 def oversample_advice(lattice: crystal_mod.Lattice, n_cells: tuple[int, int, int], wavelength_A: Scalar,
-                      geometry: DetectorGeometry) -> OversampleAdvice:
-    """The crystal's largest extent and the reciprocal pixel size, from the lattice, cell counts and the
-    geometry after pivots."""
+                      distance_m: float, pixel_size_m: float) -> OversampleAdvice:
+    """The crystal's largest extent and the reciprocal pixel size, from the lattice, cell counts, the
+    wavelength and the detector's `sampling_distance_m` and pixel size."""
     crystal_size_m = max(float(length) * n for length, n in
                          zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
-    # The ratio `recommended` takes is often an exact integer in theory, so its rounding decides a whole
-    # sub-pixel. Where the recomputed distance equals the requested one up to rounding (which builds of the
-    # reference, with or without fused multiply-adds, do not agree on), the requested one is used.
+    return OversampleAdvice(crystal_size_m, scalar_value(wavelength_A) / 1e10 * distance_m / pixel_size_m)
+
+
+def sampling_distance_m(geometry: DetectorGeometry) -> float:
+    """The distance (after pivots) the automatic -oversample divides by.
+
+    The ratio `OversampleAdvice.recommended` takes is often an exact integer in theory, so its rounding
+    decides a whole sub-pixel. Where the recomputed distance equals the requested one up to rounding (which
+    builds of the reference, with or without fused multiply-adds, do not agree on), the requested one is
+    used."""
     distance_m = scalar_value(geometry.distance_m)
-    if math.isclose(distance_m, geometry.requested_distance_m, rel_tol=1e-12):
-        distance_m = geometry.requested_distance_m
-    reciprocal_pixel_m = scalar_value(wavelength_A) / 1e10 * distance_m / geometry.pixel_size_m
-    return OversampleAdvice(crystal_size_m, reciprocal_pixel_m)
+    return geometry.requested_distance_m if math.isclose(distance_m, geometry.requested_distance_m,
+                                                         rel_tol=1e-12) else distance_m
 
 
 def requested_oversample(detector: DetectorConfig) -> int | None:
@@ -163,7 +168,8 @@ def resolve(config: SimulationConfig) -> Setup:
         first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
     sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
 
-    advice = oversample_advice(lattice, n_cells, config.beam.wavelength_A, geometry)
+    advice = oversample_advice(lattice, n_cells, config.beam.wavelength_A, sampling_distance_m(geometry),
+                               geometry.pixel_size_m)
     oversample = requested_oversample(config.detector) or advice.recommended
     if oversample < advice.recommended:
         warnings.append(f"maximum dimension of sample is {advice.crystal_size_m * 1e10:g} A but reciprocal pixel "

@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 
 from ..beam import source_count
-from ..config import SimulationConfig
+from ..config import DetectorConfig, SimulationConfig
 from ..crystal import build_lattice, cell_counts, mosaic_domain_count, phi_sampling
 from ..geometry import build_geometry
 from ..rng import Ran1
-from ..setup import lookup_of, oversample_advice, requested_oversample, sensor_layers
+from ..setup import lookup_of, oversample_advice, requested_oversample, sampling_distance_m, sensor_layers
 from .backends import Structure
 from .inputs import kernel_options
 
@@ -35,5 +35,14 @@ def structure_of(config: SimulationConfig) -> Structure:
     steps_per_subpixel = (source_count(config.beam) * mosaic_domain_count(crystal) * phi_sampling(crystal).steps
                           * sensor_layers(detector).layers)
     single_step = steps_per_subpixel == 1 and (requested_oversample(detector) or oversample_advice(
-        lattice(), n_cells(), wavelength_A, build_geometry(detector)).recommended) == 1
+        lattice(), n_cells(), wavelength_A, *_distance_and_pixel_m(detector)).recommended) == 1
     return Structure(kernel_options(config, lookup_of(config.structure, n_cells)), single_step=single_step)
+
+
+@functools.lru_cache(maxsize=64)
+def _distance_and_pixel_m(detector: DetectorConfig) -> tuple[float, float]:
+    """The detector's `sampling_distance_m` and pixel size, remembered per (frozen, hashable) detector
+    configuration: the points of a sweep mostly share one, and building its geometry would otherwise be
+    most of `structure_of`'s cost. Only floats are kept (the key holds the configuration itself)."""
+    geometry = build_geometry(detector)
+    return sampling_distance_m(geometry), geometry.pixel_size_m
