@@ -62,16 +62,14 @@ class Sources:
 
 
 def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: torch.Tensor,
-                  vertical_vector: torch.Tensor, source_table: tuple[tuple[float, ...], ...] | None = None) -> Sources:
+                  vertical_vector: torch.Tensor) -> Sources:
     """Sources from an explicit list (the -sourcefile rows), or the divergence × dispersion grid culled to
     an ellipse."""
     wavelength0_A = torch.as_tensor(config.wavelength_A, dtype=torch.float64)
-    hdiv = auto_steps(_mrad(config.hdiv_range_mrad), _mrad(config.hdiv_step_mrad), config.hdiv_steps)
-    vdiv = auto_steps(_mrad(config.vdiv_range_mrad), _mrad(config.vdiv_step_mrad), config.vdiv_steps)
-    dispersion = auto_steps(config.dispersion_percent / 100.0, None, config.dispersion_steps)
+    hdiv, vdiv, dispersion = _step_ranges(config)
     beam = beam_vector.detach().numpy()
-    if source_table is not None:
-        table = np.array(source_table, dtype=np.float64)
+    if config.sources is not None:
+        table = np.array(config.sources, dtype=np.float64)
         for column in range(3):
             table[np.isnan(table[:, column]), column] = -SOURCE_DISTANCE_M * beam[column]
         table[np.isnan(table[:, 3]), 3] = 1.0
@@ -98,6 +96,22 @@ def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: t
     incident = -unit(positions)
     return Sources(incident=incident, wavelength_A=wavelength_A, positions_m=positions.detach().numpy(),
                    weights=weights, divergence_points=divergence_points, dispersion=dispersion)
+
+
+def source_count(config: BeamConfig) -> int:
+    """How many sources `build_sources` makes, from the configuration alone (no vector is built)."""
+    if config.sources is not None:
+        return len(config.sources)
+    hdiv, vdiv, dispersion = _step_ranges(config)
+    return len(_divergence_grid(hdiv, vdiv, config.round_divergence)) * dispersion.steps
+
+
+def _step_ranges(config: BeamConfig) -> tuple[StepRange, StepRange, StepRange]:
+    """Horizontal and vertical divergence (rad) and dispersion (fraction) after nanoBragg's rules."""
+    hdiv = auto_steps(_mrad(config.hdiv_range_mrad), _mrad(config.hdiv_step_mrad), config.hdiv_steps)
+    vdiv = auto_steps(_mrad(config.vdiv_range_mrad), _mrad(config.vdiv_step_mrad), config.vdiv_steps)
+    dispersion = auto_steps(config.dispersion_percent / 100.0, None, config.dispersion_steps)
+    return hdiv, vdiv, dispersion
 
 
 def _mrad(value: float | None) -> float | None:

@@ -61,8 +61,9 @@ class CrystalConfig:
 
     cell_A_deg: tuple[Scalar, Scalar, Scalar, Scalar, Scalar, Scalar] | None = None
     """a, b, c (Å) and alpha, beta, gamma (degrees); zeros take nanoBragg's defaults."""
-    mosflm_matrix_file: str | None = None
-    """A MOSFLM A matrix file (-mat): nine numbers, columns a*, b*, c* times λ; read by `setup.resolve`."""
+    mosflm_matrix: tuple[float, ...] | None = None
+    """The nine numbers of a MOSFLM A matrix (-mat), row by row as in the file: columns a*, b*, c* (Å⁻¹)
+    times λ. Read from the file when the arguments are parsed."""
     misset_deg: tuple[Scalar, Scalar, Scalar] | None = None
     misset_random: bool = False
     misset_seed: int | None = None
@@ -94,8 +95,9 @@ class BeamConfig:
     hdiv_steps: int | None = None
     vdiv_steps: int | None = None
     round_divergence: bool = True
-    source_file: str | None = None
-    """Explicit sources (-sourcefile): x, y, z (m), weight, wavelength (m) per line; read by `setup.resolve`."""
+    sources: tuple[tuple[float, float, float, float, float], ...] | None = None
+    """Explicit sources (-sourcefile rows): x, y, z (m), weight, wavelength (m) each, NaN where the file
+    leaves a column out. Read from the file when the arguments are parsed."""
     kahn_polarization: float = 0.0
     no_polarization: bool = False
     fluence_photons_per_m2: float = 1.25932015286227e29

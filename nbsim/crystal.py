@@ -91,11 +91,9 @@ def _clamp_cos(value: torch.Tensor) -> torch.Tensor:
     return torch.where(value * value > 1.0, torch.ones_like(value), value)
 
 
-def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1,
-                  mosflm_matrix: tuple[float, ...] | None = None) -> Lattice:
-    """Real and reciprocal cell vectors after -cell/-mat and -misset, as nanoBragg derives them.
-
-    `mosflm_matrix` holds the nine numbers of the -mat file, row by row (columns a*, b*, c* times λ)."""
+def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) -> Lattice:
+    """Real and reciprocal cell vectors after -cell/-mat and -misset, as nanoBragg derives them."""
+    mosflm_matrix = config.mosflm_matrix
     if config.cell_A_deg is None and mosflm_matrix is None:
         raise NbsimError("no crystal: give -cell a b c alpha beta gamma or -mat with a MOSFLM matrix")
     reciprocal = cell_lengths = cell_volume = None
@@ -252,15 +250,20 @@ def default_warnings(config: CrystalConfig) -> list[str]:
     return lines
 
 
+def mosaic_domain_count(config: CrystalConfig) -> int:
+    """Mosaic domains after nanoBragg's defaults: 10 for a spread without a count, 1 without a spread."""
+    spread_deg = -1.0 if config.mosaic_spread_deg is None else scalar_value(config.mosaic_spread_deg)
+    count = -1 if config.mosaic_domains is None else config.mosaic_domains
+    if count <= 0:
+        return 10 if spread_deg > 0.0 else 1
+    return count if spread_deg > 0.0 else 1
+
+
 def mosaic_domains(config: CrystalConfig, generator: Ran1) -> MosaicDomains:
     """Spread and domain count with nanoBragg's defaults, orientations drawn as the C draws them."""
     spread = radians(as_float64(-1.0 if config.mosaic_spread_deg is None else config.mosaic_spread_deg))
     spread_value = scalar_value(spread)
-    count = -1 if config.mosaic_domains is None else config.mosaic_domains
-    if count <= 0:
-        count = 10 if spread_value > 0.0 else 1
-    elif spread_value <= 0.0:
-        count = 1
+    count = mosaic_domain_count(config)
     if spread_value < 0.0:
         spread = torch.zeros_like(spread)
         spread_value = 0.0

@@ -28,7 +28,8 @@ from .kernel.modes import Compile, Mode
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
 from .kernel.physics import PixelTerms
 from .kernel.policy import PROBE_PIXEL_STEPS, CompileDecision, plan_compile
-from .kernel.stages import OUT_OF_RANGE_STAGES, Structure
+from .kernel.stages import OUT_OF_RANGE_STAGES
+from .kernel.structure import structure_of
 from .setup import Setup, resolve
 from .structure_factors import HKLGrid
 
@@ -72,7 +73,7 @@ class Renderer:
         tensors = self.inputs.tensors
         self.counts = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0], tensors.beam_terms.shape[2])
         self.steps_per_pixel = math.prod(self.counts)
-        self.structure = Structure(self.inputs.options, single_step=self.steps_per_pixel == 1)
+        self.structure = structure_of(setup.config)
         self.cache = cache if cache is not None else KernelCache.default()
         self.loads = KernelLoads()
         """The compiled kernels this renderer's renders opened from the cache, built, or found open."""
@@ -293,11 +294,6 @@ def _interpolation_warning(trigger: tuple[int, int], grid: HKLGrid) -> str:
     return (f"out of range for tricubic interpolation at pixel {fast} {slow} (fast slow): its Miller indices "
             f"come within two of the edge of the table (h {low[0]}..{high[0]}, k {low[1]}..{high[1]}, "
             f"l {low[2]}..{high[2]}) or leave it; as in nanoBragg, interpolation is off from there on")
-
-
-def structure_for(config: SimulationConfig) -> Structure:
-    """The kernel structure `config` renders with (what decides which compiled kernels it loads)."""
-    return Renderer(resolve(config), compile="off").structure
 
 
 def simulate(config: SimulationConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -1,12 +1,16 @@
 """Configuration to physics: apply nanoBragg's defaults and derive the geometry, lattice, mosaic domains,
 sources, structure-factor grid, sensor layers, fluence and background a render needs (`resolve`).
 
-`resolve` is the one stage that reads input files (-hkl, -mat, -sourcefile, -mask): the configuration holds
-their paths only."""
+`resolve` is the one stage that reads the large input files (-hkl, -mask): the configuration holds their
+paths (and the contents of the small -mat and -sourcefile, read when the arguments are parsed). The rules
+that decide a count (oversample, lookup, sensor layers; mosaic domains and sources in crystal.py and
+beam.py) are small pure functions, so that nbsim.kernel.structure learns a render's structure from them
+without resolving it."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +18,7 @@ import torch
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
-from .config import CRYSTAL_SHAPES, SimulationConfig, scalar_value
+from .config import CRYSTAL_SHAPES, DetectorConfig, Scalar, SimulationConfig, StructureFactorConfig, scalar_value
 from .errors import InputFileError, NbsimError
 from .geometry import DetectorGeometry, build_geometry
 from .io.inputs import read_input_files
@@ -35,9 +39,10 @@ class SensorLayers:
     mu_per_m: float
 
 
-def sensor_layers(thickness_um: float, absorption_depth_um: float | None, layers: int | None) -> SensorLayers:
+def sensor_layers(detector: DetectorConfig) -> SensorLayers:
     """Sensor thickness, layer step and count, and μ, after nanoBragg's rules."""
-    thick = thickness_um * 1e-6
+    absorption_depth_um, layers = detector.sensor_absorption_depth_um, detector.sensor_layers
+    thick = detector.sensor_thickness_um * 1e-6
     mu = -1.0 if absorption_depth_um is None else (
         0.0 if math.isinf(absorption_depth_um) or absorption_depth_um == 0 else 1.0 / (absorption_depth_um * 1e-6))
     steps = -1 if layers is None else layers
@@ -53,6 +58,58 @@ def sensor_layers(thickness_um: float, absorption_depth_um: float | None, layers
     if thick <= 0.0 or step <= 0.0 or steps <= 0:
         return SensorLayers(0.0, 0.0, 1, mu)
     return SensorLayers(thick, step, steps, mu)
+
+
+@dataclass(frozen=True)
+class OversampleAdvice:
+    """What nanoBragg's automatic -oversample weighs: the crystal's largest extent against the reciprocal
+    pixel size λ·distance/pixel."""
+
+    crystal_size_m: float
+    reciprocal_pixel_m: float
+
+    @property
+    def recommended(self) -> int:
+        """Sub-pixels per side that sample the crystal's finest fringes (at least 1)."""
+        return max(math.ceil(3.0 * self.crystal_size_m / self.reciprocal_pixel_m), 1)
+
+
+def oversample_advice(lattice: crystal_mod.Lattice, n_cells: tuple[int, int, int], wavelength_A: Scalar,
+                      distance_m: float, pixel_size_m: float) -> OversampleAdvice:
+    """The crystal's largest extent and the reciprocal pixel size, from the lattice, cell counts, the
+    wavelength and the detector's `sampling_distance_m` and pixel size."""
+    crystal_size_m = max(float(length) * n for length, n in
+                         zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
+    return OversampleAdvice(crystal_size_m, scalar_value(wavelength_A) / 1e10 * distance_m / pixel_size_m)
+
+
+def sampling_distance_m(geometry: DetectorGeometry) -> float:
+    """The distance (after pivots) the automatic -oversample divides by.
+
+    The ratio `OversampleAdvice.recommended` takes is often an exact integer in theory, so its rounding
+    decides a whole sub-pixel. Where the recomputed distance equals the requested one up to rounding (which
+    builds of the reference, with or without fused multiply-adds, do not agree on), the requested one is
+    used."""
+    distance_m = scalar_value(geometry.distance_m)
+    return geometry.requested_distance_m if math.isclose(distance_m, geometry.requested_distance_m,
+                                                         rel_tol=1e-12) else distance_m
+
+
+def requested_oversample(detector: DetectorConfig) -> int | None:
+    """The -oversample given, or None where nanoBragg chooses it (not given, or not positive)."""
+    return detector.oversample if detector.oversample and detector.oversample > 0 else None
+
+
+def lookup_of(structure: StructureFactorConfig, n_cells: Callable[[], tuple[int, int, int]]) -> str:
+    """How structure factors are looked up: "default" without -hkl; with it, "interpolate" where asked or,
+    unless -nointerpolate, automatically for a crystal of at most two cells along an axis, else "nearest".
+    `n_cells` is called only in that last case (where it may have to build the lattice)."""
+    if not structure.hkl_file:
+        return "default"
+    interpolate = structure.interpolate
+    if interpolate is None:
+        interpolate = min(n_cells()) <= 2
+    return "interpolate" if interpolate else "nearest"
 
 
 @dataclass
@@ -100,7 +157,7 @@ def resolve(config: SimulationConfig) -> Setup:
     generator = Ran1()
     warnings: list[str] = []
     geometry = build_geometry(config.detector)
-    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator, files.mosflm_matrix)
+    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator)
     n_cells = crystal_mod.cell_counts(config.crystal, lattice)
     phi = crystal_mod.phi_sampling(config.crystal)
     mosaic = crystal_mod.mosaic_domains(config.crystal, generator)
@@ -109,26 +166,18 @@ def resolve(config: SimulationConfig) -> Setup:
     if crystal_mod.effective_phi_rad(phi)[0] != phi.angles_rad()[0]:
         unrotated = crystal_mod.PhiSampling(start_rad=0.0, step_rad=0.0, steps=1, osc_rad=0.0)
         first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
-    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical, files.sources)
+    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
 
-    crystal_size_m = max(float(length) * n for length, n in
-                         zip(norm(lattice.real_A.detach() * 1e-10), n_cells, strict=True))
-    # The ratio below is often an exact integer in theory, so its rounding decides a whole sub-pixel.
-    # Where the recomputed distance equals the requested one up to rounding (which builds of the
-    # reference, with or without fused multiply-adds, do not agree on), the requested one is used.
-    distance_m = scalar_value(geometry.distance_m)
-    if math.isclose(distance_m, geometry.requested_distance_m, rel_tol=1e-12):
-        distance_m = geometry.requested_distance_m
-    reciprocal_pixel_m = scalar_value(config.beam.wavelength_A) / 1e10 * distance_m / geometry.pixel_size_m
-    recommended = max(math.ceil(3.0 * crystal_size_m / reciprocal_pixel_m), 1)
-    oversample = config.detector.oversample if config.detector.oversample and config.detector.oversample > 0 \
-        else recommended
-    if oversample < recommended:
-        warnings.append(f"maximum dimension of sample is {crystal_size_m * 1e10:g} A but reciprocal pixel size is "
-                        f"{reciprocal_pixel_m * 1e10:g} A: recommend -oversample {recommended}")
+    advice = oversample_advice(lattice, n_cells, config.beam.wavelength_A, sampling_distance_m(geometry),
+                               geometry.pixel_size_m)
+    oversample = requested_oversample(config.detector) or advice.recommended
+    if oversample < advice.recommended:
+        warnings.append(f"maximum dimension of sample is {advice.crystal_size_m * 1e10:g} A but reciprocal pixel "
+                        f"size is {advice.reciprocal_pixel_m * 1e10:g} A: recommend -oversample {advice.recommended}")
 
     warnings += crystal_mod.default_warnings(config.crystal)
-    grid, lookup = _structure_factors(config, files.hkl, n_cells)
+    grid = None if files.hkl is None else build_grid(files.hkl, config.structure.default_F)
+    lookup = lookup_of(config.structure, lambda: n_cells)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
     if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:
@@ -143,8 +192,7 @@ def resolve(config: SimulationConfig) -> Setup:
                                                         f"detector is {geometry.pixels_f}x{geometry.pixels_s}")
     return Setup(config=config, geometry=geometry, lattice=lattice, n_cells=n_cells, phi=phi, mosaic=mosaic,
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
-                 sensor=sensor_layers(config.detector.sensor_thickness_um,
-                                      config.detector.sensor_absorption_depth_um, config.detector.sensor_layers),
+                 sensor=sensor_layers(config.detector),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
                  first_evaluation_cells_A=first_cells, warnings=warnings)
 
@@ -163,18 +211,6 @@ def _validate(config: SimulationConfig) -> None:
         raise NbsimError("cell counts (-N, -Na, -Nb, -Nc) must not be negative")
     if config.beam.flux_photons_per_s != 0.0 and config.beam.beamsize_mm <= 0:
         raise NbsimError("-beamsize must be positive when -flux is given")
-
-
-def _structure_factors(config: SimulationConfig, hkl: np.ndarray | None,
-                       n_cells: tuple[int, int, int]) -> tuple[HKLGrid | None, str]:
-    structure = config.structure
-    if hkl is None:
-        return None, "default"
-    grid = build_grid(hkl, structure.default_F)
-    interpolate = structure.interpolate
-    if interpolate is None:
-        interpolate = min(n_cells) <= 2
-    return grid, ("interpolate" if interpolate else "nearest")
 
 
 def _roi(roi: tuple[int, int, int, int] | None, geometry: DetectorGeometry) -> tuple[int, int, int, int]:

@@ -24,7 +24,8 @@ from nbsim.kernel.inputs import KernelOptions
 from nbsim.kernel.modes import Compile, Mode
 from nbsim.kernel.policy import plan_compile
 from nbsim.kernel.stages import FUSED_VECTORS, SINGLE_STEP_STAGES, Structure
-from nbsim.render import Renderer, structure_for
+from nbsim.kernel.structure import structure_of
+from nbsim.render import Renderer
 from nbsim.setup import resolve
 
 from .conftest import GOLDEN, SEED_ARGS, requires_golden
@@ -72,7 +73,7 @@ def test_concurrent_processes_share_one_compiled_kernel(tmp_path, private_compil
     # One step per pixel: a single kernel to build (the lock is the same for every package).
     args = "-default_F 100 -cell 70 80 90 75 85 95 -misset 10 20 30 -N 4 -lambda 1.5 -distance 200 " \
            "-detpixels 48 -pixel 1 -oversample 1".split()
-    structure = structure_for(nbsim.config_from_args(args))
+    structure = structure_of(nbsim.config_from_args(args))
     [variant] = structure.stage_variants()
     cpu = torch.device("cpu")
     folder = private_compile_cache if KernelCache(private_compile_cache).missing(structure, torch.float32, cpu) \

@@ -64,10 +64,10 @@ def _structures(nanobragg_args: list[str]):
     from ..kernel.stages import Structure
 
     if nanobragg_args:
+        from ..kernel.structure import structure_of
         from ..nanobragg import parse
-        from ..render import structure_for
 
-        return [structure_for(parse(nanobragg_args)[0])]
+        return [structure_of(parse(nanobragg_args)[0])]
     return [Structure(KernelOptions(lookup=lookup), single_step) for lookup in COMMON_LOOKUPS
             for single_step in (True, False)]
 

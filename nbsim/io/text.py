@@ -1,4 +1,5 @@
-"""Strict readers for the small numeric text files nanoBragg takes (matrix, sources)."""
+"""Strict readers for the small numeric text files nanoBragg takes (matrix, sources), numpy-free: the
+command line reads them while parsing its arguments."""
 
 from __future__ import annotations
 
@@ -70,3 +71,36 @@ def numeric_rows(path: str | Path, min_columns: int, max_columns: int) -> list[t
             raise InputFileError(str(path), f"expected {expected} numbers, found {len(tokens)}", line_number)
         rows.append((line_number, [parse_number(t, path, line_number) for t in tokens]))
     return rows
+
+
+def read_mosflm_matrix(path: str | Path) -> tuple[float, ...]:
+    """The first nine numbers of a MOSFLM matrix file (A matrix, row by row); the rest is ignored."""
+    tokens = read_text(path).split()[:9]
+    if len(tokens) < 9:
+        raise InputFileError(str(path), f"a MOSFLM matrix needs 9 numbers, found {len(tokens)}")
+    values = []
+    for index, token in enumerate(tokens):
+        values.append(parse_number(token, path, index // 3 + 1))
+    if _determinant_3x3(values) == 0.0:
+        raise InputFileError(str(path), "the orientation matrix is singular")
+    return tuple(values)
+
+
+def read_source_file(path: str | Path) -> tuple[tuple[float, float, float, float, float], ...]:
+    """Source file rows: X Y Z (m, position of the source), weight, wavelength (m); missing → NaN."""
+    rows = numeric_rows(path, 1, 5)
+    if not rows:
+        raise InputFileError(str(path), "no sources in file")
+    sources = []
+    for line_number, values in rows:
+        padded = values + [math.nan] * (5 - len(values))
+        if len(values) == 5 and values[4] <= 0:
+            raise InputFileError(str(path), f"wavelength {values[4]:g} m must be positive", line_number)
+        sources.append(tuple(padded))
+    return tuple(sources)
+
+
+def _determinant_3x3(values: list[float]) -> float:
+    """The determinant of a 3×3 matrix given row by row."""
+    a, b, c, d, e, f, g, h, i = values
+    return a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..config import CrystalShape
+from ..config import CrystalShape, SimulationConfig
+from ..setup import sensor_layers
 from ..vectors import cross, unit
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     else:
         grid = torch.zeros(1, dtype=dtype, device=device)
         grid_min, grid_max, grid_extent = (0, 0, 0), (0, 0, 0), (1, 1, 1)
-    beam, detector = config.beam, config.detector
+    beam = config.beam
     scalars = Scalars(
         pixel_size_m=to(g.pixel_size_m), distance_m=to(g.distance_m), close_distance_m=to(g.close_distance_m),
         scale=to(setup.photon_scale), background=to(setup.background), kahn_factor=to(beam.kahn_polarization),
@@ -233,11 +234,17 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         grid_extent=torch.tensor(grid_extent, dtype=torch.int32, device=device), grid_min=to(grid_min),
         grid_max=to(grid_max), n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A),
         scalars=scalars)
-    options = KernelOptions(
-        shape=config.crystal.shape, lookup=setup.lookup, point_pixel=detector.point_pixel, curved=detector.curved,
-        polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
-        use_dmin=beam.dmin_A > 0, use_sensor=setup.sensor.thickness_m > 0)
     first = None
     if setup.first_evaluation_cells_A is not None:
         first = tensors._replace(**orientation(setup.first_evaluation_cells_A))
-    return KernelInputs(tensors=tensors, options=options, first_evaluation=first)
+    return KernelInputs(tensors=tensors, options=kernel_options(config, setup.lookup), first_evaluation=first)
+
+
+def kernel_options(config: SimulationConfig, lookup: Lookup) -> KernelOptions:
+    """The code path `config` renders with, given its structure-factor lookup (`setup.lookup_of`): the
+    one place options are derived, for kernel_inputs and nbsim.kernel.structure alike."""
+    beam, detector = config.beam, config.detector
+    return KernelOptions(
+        shape=config.crystal.shape, lookup=lookup, point_pixel=detector.point_pixel, curved=detector.curved,
+        polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
+        use_dmin=beam.dmin_A > 0, use_sensor=sensor_layers(detector).thickness_m > 0)

@@ -1,6 +1,7 @@
 """nanoBragg command-line arguments → SimulationConfig and output options, in three steps: strict
 validation against the flag table (`flags`), nanoBragg's substring matching (`rules`), and the
-typed configuration built from the C's variables (file paths only: files are read by `setup.resolve`).
+typed configuration built from the C's variables. The small input files (-mat, -sourcefile) are read here,
+strictly, into the configuration; the large tables (-hkl, -mask) stay paths, read by `setup.resolve`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
+from ..io.text import read_mosflm_matrix, read_source_file
 from .flags import NBSIM_ONLY, NO_EFFECT, validate
 from .rules import CState, run_nanobragg_rules
 
@@ -66,7 +68,7 @@ def _config_from_state(state: CState) -> SimulationConfig:
     nan_to_none = _nan_to_none
     crystal = CrystalConfig(
         cell_A_deg=tuple(state["cell"]) if state["user_cell"] else None,
-        mosflm_matrix_file=state["mat"],
+        mosflm_matrix=read_mosflm_matrix(state["mat"]) if state["mat"] else None,
         misset_deg=state["misset"], misset_random=state["misset_random"],
         misset_seed=state["misset_seed"] if state["misset_seed"] is not None else state["seed"],
         n_cells=(state["Na"], state["Nb"], state["Nc"]), crystal_size_mm=tuple(state["sample_mm"]),
@@ -78,7 +80,7 @@ def _config_from_state(state: CState) -> SimulationConfig:
         dispersion_steps=state["dispsteps"], hdiv_range_mrad=state["hdivrange"],
         vdiv_range_mrad=state["vdivrange"], hdiv_step_mrad=state["hdivstep"], vdiv_step_mrad=state["vdivstep"],
         hdiv_steps=state["hdivsteps"], vdiv_steps=state["vdivsteps"], round_divergence=state["round_div"],
-        source_file=state["sourcefile"],
+        sources=read_source_file(state["sourcefile"]) if state["sourcefile"] else None,
         kahn_polarization=state["polarization"], no_polarization=state["nopolar"],
         fluence_photons_per_m2=state["fluence"], flux_photons_per_s=state["flux"], exposure_s=state["exposure"],
         beamsize_mm=state["beamsize_mm"], water_thickness_um=state["water_um"], dmin_A=state["dmin_A"])

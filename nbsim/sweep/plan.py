@@ -29,9 +29,6 @@ from ..kernel.modes import Compile, Mode, choose_mode
 from .spec import PointSpec, field_types
 
 CORE_AXES = ("size", "dtype", "device", "compile")
-ORIENTATION_FLAGS = frozenset({"-phi", "-misset", "-misset_seed", "-mosaic_seed"})
-"""Flags that only turn the crystal (its start angle, its misset, the seeds that draw them): they never
-change a kernel's structure, so planning works out the structure once for all their values."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +176,7 @@ class KernelJob:
     """One `kernel` job: the ahead-of-time kernels of one structure, dtype and device."""
 
     structure: str
-    """nbsim.kernel.backends.Structure as JSON."""
+    """nbsim.kernel.stages.Structure as JSON."""
     dtype: str
     device: str
 
@@ -189,6 +186,8 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
     """The kernel jobs of a sweep (by name) and each prebuilding point's kernel job name. Points share a
     job when their structure, dtype and device agree, whatever their sizes and values;
     `compiled_reference` adds the float64 kernels the nbsim references use."""
+    from ..kernel.structure import structure_of
+
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
     jobs: dict[str, KernelJob] = {}
     names: dict[Point, str] = {}
@@ -196,21 +195,14 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
     for point in candidates:
         if not point.prebuilds_kernel or point in names:
             continue
-        key = (point.scenario, point.size, tuple((k, v) for k, v in point.extras if k not in ORIENTATION_FLAGS))
+        key = (point.scenario, point.size, point.extras)
         if key not in structures:
-            structures[key] = kernel_structure(point_config(config, point, base))
+            structures[key] = structure_of(point_config(config, point, base))
         structure = structures[key]
         name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
         jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
         names[point] = name
     return jobs, names
-
-
-def kernel_structure(simulation: SimulationConfig):
-    """The kernel structure (nbsim.kernel.backends.Structure) a point's configuration renders with."""
-    from ..render import structure_for
-
-    return structure_for(simulation)
 
 
 def scenario_args(config: dict, scenario: str, base: Path) -> tuple[str, ...]:
