@@ -10,6 +10,10 @@ On a flat detector a pixel position is p = P_k + F·f̂ + S·ŝ (P_k: sub-step o
 offsets), so any projection v·p is linear in F and S: a·d, i·d, ô·d come from a few per-orientation
 constants instead of a 3-vector per step. That keeps the per-step work to a handful of fused
 multiply-adds.
+
+Over 400 lines on purpose: the stages share private helpers (the sine polynomials, the lattice factors,
+the table lookups), and one module keeps the whole per-pixel computation, which is hashed into every
+compiled kernel's cache key, readable in one place.
 """
 
 from __future__ import annotations
