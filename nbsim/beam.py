@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .config import BeamConfig
+from .errors import NbsimError
 from .vectors import rotate_about_axis, unit
 
 SOURCE_DISTANCE_M = 10.0
@@ -81,6 +82,10 @@ def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: t
         divergence_points = hdiv.steps * vdiv.steps
     else:
         angles = _divergence_grid(hdiv, vdiv, config.round_divergence)
+        if not angles:
+            raise NbsimError(f"the round divergence cut keeps none of the {hdiv.steps}x{vdiv.steps} divergence "
+                             "points (nanoBragg would render 0 sources); use more -hdivsteps/-vdivsteps or "
+                             "-square_div")
         divergence_points = len(angles)
         start = -SOURCE_DISTANCE_M * beam_vector
         positions_list, wavelength_list = [], []

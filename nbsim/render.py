@@ -24,12 +24,12 @@ from .kernel.build import start_background_build
 from .kernel.cache import KernelCache, KernelLoads
 from .kernel.dispatch import kernel_callable
 from .kernel.inputs import kernel_inputs
-from .kernel.modes import Compile, Mode
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
 from .kernel.physics import PixelTerms
 from .kernel.policy import PROBE_PIXEL_STEPS, CompileDecision, plan_compile
 from .kernel.stages import OUT_OF_RANGE_STAGES
 from .kernel.structure import structure_of
+from .modes import Compile, Mode
 from .setup import Setup, resolve
 from .structure_factors import HKLGrid
 

@@ -25,7 +25,7 @@ from .cpu import cpu_name
 from .devices import dtype_name
 from .errors import NbsimError
 from .kernel.cache import KernelLoads
-from .kernel.modes import Mode
+from .modes import Compile, Mode
 from .nanobragg.flags import absolute_file_arguments
 from .render import Renderer
 from .setup import resolve
@@ -44,10 +44,10 @@ class BenchResult:
     warmup: int
     device: str
     dtype: str
-    compile: bool | str
-    """As requested: True (on), False (off) or "auto"."""
+    compile: Compile
+    """As requested: "auto", "on" or "off"."""
     mode: str
-    """What rendered after the cold call: 'eager', 'jit' or 'aot' (a kernel.modes.Mode)."""
+    """What rendered after the cold call: 'eager', 'jit' or 'aot' (a modes.Mode's value)."""
     pixels: int
     steps: int
     peak_rss_mb: float
@@ -77,7 +77,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: bool | str,
+def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile,
                warmup: int, repeats: int,
                output_dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, BenchResult]:
     """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too.

@@ -56,6 +56,8 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "conflicting shapes": (GOOD + ["-round_xtal", "-gauss_xtal"], "conflicting options"),
         "bad dtype": (GOOD + ["-dtype", "float16"], "-dtype expects one of float32, float64"),
         "bad pivot": (GOOD + ["-pivot", "sideways"], "-pivot expects one of beam, sample"),
+        "divergence cut leaves no source": (GOOD + "-hdivrange 0.5 -hdivstep 0.5 -vdivrange 0.5 -vdivstep 0.5".split(),
+                                            "keeps none of the 1x1 divergence points"),
         "misset with two angles": (GOOD + ["-misset", "10", "20"], "-misset needs 3 value"),
         "cell not numeric": (["-cell", "big"] + GOOD[3:], "-cell needs 6 numbers"),
         "cell with three numbers": (["-cell", "100", "100", "100"] + REST, "-cell needs 6 numbers (a b c alpha "

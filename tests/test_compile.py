@@ -21,10 +21,10 @@ from nbsim.kernel.build import start_background_build
 from nbsim.kernel.cache import KERNEL_SOURCES, KernelCache, KernelLoads, locked
 from nbsim.kernel.inductor_patches import vectors_per_iteration
 from nbsim.kernel.inputs import KernelOptions
-from nbsim.kernel.modes import Compile, Mode
 from nbsim.kernel.policy import plan_compile
 from nbsim.kernel.stages import FUSED_VECTORS, SINGLE_STEP_STAGES, Structure
 from nbsim.kernel.structure import structure_of
+from nbsim.modes import Compile, Mode
 from nbsim.render import Renderer
 from nbsim.setup import resolve
 

@@ -18,7 +18,7 @@ from benchmarks.sweep_workloads import write_synthetic_batches
 from nbsim import workloads
 from nbsim.config import SimulationConfig
 from nbsim.errors import NbsimError
-from nbsim.kernel.modes import Compile
+from nbsim.modes import Compile
 from nbsim.nanobragg import parse
 from nbsim.sweep.collate import point_rows, write_collated_store
 from nbsim.sweep.plan import axis_values, plan_sweep, point_argv, point_config, point_spec, sweep_points

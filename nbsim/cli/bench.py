@@ -19,6 +19,7 @@ import torch
 from ..cache import configure_compile_cache
 from ..errors import NbsimError
 from ..io.images import write_float_image
+from ..modes import Compile
 from ..nanobragg import parse
 from ..timing import correlation, run_c_reference, time_nbsim
 
@@ -64,10 +65,11 @@ def main(argv: list[str]) -> int:
     if options.threads:
         torch.set_num_threads(options.threads)
     device = resolve_device(options.device)
-    if options.compile != "off":
+    compile_setting = Compile.of(options.compile)
+    if compile_setting is not Compile.OFF:
         configure_compile_cache()
     image, result = time_nbsim(parse(nanobragg_args)[0], device, resolve_dtype(options.dtype),
-                               {"on": True, "off": False}.get(options.compile, options.compile),
+                               compile_setting,
                                options.warmup, options.repeats)
     if options.floatfile:
         write_float_image(options.floatfile, image)

@@ -13,6 +13,7 @@ from ..config import SimulationConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.images import write_float_image, write_pgm, write_smv
+from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
 from ..setup import Setup, resolve
@@ -29,7 +30,7 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"WARNING: {line}")
     for line in describe(setup):
         print(line)
-    if run.compile != "off":
+    if run.compile is not Compile.OFF:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
     image = renderer().detach().to("cpu", torch.float32).numpy()

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import torch
 
+from ..modes import Mode
 from .aot import AotStage
 from .cache import KernelCache, KernelLoads
 from .inputs import KernelOptions
 from .jit import jit_stage
-from .modes import Mode
 from .stages import Stage, StageVariant
 
 KernelCall = Callable[[torch.Tensor, torch.Tensor, object, torch.Tensor], None]

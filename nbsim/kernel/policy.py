@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..modes import Compile, Mode, choose_mode
 from .cache import KernelCache
-from .modes import Compile, Mode, choose_mode
 from .stages import StageVariant, Structure
 
 COMPILED_SPEEDUP = 10.0

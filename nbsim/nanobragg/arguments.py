@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
 from ..io.text import read_mosflm_matrix, read_source_file
+from ..modes import Compile
 from .flags import NBSIM_ONLY, NO_EFFECT, validate
 from .rules import CState, run_nanobragg_rules
 
@@ -31,8 +32,8 @@ class RunOptions:
     printout_pixel: tuple[int, int] | None
     device: str = "cpu"
     dtype: str = "float32"
-    compile: str = "auto"
-    """"auto" (compile when the kernel is cached or building it pays), "on" or "off"."""
+    compile: Compile = Compile.AUTO
+    """AUTO (compile when the kernel is cached or building it pays), ON or OFF."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -59,7 +60,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         noisefile=state["noisefile"] if state["calculate_noise"] else None,
         intfile_scale=state["intfile_scale"], pgm_scale=state["pgm_scale"], adc=state["adc"], seed=seed,
         printout_pixel=state["printout_pixel"], device=nbsim_options.get("-device", "cpu"),
-        dtype=nbsim_options.get("-dtype", "float32"), compile=nbsim_options.get("-compile", "auto"),
+        dtype=nbsim_options.get("-dtype", "float32"), compile=Compile.of(nbsim_options.get("-compile", "auto")),
         notes=notes)
     return config, run
 

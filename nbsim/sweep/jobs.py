@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NbsimError
-from ..kernel.modes import Compile
+from ..modes import Compile
 from .plan import KernelJob
 from .progress import Progress
 from .spec import PointSpec, dataclass_from_dict, dataclass_to_dict

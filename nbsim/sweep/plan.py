@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config import SimulationConfig
 from ..errors import NbsimError
-from ..kernel.modes import Compile, Mode, choose_mode
+from ..modes import Compile, Mode, choose_mode
 from .spec import PointSpec, field_types
 
 CORE_AXES = ("size", "dtype", "device", "compile")

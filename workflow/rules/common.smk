@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from nbsim.errors import NbsimError
-from nbsim.kernel.modes import Compile
+from nbsim.modes import Compile
 from nbsim.sweep import plan, validate
 from nbsim.sweep.jobs import BatchJob
 
