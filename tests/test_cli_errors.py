@@ -180,3 +180,14 @@ def test_good_input_writes_every_default_file(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["floatimage.bin", "image.pgm", "intimage.img",
                                                            "noiseimage.img"]
     assert "max_I =" in capsys.readouterr().out
+
+
+def test_output_cut_short_ends_quietly():
+    """A reader that goes away (`nbsim -h | head -1`) ends the command without an error message."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    completed = subprocess.run([sys.executable, "-m", "nbsim.cli", "-h"], stdout=write_end, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+    os.close(write_end)
+    assert completed.returncode == 141
+    assert completed.stderr == ""

@@ -85,8 +85,8 @@ def test_compiled_kernel_matches_reference(name, mode, in_golden_dir, monkeypatc
 
 SUITE_STRUCTURES = ("single-square-default", "steps-square-default", "steps-square-nearest")
 """The structures whose float32 kernels other tests build anyway: between them they render 14 of the 21
-golden cases. NBSIM_FULL_PARITY=1 builds every structure in both dtypes (24 kernels, 20-37 minutes on 2
-cores; see docs/kernels.md)."""
+golden cases. NBSIM_FULL_PARITY=1 builds every structure in both dtypes (24 kernels; about 5 minutes per
+dtype on 2 cores from an empty cache, see docs/kernels.md)."""
 
 
 @pytest.mark.slow

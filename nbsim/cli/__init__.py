@@ -8,6 +8,7 @@ fraction of a second; nbsim.cli.simulate then sets up, renders and writes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -21,7 +22,8 @@ from ..nanobragg.flags import FLAGS
 USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
        nbsim kernels build|list   (see nbsim kernels -h)
        nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
-                   [--floatfile F] [--c-binary PATH] -- <nanoBragg options>
+                   [--threads N] [--floatfile F] [--c-binary PATH] [--json F] -- <nanoBragg options>
+       nbsim worker start|stop|status   (a resident process that serves nbsim commands)
 
 nbsim renders the image nanoBragg renders for the same options and writes the same files
 (-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given).
@@ -63,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nbsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of the output went away (`nbsim -h | head`): stop quietly, as other tools do, with
+        # stdout pointed at /dev/null so that the interpreter's final flush does not fail again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as error:  # noqa: BLE001 - the CLI's last line of defence
         if debug:
             traceback.print_exc()

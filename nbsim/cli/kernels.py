@@ -13,7 +13,8 @@ USAGE = """usage: nbsim kernels build [--dtype T ...] [--device D] [-- <nanoBrag
 
 build: compile the ahead-of-time kernels of the common structures (a square crystal with default_F,
 nearest or interpolated structure factors, one or many steps per pixel), or of the structure of the
-nanoBragg options after --, into the kernel cache (NBSIM_CACHE_DIR, default ~/.cache/nbsim).
+nanoBragg options after --, into the kernel cache (NBSIM_CACHE_DIR, default $XDG_CACHE_HOME/nbsim
+or ~/.cache/nbsim).
 list: the cached kernels, with what each was built for."""
 
 
