@@ -70,7 +70,8 @@ def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: t
     hdiv, vdiv, dispersion = _step_ranges(config)
     beam = beam_vector.detach().numpy()
     if config.sources is not None:
-        table = np.array(config.sources, dtype=np.float64)
+        table = np.array([[math.nan if value is None else value for value in row] for row in config.sources],
+                         dtype=np.float64)
         for column in range(3):
             table[np.isnan(table[:, column]), column] = -SOURCE_DISTANCE_M * beam[column]
         table[np.isnan(table[:, 3]), 3] = 1.0

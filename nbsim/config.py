@@ -52,7 +52,6 @@ CrystalShape = Literal["square", "round", "gauss", "tophat"]
 Pivot = Literal["beam", "sample"]
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 CRYSTAL_SHAPES: tuple[CrystalShape, ...] = get_args(CrystalShape)
-PIVOTS: tuple[Pivot, ...] = get_args(Pivot)
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,8 @@ class BeamConfig:
     hdiv_steps: int | None = None
     vdiv_steps: int | None = None
     round_divergence: bool = True
-    sources: tuple[tuple[float, float, float, float, float], ...] | None = None
-    """Explicit sources (-sourcefile rows): x, y, z (m), weight, wavelength (m) each, NaN where the file
+    sources: tuple[tuple[float | None, ...], ...] | None = None
+    """Explicit sources (-sourcefile rows): x, y, z (m), weight, wavelength (m) each, None where the file
     leaves a column out. Read from the file when the arguments are parsed."""
     kahn_polarization: float = 0.0
     no_polarization: bool = False

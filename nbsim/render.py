@@ -27,7 +27,7 @@ from .kernel.inputs import kernel_inputs
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
 from .kernel.physics import PixelTerms
 from .kernel.policy import PROBE_PIXEL_STEPS, CompileDecision, plan_compile
-from .kernel.stages import OUT_OF_RANGE_STAGES
+from .kernel.stages import OUT_OF_RANGE_STAGES, Structure
 from .kernel.structure import structure_of
 from .modes import Compile, Mode
 from .setup import Setup, resolve
@@ -74,6 +74,10 @@ class Renderer:
         self.counts = (tensors.origins.shape[0], tensors.inv_wavelength.shape[0], tensors.beam_terms.shape[2])
         self.steps_per_pixel = math.prod(self.counts)
         self.structure = structure_of(setup.config)
+        rendered = Structure(self.inputs.options, single_step=self.steps_per_pixel == 1)
+        if self.structure != rendered:
+            raise RuntimeError(f"structure_of gives {self.structure.name}, but the resolved set-up renders "
+                               f"{rendered.name}: their count rules disagree (please report this)")
         self.cache = cache if cache is not None else KernelCache.default()
         self.loads = KernelLoads()
         """The compiled kernels this renderer's renders opened from the cache, built, or found open."""

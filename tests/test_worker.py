@@ -76,6 +76,21 @@ def test_worker_renders_what_the_process_renders(tmp_path, running_worker):
     assert _nbsim(["worker", "status"], tmp_path, running_worker).returncode == 1
 
 
+def test_a_waiting_process_killed_from_outside_is_replaced(tmp_path, running_worker):
+    """The process forked for the next command may die before a command comes (killed by a user or the
+    system): the worker forks another, and the command is served."""
+    import psutil
+
+    status = _nbsim(["worker", "status"], tmp_path, running_worker)
+    worker_pid = int(status.stdout.split("pid ")[1].split(",")[0])
+    [waiting] = psutil.Process(worker_pid).children()
+    waiting.kill()
+    waiting.wait(timeout=30)
+    served = _nbsim(ARGS, tmp_path, running_worker)
+    assert served.returncode == 0, served.stderr
+    assert "1 commands served" in _nbsim(["worker", "status"], tmp_path, running_worker).stdout
+
+
 def test_client_does_not_import_torch(tmp_path, running_worker):
     """With a worker running, an `nbsim` command loads neither torch nor numpy."""
     result = _client("import json, sys\nfrom nbsim.cli.client import main\nstatus = main(sys.argv[1:])\n"
@@ -236,7 +251,7 @@ def test_a_command_cancelled_while_writing_leaves_whole_files(tmp_path, monkeypa
     import torch  # noqa: F401 - imported before the fork, as in the worker
 
     from nbsim.cli import worker
-    from nbsim.io.images import atomic_write
+    from nbsim.io.atomic import atomic_write
 
     parts = [bytes(1 << 20)] * 16
 

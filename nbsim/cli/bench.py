@@ -12,15 +12,15 @@ import math
 import statistics
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 
 from ..cache import configure_compile_cache
 from ..errors import NbsimError
+from ..io.atomic import atomic_write_text
 from ..io.images import write_float_image
 from ..modes import Compile
-from ..nanobragg import parse
+from ..nanobragg import config_from_args
 from ..timing import correlation, run_c_reference, time_nbsim
 
 
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     compile_setting = Compile.of(options.compile)
     if compile_setting is not Compile.OFF:
         configure_compile_cache()
-    image, result = time_nbsim(parse(nanobragg_args)[0], device, resolve_dtype(options.dtype),
+    image, result = time_nbsim(config_from_args(nanobragg_args), device, resolve_dtype(options.dtype),
                                compile_setting,
                                options.warmup, options.repeats)
     if options.floatfile:
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
               f"{result.speedup:.1f}x; correlation {result.correlation:.7f}")
     payload = json.dumps(asdict(result))
     if options.json:
-        Path(options.json).write_text(payload + "\n")
+        atomic_write_text(options.json, payload + "\n")
     sys.stdout.flush()
     print(payload)
     return 0

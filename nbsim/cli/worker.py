@@ -12,7 +12,7 @@ time; what remains is the child's first touch of memory it shares with the worke
 
 Cancelling: when the client hangs up (anything readable on its connection), the worker sends the child
 SIGTERM, which raises _Cancelled at the child's next Python step (rendering calls PyTorch tile by tile
-and op by op); `finally` blocks run, so atomic_write (nbsim.io.images: a temporary file, renamed when
+and op by op); `finally` blocks run, so atomic_write (nbsim.io.atomic: a temporary file, renamed when
 complete) removes its temporary file, and a cancelled command leaves complete files or none. A child
 still running CANCEL_GRACE_S later (stuck in one long call that runs no Python) is killed, which may
 leave a temporary file behind.
@@ -145,6 +145,9 @@ def _serve_connections(listener: socket.socket, path: Path) -> None:
                         _send(connection, DECLINE, "")
                     elif command == "run":
                         served += 1
+                        if not child.waiting():
+                            child.close()
+                            child = _next_child(listener)
                         status = child.run(connection, message)
                         if status is not None:
                             _send(connection, EXIT, json.dumps(status))
@@ -200,11 +203,20 @@ class CommandProcess:
         control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            control.close()
-            listener.close()
-            _run_command(child_control)
+            try:
+                control.close()
+                listener.close()
+                _run_command(child_control)
+            finally:
+                os._exit(UNSTARTED_STATUS)  # never back into the worker's own code, whatever was raised
         child_control.close()
         return cls(pid, control)
+
+    def waiting(self) -> bool:
+        """Whether the child still waits for its command (one killed from outside is replaced)."""
+        with contextlib.suppress(ChildProcessError):
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        return False
 
     def run(self, connection: socket.socket, message: dict) -> int | None:
         """Hand the child the client's connection and request and wait for its status; None when the
@@ -292,6 +304,7 @@ def _run_command(control: socket.socket) -> NoReturn:
     except _Cancelled:
         status = 128 + signal.SIGTERM
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # a late cancel must not skip the exit
         with contextlib.suppress(OSError):
             control.send(str(status).encode())
         os._exit(status)

@@ -35,7 +35,7 @@ def input_file_paths(config: SimulationConfig) -> dict[str, str | None]:
     return {"hkl": config.structure.hkl_file, "mask": config.detector.mask_file}
 
 
-def read_input_file(field: str, path: str | Path):
+def read_input_file(field: str, path: str | Path) -> np.ndarray:
     """One input file, read strictly by the reader of its InputFiles field."""
     readers = {"hkl": read_hkl, "mask": read_mask}
     return readers[field](path)

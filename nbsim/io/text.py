@@ -86,14 +86,15 @@ def read_mosflm_matrix(path: str | Path) -> tuple[float, ...]:
     return tuple(values)
 
 
-def read_source_file(path: str | Path) -> tuple[tuple[float, float, float, float, float], ...]:
-    """Source file rows: X Y Z (m, position of the source), weight, wavelength (m); missing → NaN."""
+def read_source_file(path: str | Path) -> tuple[tuple[float | None, ...], ...]:
+    """Source file rows: X Y Z (m, position of the source), weight, wavelength (m); a missing column is
+    None (nanoBragg's default for it), so the rows stay plain, comparable, JSON-able values."""
     rows = numeric_rows(path, 1, 5)
     if not rows:
         raise InputFileError(str(path), "no sources in file")
     sources = []
     for line_number, values in rows:
-        padded = values + [math.nan] * (5 - len(values))
+        padded = values + [None] * (5 - len(values))
         if len(values) == 5 and values[4] <= 0:
             raise InputFileError(str(path), f"wavelength {values[4]:g} m must be positive", line_number)
         sources.append(tuple(padded))

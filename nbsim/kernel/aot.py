@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -53,8 +54,14 @@ class AotStage:
         return output(*outputs) if output is not None else outputs[0]
 
 
+class PackageRunner(Protocol):
+    """An opened ahead-of-time package (PyTorch's AOTIModelPackageLoader)."""
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+
+
 def load_package(cache: KernelCache, variant: StageVariant, dtype: torch.dtype, device: torch.device,
-                 loads: KernelLoads):
+                 loads: KernelLoads) -> PackageRunner:
     """The variant's package runner: already open in `cache`, else opened from disk, built first if the
     cache does not hold it (counted in `loads`)."""
     package = cache.package(variant, dtype, device)
@@ -70,7 +77,7 @@ def load_package(cache: KernelCache, variant: StageVariant, dtype: torch.dtype, 
     return runner
 
 
-def open_package(package: Path, device: torch.device):
+def open_package(package: Path, device: torch.device) -> PackageRunner:
     """The runner of an ahead-of-time package file on `device` (its `run` takes the flat inputs)."""
     device_index = device.index if device.type == "cuda" and device.index is not None else -1
     return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
@@ -95,7 +102,6 @@ def ensure_package(cache: KernelCache, variant: StageVariant, dtype: torch.dtype
     package.parent.mkdir(parents=True, exist_ok=True)
     with locked(package.with_suffix(".lock")):
         if package.is_file():
-            cache.hits += 1
             return False
         started = time.perf_counter()
         build_package(variant, dtype, device, package)

@@ -45,14 +45,13 @@ class KernelLoads:
 
 class KernelCache:
     """The packages in `folder`/kernels (`folder` is NBSIM_CACHE_DIR's role), with the packages this
-    object has opened kept in memory. `hits` and `builds` count the packages it found on disk and
-    built (whoever asked)."""
+    object has opened kept in memory; `builds` counts the packages it built (whoever asked)."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.kernels = self.folder / "kernels"
-        self.hits = 0
         self.builds = 0
+        """Packages this process built into the cache."""
         self.open_packages: dict[tuple[Path, torch.device], object] = {}
         """Package runners opened from this cache, by package path and device."""
 
@@ -60,7 +59,7 @@ class KernelCache:
     def default() -> KernelCache:
         """The cache in NBSIM_CACHE_DIR (else ~/.cache/nbsim): one object per folder and process, so a
         package opened by one renderer stays open for the next."""
-        return _cache_in(cache_dir())
+        return _cache_in(cache_dir().expanduser().resolve())
 
     def __repr__(self) -> str:
         return f"KernelCache({str(self.folder)!r})"

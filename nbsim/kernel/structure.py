@@ -8,6 +8,7 @@ domains, sources, phi steps), so the two cannot disagree.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from ..beam import source_count
@@ -39,10 +40,20 @@ def structure_of(config: SimulationConfig) -> Structure:
     return Structure(kernel_options(config, lookup_of(config.structure, n_cells)), single_step=single_step)
 
 
-@functools.lru_cache(maxsize=64)
 def _distance_and_pixel_m(detector: DetectorConfig) -> tuple[float, float]:
-    """The detector's `sampling_distance_m` and pixel size, remembered per (frozen, hashable) detector
-    configuration: the points of a sweep mostly share one, and building its geometry would otherwise be
-    most of `structure_of`'s cost. Only floats are kept (the key holds the configuration itself)."""
+    """The detector's `sampling_distance_m` and pixel size: remembered for a detector configuration of
+    plain values (the points of a sweep mostly share one, and building its geometry would otherwise be
+    most of `structure_of`'s cost), computed afresh for one holding tensors, which hash by identity and
+    may change in place (an optimiser's step)."""
+    values = [getattr(detector, field.name) for field in dataclasses.fields(detector)]
+    if any(hasattr(item, "detach") for value in values for item in (value if isinstance(value, tuple) else (value,))):
+        return _geometry_distance_and_pixel_m(detector)
+    return _remembered_distance_and_pixel_m(detector)
+
+
+def _geometry_distance_and_pixel_m(detector: DetectorConfig) -> tuple[float, float]:
     geometry = build_geometry(detector)
     return sampling_distance_m(geometry), geometry.pixel_size_m
+
+
+_remembered_distance_and_pixel_m = functools.lru_cache(maxsize=64)(_geometry_distance_and_pixel_m)

@@ -66,7 +66,6 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
 
 
 def _config_from_state(state: CState) -> SimulationConfig:
-    nan_to_none = _nan_to_none
     crystal = CrystalConfig(
         cell_A_deg=tuple(state["cell"]) if state["user_cell"] else None,
         mosflm_matrix=read_mosflm_matrix(state["mat"]) if state["mat"] else None,
@@ -87,13 +86,13 @@ def _config_from_state(state: CState) -> SimulationConfig:
         beamsize_mm=state["beamsize_mm"], water_thickness_um=state["water_um"], dmin_A=state["dmin_A"])
     vectors = state["vectors"] if state["convention"] == "custom" else {}
     detector = DetectorConfig(
-        distance_mm=state["distance_mm"], close_distance_mm=nan_to_none(state["close_distance_mm"]),
+        distance_mm=state["distance_mm"], close_distance_mm=_nan_to_none(state["close_distance_mm"]),
         detsize_f_mm=state["detsize_f_mm"], detsize_s_mm=state["detsize_s_mm"], pixels_f=state["fpixels"] or None,
         pixels_s=state["spixels"] or None, pixel_size_mm=state["pixel_mm"], convention=state["convention"],
         pivot=state["pivot"],
-        beam_x_mm=nan_to_none(state["Xbeam"]), beam_y_mm=nan_to_none(state["Ybeam"]),
-        close_x_mm=nan_to_none(state["Xclose"]), close_y_mm=nan_to_none(state["Yclose"]),
-        orgx_px=nan_to_none(state["ORGX"]), orgy_px=nan_to_none(state["ORGY"]),
+        beam_x_mm=_nan_to_none(state["Xbeam"]), beam_y_mm=_nan_to_none(state["Ybeam"]),
+        close_x_mm=_nan_to_none(state["Xclose"]), close_y_mm=_nan_to_none(state["Yclose"]),
+        orgx_px=_nan_to_none(state["ORGX"]), orgy_px=_nan_to_none(state["ORGY"]),
         twotheta_deg=state["twotheta_deg"], rotation_deg=tuple(state["rot_deg"]),
         fdet_vector=vectors.get("fdet"), sdet_vector=vectors.get("sdet"), odet_vector=vectors.get("odet"),
         beam_vector=vectors.get("beam"), polar_vector=vectors.get("polar"), spindle_axis=vectors.get("spindle"),

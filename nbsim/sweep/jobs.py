@@ -18,49 +18,20 @@ import platform
 import socket
 import statistics
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import NbsimError
-from ..modes import Compile
 from .plan import KernelJob
 from .progress import Progress
-from .spec import PointSpec, dataclass_from_dict, dataclass_to_dict
+from .spec import BatchJob
 from .store import AtomicStore, open_store_array, write_json
 
 IMAGE_DIMENSIONS = ("point", "slow", "fast")
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchJob:
-    """What one batch job needs (its rule's params, as `to_dict` data): its points' specs in order and how
-    to render and time them."""
-
-    scenario: str
-    batch: str
-    points: tuple[PointSpec, ...]
-    dtype: str
-    device: str
-    compile: Compile
-    warmup: int
-    repeats: int
-    threads: int
-    compile_cache: str
-    c_binary: str | None = None
-    """Reference batches only: time this nanoBragg binary instead of nbsim in float64."""
-    on_unavailable_device: str = "fail"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BatchJob:
-        return dataclass_from_dict(cls, data)
 
 
 def package_versions() -> dict[str, str]:

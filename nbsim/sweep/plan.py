@@ -233,20 +233,25 @@ def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
     """What a point renders: its nanoBragg arguments parsed, then its option axes applied, each checked
     against the option's type. The one construction planning and validation share; NbsimError for a value
     that does not build."""
-    for name, value in point.options:
+    return _configured(point_argv(config, point, base), point.options)
+
+
+def _configured(argv: tuple[str, ...], options: tuple[tuple[str, Any], ...]) -> SimulationConfig:
+    for name, value in options:
         check_option_value(name, value)
-    return _parsed(point_argv(config, point, base)).with_options(**dict(point.options))
+    return _parsed(argv).with_options(**dict(options))
 
 
 @functools.cache
 def _parsed(argv: tuple[str, ...]) -> SimulationConfig:
     """Parsed once per distinct argv: validation's parse is planning's, and the points of every dtype,
     device, compile setting and option value share it."""
-    from ..nanobragg import parse
+    from ..nanobragg import config_from_args
 
-    return parse(list(argv))[0]
+    return config_from_args(argv)
 
 
+@functools.cache
 def option_types() -> dict[str, Any]:
     """Each simulator option's type (nbsim.config's field types, resolved)."""
     return {name: hint for part in field_types(SimulationConfig).values() for name, hint in field_types(part).items()}
@@ -282,9 +287,10 @@ def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Poi
                as_reference: bool = False) -> PointSpec:
     """A point as its batch job renders it (`as_reference`: as its reference batch renders it)."""
     kernel_point = nbsim_reference_point(point) if as_reference else point
+    argv = point_argv(config, point, base)
     return PointSpec(name=point.reference_name if as_reference else point.name, reference=point.reference_name,
-                     size=point.size, axes=point.axis_values, config=point_config(config, point, base),
-                     argv=point_argv(config, point, base), kernel=kernel_of_point.get(kernel_point))
+                     size=point.size, axes=point.axis_values, config=_configured(argv, point.options),
+                     argv=argv, kernel=kernel_of_point.get(kernel_point))
 
 
 def c_binary_path(config: dict, base: Path) -> str | None:

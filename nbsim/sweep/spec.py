@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from ..config import SimulationConfig
+from ..modes import Compile
 
 Data = TypeVar("Data")
 
@@ -148,4 +149,31 @@ class PointSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PointSpec:
+        return dataclass_from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """What one batch job needs (its rule's params, as `to_dict` data): its points' specs in order and how
+    to render and time them."""
+
+    scenario: str
+    batch: str
+    points: tuple[PointSpec, ...]
+    dtype: str
+    device: str
+    compile: Compile
+    warmup: int
+    repeats: int
+    threads: int
+    compile_cache: str
+    c_binary: str | None = None
+    """Reference batches only: time this nanoBragg binary instead of nbsim in float64."""
+    on_unavailable_device: str = "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclass_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchJob:
         return dataclass_from_dict(cls, data)

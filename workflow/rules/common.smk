@@ -9,7 +9,7 @@ from pathlib import Path
 from nbsim.errors import NbsimError
 from nbsim.modes import Compile
 from nbsim.sweep import plan, validate
-from nbsim.sweep.jobs import BatchJob
+from nbsim.sweep.spec import BatchJob
 
 
 CONFIG_BASE = (

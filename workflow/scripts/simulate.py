@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from nbsim.sweep.jobs import BatchJob, run_batch
+from nbsim.sweep.jobs import run_batch
 from nbsim.sweep.progress import run_logged
+from nbsim.sweep.spec import BatchJob
 
 run_logged(snakemake.log[0], run_batch, BatchJob.from_dict(snakemake.params.job),  # noqa: F821
            Path(snakemake.output.store), Path(snakemake.output.records), Path(snakemake.input.reference))  # noqa: F821
