@@ -85,7 +85,9 @@ def test_a_waiting_process_killed_from_outside_is_replaced(tmp_path, running_wor
     worker_pid = int(status.stdout.split("pid ")[1].split(",")[0])
     [waiting] = psutil.Process(worker_pid).children()
     waiting.kill()
-    waiting.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while waiting.is_running() and waiting.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.01)
     served = _nbsim(ARGS, tmp_path, running_worker)
     assert served.returncode == 0, served.stderr
     assert "1 commands served" in _nbsim(["worker", "status"], tmp_path, running_worker).stdout
