@@ -86,7 +86,7 @@ def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
         if path is not None:
             check_writable(path)
-    for path in (config.structure.hkl_file, config.detector.mask_file):
+    for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
         if path is not None:
             require_file(path)
     return config, run

@@ -109,6 +109,8 @@ def describe(setup: Setup) -> list[str]:
     lines += [
         f"  created a total of {setup.mosaic.count} mosaic domains",
         f"  {setup.grid.entries if setup.grid else 0} initialized hkls (all others ={config.structure.default_F:g})",
+        *([f"  structure factors from {config.structure.model_file or config.structure.hkl_file} "
+            f"{setup.reflections.source}"] if setup.reflections is not None and setup.reflections.source else []),
         f"  {shape_names[config.crystal.shape]} xtal: {setup.n_cells[0]}x{setup.n_cells[1]}x{setup.n_cells[2]} cells",
         f"  structure factors: {setup.lookup}",
         f"  wave={float(config.beam.wavelength_A) * 1e-10:g} meters +/- {sources.dispersion.range * 100:g}% in "

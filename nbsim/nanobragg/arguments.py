@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
+from ..errors import NbsimError
+from ..io.inputs import structure_file_cell
 from ..io.text import read_mosflm_matrix, read_source_file
 from ..modes import Compile
 from .flags import NBSIM_ONLY, NO_EFFECT, validate
@@ -42,7 +44,11 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     validate(argv)
     state = run_nanobragg_rules(argv)
     nbsim_options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in NBSIM_ONLY}
-    config = _config_from_state(state)
+    if "-column" in nbsim_options and state["hkl"] is None:
+        raise NbsimError("-column picks a column of the -hkl file: give -hkl FILE")
+    config = _config_from_state(state).with_options(column=nbsim_options.get("-column"),
+                                                    model_file=nbsim_options.get("-model"))
+    config = _with_cell_from_file(config)
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
@@ -104,6 +110,15 @@ def _config_from_state(state: CState) -> SimulationConfig:
     structure = StructureFactorConfig(hkl_file=state["hkl"], default_F=state["default_F"],
                                       interpolate=state["interpolate"])
     return SimulationConfig(crystal=crystal, beam=beam, detector=detector, structure=structure)
+
+
+def _with_cell_from_file(config: SimulationConfig) -> SimulationConfig:
+    """Without -cell and -mat, the cell of the -model or of an MTZ or mmCIF -hkl file (as nanoBragg would
+    take it from -cell)."""
+    if config.crystal.cell_A_deg is not None or config.crystal.mosflm_matrix is not None:
+        return config
+    cell = structure_file_cell(config)
+    return config if cell is None else config.with_options(cell_A_deg=cell)
 
 
 def _nan_to_none(value: float) -> float | None:

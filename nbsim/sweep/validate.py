@@ -131,14 +131,15 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
     with each of its axis values alone, to name the key at fault."""
     from ..io.inputs import input_file_paths, read_input_file
 
-    files_read: set[tuple[str, str]] = set()
+    files_read: set[tuple[str, str, str | None]] = set()
 
     def build(point: Point) -> None:
         simulation = point_config(config, point, base)
         for field, path in input_file_paths(simulation).items():
-            if path is not None and (field, path) not in files_read:
-                read_input_file(field, path)
-                files_read.add((field, path))
+            key = (field, path, simulation.structure.column)
+            if path is not None and key not in files_read:
+                read_input_file(field, simulation)
+                files_read.add(key)
 
     for point in dict.fromkeys(nbsim_reference_point(p) for p in points):
         try:

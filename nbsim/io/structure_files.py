@@ -1,0 +1,237 @@
+"""Structure factors from crystallographic files, read with gemmi: merged MTZ and sf-mmCIF reflection files
+(-hkl, chosen by content) and atomic models (-model, PDB or mmCIF), each expanded from its space group to
+the full sphere of P1 indices (symmetry mates and Friedel mates) that nanoBragg's table holds.
+
+Every table is parsed once per process: it is kept by the SHA-256 of the file's bytes (and the column, or
+the resolution a model is computed to), so a sweep's or a series' images do not read it again."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ..errors import InputFileError
+from .text import numeric_rows
+
+HklFormat = Literal["mtz", "mmcif", "text"]
+MTZ_MAGIC = b"MTZ "
+
+# Column kinds as MTZ types: F amplitude, J mean intensity, G/K anomalous amplitude/intensity pair.
+_AMPLITUDE, _INTENSITY, _AMPLITUDE_PAIR, _INTENSITY_PAIR = "F", "J", "G", "K"
+_MMCIF_KINDS = {"F_meas_au": "F", "F_meas": "F", "F_calc": "F", "F_calc_au": "F", "intensity_meas": "J",
+                "intensity_calc": "J", "F_squared_meas": "J", "F_squared_calc": "J", "pdbx_F_plus": "G",
+                "pdbx_F_minus": "G", "pdbx_I_plus": "K", "pdbx_I_minus": "K"}
+_SIGN_SUFFIXES = (("(+)", "(-)"), ("_plus", "_minus"), ("+", "-"))
+_MAX_CACHED_TABLES = 8
+
+
+@dataclass(frozen=True)
+class ReflectionTable:
+    """A P1 table over the full sphere of indices, and where it came from."""
+
+    reflections: np.ndarray
+    """(reflections, 4): h, k, l, F; every symmetry and Friedel mate listed, absences left out."""
+    cell_A_deg: tuple[float, float, float, float, float, float] | None
+    """The file's unit cell (None for a plain text table)."""
+    source: str | None
+    """What the values are, e.g. "column FP (amplitudes)"; None for a plain text table."""
+    from_intensities: bool = False
+
+
+_TABLES: dict[tuple[str, ...], ReflectionTable] = {}
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (the key its parsed contents are kept under)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as error:
+        raise InputFileError(str(path), f"cannot be read ({error.strerror or error})") from None
+
+
+def hkl_format(path: str | Path) -> HklFormat:
+    """An -hkl file's format, by content: the MTZ magic bytes, an mmCIF `_refln.` loop, else a text table."""
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+        if head == MTZ_MAGIC:
+            return "mtz"
+        handle.seek(0)
+        return "mmcif" if b"_refln." in handle.read() else "text"
+
+
+def _cached(key: tuple[str, ...], make) -> ReflectionTable:
+    table = _TABLES.get(key)
+    if table is None:
+        table = make()
+        if len(_TABLES) >= _MAX_CACHED_TABLES:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = table
+    return table
+
+
+def read_reflection_file(path: str | Path, column: str | None = None) -> ReflectionTable:
+    """An -hkl file (MTZ, sf-mmCIF or nanoBragg's h k l F text) as a full-sphere P1 table; `column` picks
+    an MTZ or mmCIF column (an amplitude, an intensity, or one half of an anomalous pair)."""
+    kind = hkl_format(path)
+    if kind == "text":
+        if column is not None:
+            raise InputFileError(str(path), f"-column {column}: a text table has no columns to choose from")
+        return _cached(("text", file_digest(path)), lambda: ReflectionTable(read_hkl(path), None, None))
+    return _cached((kind, file_digest(path), column or ""), lambda: _read_merged(path, kind, column))
+
+
+def _read_merged(path: str | Path, kind: HklFormat, column: str | None) -> ReflectionTable:
+    import gemmi
+
+    try:
+        if kind == "mtz":
+            data: Any = gemmi.read_mtz_file(str(path))
+            columns = {c.label: c.type for c in data.columns}
+            values = lambda label: np.asarray(data.array[:, data.column_labels().index(label)], np.float64)  # noqa: E731
+        else:
+            blocks = [b for b in gemmi.as_refln_blocks(gemmi.cif.read(str(path))) if b.default_loop is not None]
+            if not blocks:
+                raise InputFileError(str(path), "no _refln loop in this mmCIF file")
+            data = blocks[0]
+            columns = {label: _MMCIF_KINDS.get(label, "") for label in data.column_labels()}
+            values = lambda label: np.asarray(data.make_float_array(label), np.float64)  # noqa: E731
+        miller = np.asarray(data.make_miller_array(), np.int64)
+    except (RuntimeError, ValueError, IndexError) as error:
+        raise InputFileError(str(path), f"not a readable {kind.upper()} file ({str(error).splitlines()[0]})") from None
+    label = _choose_column(str(path), columns, column)
+    pair = _anomalous_partner(label, columns) if columns[label] in (_AMPLITUDE_PAIR, _INTENSITY_PAIR) else None
+    intensities = columns[label] in (_INTENSITY, _INTENSITY_PAIR)
+    plus, minus = (values(label), None) if pair is None else (values(pair[0]), values(pair[1]))
+    if intensities:
+        plus = np.sqrt(np.maximum(plus, 0.0))
+        minus = None if minus is None else np.sqrt(np.maximum(minus, 0.0))
+    reflections = expand_to_p1_sphere(miller, plus, minus, data.spacegroup)
+    if not len(reflections):
+        raise InputFileError(str(path), f"column {label} holds no values")
+    shown = label if pair is None else f"{pair[0]}/{pair[1]}"
+    source = f"column {shown} ({'intensities, used as amplitudes sqrt(max(I,0))' if intensities else 'amplitudes'})"
+    return ReflectionTable(reflections, tuple(float(v) for v in data.cell.parameters), source, intensities)
+
+
+def _choose_column(path: str, columns: dict[str, str], column: str | None) -> str:
+    """The column asked for, else the first amplitude, mean intensity, amplitude pair, intensity pair."""
+    usable = [label for label, kind in columns.items() if kind in "FJGK" and kind]
+    if column is not None:
+        if column not in columns:
+            raise InputFileError(path, f"no column {column} (columns: {', '.join(columns)})")
+        if column not in usable:
+            raise InputFileError(path, f"column {column} is neither an amplitude nor an intensity "
+                                       f"(usable: {', '.join(usable) or 'none'})")
+        return column
+    for kind in (_AMPLITUDE, _INTENSITY, _AMPLITUDE_PAIR, _INTENSITY_PAIR):
+        for label in usable:
+            if columns[label] == kind:
+                return label
+    raise InputFileError(path, f"no amplitude or intensity column (columns: {', '.join(columns)})")
+
+
+def _anomalous_partner(label: str, columns: dict[str, str]) -> tuple[str, str] | None:
+    """The (plus, minus) labels of the anomalous pair `label` belongs to, named F(+)/F(-), F+/F- or
+    pdbx_F_plus/pdbx_F_minus; None when its partner is missing."""
+    for plus, minus in _SIGN_SUFFIXES:
+        for own, other in ((plus, minus), (minus, plus)):
+            if label.endswith(own):
+                partner = label[:-len(own)] + other
+                if columns.get(partner) == columns[label]:
+                    return (label, partner) if own == plus else (partner, label)
+    return None
+
+
+def expand_to_p1_sphere(miller: np.ndarray, f_plus: np.ndarray, f_minus: np.ndarray | None,
+                        spacegroup: Any) -> np.ndarray:
+    """(n, 4) h k l F over the full sphere from unique reflections of a gemmi space group: every symmetry
+    mate h·R takes F(+), its Friedel mate −h·R takes F(−) (F(+) without a pair, or where F(−) is missing).
+    Missing values and systematic absences are left out (nanoBragg's -default_F fills them)."""
+    ops = spacegroup.operations()
+    minus = f_plus if f_minus is None else np.where(np.isnan(f_minus), f_plus, f_minus)
+    plus = np.where(np.isnan(f_plus), minus, f_plus)
+    present = ~np.isnan(plus) & ~ops.systematic_absences(np.ascontiguousarray(miller, np.int32))
+    miller, plus, minus = miller[present], plus[present], minus[present]
+    rotations = {tuple(map(tuple, op.rot)) for op in ops.sym_ops}
+    parts = []
+    for side, values in ((-1, minus), (1, plus)):  # F(+) last: it wins where both land on one index
+        for rotation in sorted(rotations):
+            mates = side * (miller @ (np.array(rotation, np.int64) // ops.sym_ops[0].DEN))
+            parts.append(np.column_stack([mates, values]))
+    rows = np.concatenate(parts)[::-1]
+    _, first = np.unique(rows[:, :3], axis=0, return_index=True)
+    return rows[first]
+
+
+def read_hkl(path: str | Path) -> np.ndarray:
+    """Rows of h, k, l, F from a text file; indices must be integers, F a finite number."""
+    rows = numeric_rows(path, 4, 4)
+    if not rows:
+        raise InputFileError(str(path), "no reflections in file")
+    for line_number, (h, k, l, _) in rows:
+        if h != round(h) or k != round(k) or l != round(l):
+            raise InputFileError(str(path), f"Miller indices must be integers (got {h:g} {k:g} {l:g})",
+                                 line_number)
+    return np.array([values for _, values in rows], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class AtomicModel:
+    """An atomic model's cell and atom count (its atoms stay in gemmi, in the module's cache)."""
+
+    cell_A_deg: tuple[float, float, float, float, float, float]
+    atoms: int
+    digest: str
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def read_model(path: str | Path) -> AtomicModel:
+    """A PDB or mmCIF model, checked: it has atoms and a unit cell."""
+    import gemmi
+
+    digest = file_digest(path)
+    structure = _MODELS.get(digest)
+    if structure is None:
+        try:
+            structure = gemmi.read_structure(str(path))
+        except (RuntimeError, ValueError) as error:
+            raise InputFileError(str(path), f"not a readable model ({str(error).splitlines()[0]})") from None
+        structure.setup_entities()
+        if len(_MODELS) >= _MAX_CACHED_TABLES:
+            _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[digest] = structure
+    atoms = structure[0].count_atom_sites() if len(structure) else 0
+    if atoms == 0:
+        raise InputFileError(str(path), "the model has no atoms")
+    if not structure.cell.is_crystal():
+        raise InputFileError(str(path), "the model has no unit cell (a CRYST1 record or _cell values)")
+    return AtomicModel(tuple(float(v) for v in structure.cell.parameters), atoms, digest)
+
+
+def model_reflections(path: str | Path, d_min_A: float) -> ReflectionTable:
+    """|F| of a model's first model to resolution `d_min_A`, by gemmi's direct summation
+    (StructureFactorCalculatorX: IT92 form factors, the atoms' B factors and occupancies, no bulk solvent)
+    over the unique reflections of its space group, expanded to the full P1 sphere."""
+    import gemmi
+
+    model = read_model(path)
+    key = ("model", model.digest, f"{d_min_A:.6g}")
+
+    def compute() -> ReflectionTable:
+        structure = _MODELS[model.digest]
+        spacegroup = structure.find_spacegroup() or gemmi.SpaceGroup("P 1")
+        miller = np.asarray(gemmi.make_miller_array(structure.cell, spacegroup, d_min_A), np.int64)
+        calculator = gemmi.StructureFactorCalculatorX(structure.cell)
+        amplitudes = np.array([abs(calculator.calculate_sf_from_model(structure[0], [int(i) for i in hkl]))
+                               for hkl in miller], np.float64)
+        reflections = expand_to_p1_sphere(miller, amplitudes, None, spacegroup)
+        return ReflectionTable(reflections, model.cell_A_deg,
+                               f"model, {model.atoms} atoms, |F| by direct summation to {d_min_A:.3g} A")
+
+    return _cached(key, compute)
