@@ -205,6 +205,13 @@ def resolve(config: SimulationConfig) -> Setup:
                  first_evaluation_cells_A=first_cells, warnings=warnings, reflections=reflections)
 
 
+def p1_reflections(config: SimulationConfig) -> np.ndarray | None:
+    """The (reflections, 4) h k l F table over the full P1 sphere that a render of `config` looks up (from
+    -hkl, or from -model to the detector's resolution); None when only -default_F is given."""
+    table = resolve(config).reflections
+    return None if table is None else table.reflections
+
+
 CELL_TOLERANCE = 1e-3
 """The relative difference between the -cell given and a structure file's cell that is warned about."""
 

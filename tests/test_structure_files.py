@@ -12,6 +12,7 @@ import torch
 
 from nbsim import config_from_args, resolve, simulate
 from nbsim.cli import main
+from nbsim.errors import NbsimError
 from nbsim.io.structure_files import read_reflection_file
 
 CELL = (40.0, 40.0, 60.0, 90.0, 90.0, 90.0)
@@ -213,3 +214,40 @@ def test_bad_models_are_one_line_errors(tmp_path, capsys, problem):
     error = capsys.readouterr().err
     assert message in error and len(error.strip().splitlines()) == 1
     assert not (tmp_path / "o.bin").exists()
+
+
+def test_library_sweep_and_p1_out(files, tmp_path, capsys):
+    """config_from_args takes -column, p1_reflections gives the table, -p1_out writes it as text that
+    renders the same image, and a sweep's -hkl and -model values are read before any job."""
+    from nbsim import p1_reflections
+    from nbsim.nanobragg.rules import RULES
+    from nbsim.sweep.validate import validate_config
+
+    from .test_sweep import SCHEMA, config_with
+
+    for flag in ("-column", "-model", "-p1_out"):
+        assert not any(predicate(flag) for predicate, *_ in RULES), f"a nanoBragg rule captures {flag}"
+    argv = ["-hkl", files["mtz"], "-column", "FP", *IMAGE]
+    assert config_from_args(argv).structure.column == "FP"
+    table = p1_reflections(config_from_args(argv))
+    np.testing.assert_array_equal(table, read_reflection_file(files["mtz"]).reflections)
+    written = tmp_path / "p1.hkl"
+    assert main([*argv, "-detpixels", "8", "-p1_out", str(written), "-floatfile", str(tmp_path / "a.bin"),
+                 "-nopgm", "-nonoise", "-intfile", str(tmp_path / "a.img")]) == 0
+    assert "P1 table used" in capsys.readouterr().out
+    np.testing.assert_array_equal(np.loadtxt(written), table)
+    np.testing.assert_array_equal(_image(["-hkl", str(written), *CELL_ARGS, *IMAGE]), _image(argv))
+
+    _model(tmp_path / "good.pdb")
+    (tmp_path / "empty.pdb").write_text("CRYST1   30.000   35.000   40.000  90.00 105.00  90.00 P 1 21 1\nEND\n")
+    (tmp_path / "bad.mtz").write_bytes(b"MTZ " + b"\0" * 64)
+    Path(tmp_path / "f.mtz").write_bytes(Path(files["mtz"]).read_bytes())
+    seed = "-default_F 0 -lambda 1 -distance 40 -N 5"
+    config = config_with({"-model": ["good.pdb", "empty.pdb"]})
+    config["scenarios"]["seed"]["args"] = seed
+    with pytest.raises(NbsimError, match=r"value 'empty.pdb' .*the model has no atoms"):
+        validate_config(config, SCHEMA, tmp_path)
+    config = config_with({"-hkl": ["f.mtz", "bad.mtz"]})
+    config["scenarios"]["seed"]["args"] = seed
+    with pytest.raises(NbsimError, match=r"value 'bad.mtz' .*bad.mtz: not a readable MTZ"):
+        validate_config(config, SCHEMA, tmp_path)

@@ -13,6 +13,7 @@ from ..config import SimulationConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.images import write_float_image, write_pgm, write_smv
+from ..io.structure_files import write_hkl
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
@@ -30,6 +31,9 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"WARNING: {line}")
     for line in describe(setup):
         print(line)
+    if run.p1_table_file and setup.reflections is not None:
+        print(f"writing {run.p1_table_file} as {len(setup.reflections.reflections)} h k l F lines (the P1 table used)")
+        write_hkl(run.p1_table_file, setup.reflections.reflections)
     if run.compile is not Compile.OFF:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)

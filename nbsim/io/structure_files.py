@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import InputFileError
+from .atomic import atomic_write_text
 from .text import numeric_rows
 
 HklFormat = Literal["mtz", "mmcif", "text"]
@@ -177,6 +178,11 @@ def read_hkl(path: str | Path) -> np.ndarray:
             raise InputFileError(str(path), f"Miller indices must be integers (got {h:g} {k:g} {l:g})",
                                  line_number)
     return np.array([values for _, values in rows], dtype=np.float64)
+
+
+def write_hkl(path: str | Path, reflections: np.ndarray) -> None:
+    """An (n, 4) h k l F table as the text nanoBragg's -hkl reads (F to full float64 precision)."""
+    atomic_write_text(path, "".join(f"{h:.0f} {k:.0f} {l:.0f} {float(f)!r}\n" for h, k, l, f in reflections))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ class RunOptions:
     dtype: str = "float32"
     compile: Compile = Compile.AUTO
     """AUTO (compile when the kernel is cached or building it pays), ON or OFF."""
+    p1_table_file: str | None = None
+    """Where -p1_out writes the P1 table used, as nanoBragg's h k l F text."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -46,6 +48,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     nbsim_options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in NBSIM_ONLY}
     if "-column" in nbsim_options and state["hkl"] is None:
         raise NbsimError("-column picks a column of the -hkl file: give -hkl FILE")
+    if "-p1_out" in nbsim_options and state["hkl"] is None and "-model" not in nbsim_options:
+        raise NbsimError("-p1_out writes the table of -hkl or -model: give one of them")
     config = _config_from_state(state).with_options(column=nbsim_options.get("-column"),
                                                     model_file=nbsim_options.get("-model"))
     config = _with_cell_from_file(config)
@@ -67,7 +71,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         intfile_scale=state["intfile_scale"], pgm_scale=state["pgm_scale"], adc=state["adc"], seed=seed,
         printout_pixel=state["printout_pixel"], device=nbsim_options.get("-device", "cpu"),
         dtype=nbsim_options.get("-dtype", "float32"), compile=Compile.of(nbsim_options.get("-compile", "auto")),
-        notes=notes)
+        p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run
 
 
