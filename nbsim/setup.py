@@ -219,12 +219,12 @@ CELL_TOLERANCE = 1e-3
 def structure_factor_warnings(config: SimulationConfig, table: ReflectionTable | None) -> list[str]:
     """Warnings about structure factors from an MTZ, mmCIF or model: intensities used as amplitudes, a
     -cell unlike the file's, and a non-zero -default_F (spots beyond the data)."""
-    if table is None or table.cell_A_deg is None:
+    if table is None or table.source is None:
         return []
     path = config.structure.model_file or config.structure.hkl_file
     warnings = [f"{path} {table.source}"] if table.from_intensities else []
     cell = config.crystal.cell_A_deg
-    if cell is not None and config.crystal.mosflm_matrix is None and any(
+    if cell is not None and table.cell_A_deg is not None and config.crystal.mosflm_matrix is None and any(
             abs(scalar_value(given) - own) > CELL_TOLERANCE * abs(own)
             for given, own in zip(cell, table.cell_A_deg, strict=True)):
         warnings.append(f"-cell {' '.join(f'{scalar_value(v):g}' for v in cell)} differs from the cell of {path} "

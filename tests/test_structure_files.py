@@ -127,7 +127,8 @@ def test_anomalous_pair_halves_go_to_their_side(tmp_path):
             assert by_index[mate] == 100.0 and by_index[tuple(-np.array(mate))] == 50.0
 
 
-@pytest.mark.parametrize("problem", ["unknown column", "no usable column", "corrupt MTZ", "column of a text table"])
+@pytest.mark.parametrize("problem", ["unknown column", "no usable column", "corrupt MTZ", "corrupt mmCIF",
+                                     "mmCIF without space group", "column of a text table"])
 def test_bad_structure_files_are_one_line_errors(files, tmp_path, capsys, problem):
     miller = _unique_reflections(5.0)
     cases = {
@@ -135,6 +136,11 @@ def test_bad_structure_files_are_one_line_errors(files, tmp_path, capsys, proble
         "no usable column": (["-hkl", _mtz(tmp_path / "s.mtz", {"SIGFP": ("Q", np.ones(len(miller)))}, miller)],
                              "no amplitude or intensity column"),
         "corrupt MTZ": (["-hkl", str(_write(tmp_path / "bad.mtz", b"MTZ " + b"\0" * 64))], "bad.mtz: not a readable"),
+        "corrupt mmCIF": (["-hkl", str(_write(tmp_path / "bad.cif", b"data_x\nloop_\n_refln.index_h\n"
+                                              b"_refln.index_k\n_refln.F_meas_au\n1 2\n"))], "bad.cif: not a readable"),
+        "mmCIF without space group": (["-hkl", str(_write(tmp_path / "p.cif", b"data_x\nloop_\n_refln.index_h\n"
+                                                          b"_refln.index_k\n_refln.index_l\n_refln.F_meas_au\n"
+                                                          b"1 2 3 4\n")), *CELL_ARGS], "p.cif: no space group"),
         "column of a text table": (["-hkl", files["text"], "-column", "FP"], "a text table has no columns"),
     }
     argv, message = cases[problem]

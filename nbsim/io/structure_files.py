@@ -8,6 +8,7 @@ the resolution a model is computed to), so a sweep's or a series' images do not 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,23 +49,28 @@ _TABLES: dict[tuple[str, ...], ReflectionTable] = {}
 
 def file_digest(path: str | Path) -> str:
     """SHA-256 of a file's bytes (the key its parsed contents are kept under)."""
+    return hashlib.sha256(_file_bytes(path)).hexdigest()
+
+
+def _file_bytes(path: str | Path) -> bytes:
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return Path(path).read_bytes()
     except OSError as error:
         raise InputFileError(str(path), f"cannot be read ({error.strerror or error})") from None
 
 
 def hkl_format(path: str | Path) -> HklFormat:
     """An -hkl file's format, by content: the MTZ magic bytes, an mmCIF `_refln.` loop, else a text table."""
-    with open(path, "rb") as handle:
-        head = handle.read(4)
-        if head == MTZ_MAGIC:
-            return "mtz"
-        handle.seek(0)
-        return "mmcif" if b"_refln." in handle.read() else "text"
+    return _format_of(_file_bytes(path))
 
 
-def _cached(key: tuple[str, ...], make) -> ReflectionTable:
+def _format_of(content: bytes) -> HklFormat:
+    if content.startswith(MTZ_MAGIC):
+        return "mtz"
+    return "mmcif" if b"_refln." in content else "text"
+
+
+def _cached(key: tuple[str, ...], make: Callable[[], ReflectionTable]) -> ReflectionTable:
     table = _TABLES.get(key)
     if table is None:
         table = make()
@@ -77,45 +83,67 @@ def _cached(key: tuple[str, ...], make) -> ReflectionTable:
 def read_reflection_file(path: str | Path, column: str | None = None) -> ReflectionTable:
     """An -hkl file (MTZ, sf-mmCIF or nanoBragg's h k l F text) as a full-sphere P1 table; `column` picks
     an MTZ or mmCIF column (an amplitude, an intensity, or one half of an anomalous pair)."""
-    kind = hkl_format(path)
+    content = _file_bytes(path)
+    kind, digest = _format_of(content), hashlib.sha256(content).hexdigest()
     if kind == "text":
         if column is not None:
             raise InputFileError(str(path), f"-column {column}: a text table has no columns to choose from")
-        return _cached(("text", file_digest(path)), lambda: ReflectionTable(read_hkl(path), None, None))
-    return _cached((kind, file_digest(path), column or ""), lambda: _read_merged(path, kind, column))
+        return _cached(("text", digest), lambda: ReflectionTable(read_hkl(path), None, None))
+    return _cached((kind, digest, column or ""), lambda: _read_merged(path, kind, column))
+
+
+@dataclass(frozen=True)
+class _MergedFile:
+    """What nbsim takes from an MTZ or a reflection block of an mmCIF."""
+
+    columns: dict[str, str]
+    """label → kind (MTZ type; mmCIF tags mapped to one, "" where nbsim cannot use it)."""
+    values: Callable[[str], np.ndarray]
+    miller: np.ndarray
+    cell: Any
+    spacegroup: Any
+
+
+def _open_merged(path: str, kind: HklFormat) -> _MergedFile:
+    import gemmi
+
+    if kind == "mtz":
+        mtz = gemmi.read_mtz_file(path)
+        labels = mtz.column_labels()
+        return _MergedFile({c.label: c.type for c in mtz.columns},
+                           lambda label: np.asarray(mtz.array[:, labels.index(label)], np.float64),
+                           np.asarray(mtz.make_miller_array(), np.int64), mtz.cell, mtz.spacegroup)
+    blocks = [b for b in gemmi.as_refln_blocks(gemmi.cif.read(path)) if b.default_loop is not None]
+    if not blocks:
+        raise InputFileError(path, "no _refln loop in this mmCIF file")
+    block = blocks[0]
+    return _MergedFile({label: _MMCIF_KINDS.get(label, "") for label in block.column_labels()},
+                       lambda label: np.asarray(block.make_float_array(label), np.float64),
+                       np.asarray(block.make_miller_array(), np.int64), block.cell, block.spacegroup)
 
 
 def _read_merged(path: str | Path, kind: HklFormat, column: str | None) -> ReflectionTable:
-    import gemmi
-
     try:
-        if kind == "mtz":
-            data: Any = gemmi.read_mtz_file(str(path))
-            columns = {c.label: c.type for c in data.columns}
-            values = lambda label: np.asarray(data.array[:, data.column_labels().index(label)], np.float64)  # noqa: E731
-        else:
-            blocks = [b for b in gemmi.as_refln_blocks(gemmi.cif.read(str(path))) if b.default_loop is not None]
-            if not blocks:
-                raise InputFileError(str(path), "no _refln loop in this mmCIF file")
-            data = blocks[0]
-            columns = {label: _MMCIF_KINDS.get(label, "") for label in data.column_labels()}
-            values = lambda label: np.asarray(data.make_float_array(label), np.float64)  # noqa: E731
-        miller = np.asarray(data.make_miller_array(), np.int64)
+        data = _open_merged(str(path), kind)
     except (RuntimeError, ValueError, IndexError) as error:
         raise InputFileError(str(path), f"not a readable {kind.upper()} file ({str(error).splitlines()[0]})") from None
+    if data.spacegroup is None:
+        raise InputFileError(str(path), "no space group in the file")
+    columns = data.columns
     label = _choose_column(str(path), columns, column)
     pair = _anomalous_partner(label, columns) if columns[label] in (_AMPLITUDE_PAIR, _INTENSITY_PAIR) else None
     intensities = columns[label] in (_INTENSITY, _INTENSITY_PAIR)
-    plus, minus = (values(label), None) if pair is None else (values(pair[0]), values(pair[1]))
+    plus, minus = (data.values(label), None) if pair is None else (data.values(pair[0]), data.values(pair[1]))
     if intensities:
         plus = np.sqrt(np.maximum(plus, 0.0))
         minus = None if minus is None else np.sqrt(np.maximum(minus, 0.0))
-    reflections = expand_to_p1_sphere(miller, plus, minus, data.spacegroup)
+    reflections = expand_to_p1_sphere(data.miller, plus, minus, data.spacegroup)
     if not len(reflections):
         raise InputFileError(str(path), f"column {label} holds no values")
     shown = label if pair is None else f"{pair[0]}/{pair[1]}"
     source = f"column {shown} ({'intensities, used as amplitudes sqrt(max(I,0))' if intensities else 'amplitudes'})"
-    return ReflectionTable(reflections, tuple(float(v) for v in data.cell.parameters), source, intensities)
+    cell = tuple(float(v) for v in data.cell.parameters) if data.cell.is_crystal() else None
+    return ReflectionTable(reflections, cell, source, intensities)
 
 
 def _choose_column(path: str, columns: dict[str, str], column: str | None) -> str:

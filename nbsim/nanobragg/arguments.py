@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
 from ..errors import NbsimError
-from ..io.inputs import structure_file_cell
 from ..io.text import read_mosflm_matrix, read_source_file
 from ..modes import Compile
 from .flags import NBSIM_ONLY, NO_EFFECT, validate
@@ -121,6 +120,10 @@ def _with_cell_from_file(config: SimulationConfig) -> SimulationConfig:
     take it from -cell)."""
     if config.crystal.cell_A_deg is not None or config.crystal.mosflm_matrix is not None:
         return config
+    if config.structure.hkl_file is None and config.structure.model_file is None:
+        return config
+    from ..io.inputs import structure_file_cell  # numpy and gemmi: only where a file may hold the cell
+
     cell = structure_file_cell(config)
     return config if cell is None else config.with_options(cell_A_deg=cell)
 
