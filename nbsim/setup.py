@@ -136,7 +136,7 @@ class Setup:
     mask: np.ndarray | None
     first_evaluation_cells_A: torch.Tensor | None
     warnings: list[str] = field(default_factory=list)
-    reflections: ReflectionTable | None = None
+    p1_table: ReflectionTable | None = None
     """The P1 table the grid was built from (None without -hkl or -model)."""
 
     @property
@@ -179,12 +179,12 @@ def resolve(config: SimulationConfig) -> Setup:
                         f"size is {advice.reciprocal_pixel_m * 1e10:g} A: recommend -oversample {advice.recommended}")
 
     warnings += crystal_mod.default_warnings(config.crystal)
-    reflections = files.hkl
+    p1_table = files.hkl
     if config.structure.model_file:
-        reflections = model_reflections(config.structure.model_file,
+        p1_table = model_reflections(config.structure.model_file,
                                         model_d_min_A(geometry, config.detector, sources, lattice))
-    warnings += structure_factor_warnings(config, reflections)
-    grid = None if reflections is None else build_grid(reflections.reflections, config.structure.default_F)
+    warnings += structure_factor_warnings(config, p1_table)
+    grid = None if p1_table is None else build_grid(p1_table.reflections, config.structure.default_F)
     lookup = lookup_of(config.structure, lambda: n_cells)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
@@ -202,13 +202,13 @@ def resolve(config: SimulationConfig) -> Setup:
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
                  sensor=sensor_layers(config.detector),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
-                 first_evaluation_cells_A=first_cells, warnings=warnings, reflections=reflections)
+                 first_evaluation_cells_A=first_cells, warnings=warnings, p1_table=p1_table)
 
 
 def p1_reflections(config: SimulationConfig) -> np.ndarray | None:
     """The (reflections, 4) h k l F table over the full P1 sphere that a render of `config` looks up (from
     -hkl, or from -model to the detector's resolution); None when only -default_F is given."""
-    table = resolve(config).reflections
+    table = resolve(config).p1_table
     return None if table is None else table.reflections
 
 

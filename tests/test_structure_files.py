@@ -186,7 +186,7 @@ def test_model_structure_factors_match_direct_summation(tmp_path):
     assert config.crystal.cell_A_deg == pytest.approx((30.0, 35.0, 40.0, 90.0, 105.0, 90.0))
     setup = resolve(config)
     assert "structure factors" not in " ".join(setup.warnings)
-    table = setup.reflections.reflections
+    table = setup.p1_table.reflections
     structure = gemmi.read_structure(path)
     calculator = gemmi.StructureFactorCalculatorX(structure.cell)
     expected = np.array([abs(calculator.calculate_sf_from_model(structure[0], [int(i) for i in row[:3]]))
@@ -256,4 +256,9 @@ def test_library_sweep_and_p1_out(files, tmp_path, capsys):
     config = config_with({"-hkl": ["f.mtz", "bad.mtz"]})
     config["scenarios"]["seed"]["args"] = seed
     with pytest.raises(NbsimError, match=r"value 'bad.mtz' .*bad.mtz: not a readable MTZ"):
+        validate_config(config, SCHEMA, tmp_path)
+    config = config_with({"-hkl": ["f.mtz"]})
+    config["scenarios"]["seed"]["args"] = seed
+    config["reference"] = {"c_binary": "/bin/true"}
+    with pytest.raises(NbsimError, match=r"nanoBragg reads only h k l F text tables"):
         validate_config(config, SCHEMA, tmp_path)
