@@ -43,6 +43,9 @@ class ReflectionTable:
     """What the values are, e.g. "column FP (amplitudes)"; None for a plain text table."""
     from_intensities: bool = False
 
+    def __post_init__(self) -> None:
+        self.reflections.setflags(write=False)  # kept in the process's cache: shared, so read-only
+
 
 _TABLES: dict[tuple[str, ...], ReflectionTable] = {}
 
@@ -259,7 +262,7 @@ def model_reflections(path: str | Path, d_min_A: float) -> ReflectionTable:
 
     def compute() -> ReflectionTable:
         structure = _MODELS[model.digest]
-        spacegroup = structure.find_spacegroup() or gemmi.SpaceGroup("P 1")
+        spacegroup = structure.find_spacegroup() or gemmi.SpaceGroup("P 1")  # no space group given: P1
         miller = np.asarray(gemmi.make_miller_array(structure.cell, spacegroup, d_min_A), np.int64)
         calculator = gemmi.StructureFactorCalculatorX(structure.cell)
         amplitudes = np.array([abs(calculator.calculate_sf_from_model(structure[0], [int(i) for i in hkl]))
