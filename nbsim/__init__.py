@@ -11,7 +11,7 @@ from importlib import import_module
 _EXPORTS = {
     "BeamConfig": "config", "CrystalConfig": "config", "DetectorConfig": "config", "SimulationConfig": "config",
     "StructureFactorConfig": "config", "NbsimError": "errors", "Renderer": "render", "Setup": "setup",
-    "resolve": "setup", "simulate": "render", "config_from_args": "nanobragg",
+    "resolve": "setup", "p1_reflections": "setup", "simulate": "render", "config_from_args": "nanobragg",
 }
 
 

@@ -157,6 +157,11 @@ class StructureFactorConfig:
     """Where structure factors come from and how they are looked up."""
 
     hkl_file: str | None = None
+    """nanoBragg's h k l F text, an MTZ or an sf-mmCIF file (told apart by content)."""
+    column: str | None = None
+    """The MTZ or mmCIF column to use (-column); None: the first amplitude, else the first mean intensity."""
+    model_file: str | None = None
+    """A PDB or mmCIF atomic model (-model) whose |F| are computed to the detector's resolution."""
     default_F: float = 0.0
     interpolate: bool | None = None
 

@@ -22,6 +22,7 @@ from .config import CRYSTAL_SHAPES, DetectorConfig, Scalar, SimulationConfig, St
 from .errors import InputFileError, NbsimError
 from .geometry import DetectorGeometry, build_geometry
 from .io.inputs import read_input_files
+from .io.structure_files import ReflectionTable, model_reflections
 from .rng import Ran1
 from .structure_factors import HKLGrid, build_grid
 from .vectors import norm
@@ -101,10 +102,10 @@ def requested_oversample(detector: DetectorConfig) -> int | None:
 
 
 def lookup_of(structure: StructureFactorConfig, n_cells: Callable[[], tuple[int, int, int]]) -> str:
-    """How structure factors are looked up: "default" without -hkl; with it, "interpolate" where asked or,
+    """How structure factors are looked up: "default" without -hkl or -model; with one, "interpolate" where asked or,
     unless -nointerpolate, automatically for a crystal of at most two cells along an axis, else "nearest".
     `n_cells` is called only in that last case (where it may have to build the lattice)."""
-    if not structure.hkl_file:
+    if not structure.hkl_file and not structure.model_file:
         return "default"
     interpolate = structure.interpolate
     if interpolate is None:
@@ -135,6 +136,8 @@ class Setup:
     mask: np.ndarray | None
     first_evaluation_cells_A: torch.Tensor | None
     warnings: list[str] = field(default_factory=list)
+    p1_table: ReflectionTable | None = None
+    """The P1 table the grid was built from (None without -hkl or -model)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -176,7 +179,12 @@ def resolve(config: SimulationConfig) -> Setup:
                         f"size is {advice.reciprocal_pixel_m * 1e10:g} A: recommend -oversample {advice.recommended}")
 
     warnings += crystal_mod.default_warnings(config.crystal)
-    grid = None if files.hkl is None else build_grid(files.hkl, config.structure.default_F)
+    p1_table = files.hkl
+    if config.structure.model_file:
+        p1_table = model_reflections(config.structure.model_file,
+                                        model_d_min_A(geometry, config.detector, sources, lattice))
+    warnings += structure_factor_warnings(config, p1_table)
+    grid = None if p1_table is None else build_grid(p1_table.reflections, config.structure.default_F)
     lookup = lookup_of(config.structure, lambda: n_cells)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
@@ -194,7 +202,58 @@ def resolve(config: SimulationConfig) -> Setup:
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
                  sensor=sensor_layers(config.detector),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
-                 first_evaluation_cells_A=first_cells, warnings=warnings)
+                 first_evaluation_cells_A=first_cells, warnings=warnings, p1_table=p1_table)
+
+
+def p1_reflections(config: SimulationConfig) -> np.ndarray | None:
+    """The (reflections, 4) h k l F table over the full P1 sphere that a render of `config` looks up (from
+    -hkl, or from -model to the detector's resolution); None when only -default_F is given."""
+    table = resolve(config).p1_table
+    return None if table is None else table.reflections
+
+
+CELL_TOLERANCE = 1e-3
+"""The relative difference between the -cell given and a structure file's cell that is warned about."""
+
+
+def structure_factor_warnings(config: SimulationConfig, table: ReflectionTable | None) -> list[str]:
+    """Warnings about structure factors from an MTZ, mmCIF or model: intensities used as amplitudes, a
+    -cell unlike the file's, and a non-zero -default_F (spots beyond the data)."""
+    if table is None or table.source is None:
+        return []
+    path = config.structure.model_file or config.structure.hkl_file
+    warnings = [f"{path} {table.source}"] if table.from_intensities else []
+    cell = config.crystal.cell_A_deg
+    if cell is not None and table.cell_A_deg is not None and config.crystal.mosflm_matrix is None and any(
+            abs(scalar_value(given) - own) > CELL_TOLERANCE * abs(own)
+            for given, own in zip(cell, table.cell_A_deg, strict=True)):
+        warnings.append(f"-cell {' '.join(f'{scalar_value(v):g}' for v in cell)} differs from the cell of {path} "
+                        f"({' '.join(f'{v:g}' for v in table.cell_A_deg)}) by more than {CELL_TOLERANCE:.1%}")
+    if config.structure.default_F != 0.0:
+        warnings.append(f"-default_F {config.structure.default_F:g} with structure factors from {path}: every "
+                        "reflection beyond the data gets it (stray spots); -default_F 0 leaves them dark")
+    return warnings
+
+
+def model_d_min_A(geometry: DetectorGeometry, detector: DetectorConfig, sources: Sources,
+                  lattice: crystal_mod.Lattice) -> float:
+    """The resolution a model's |F| are computed to: the largest |s| = |d̂ − î|/λ at the detector's corners
+    (front and back of the sensor; the whole sphere 2/λ for a curved detector), for every source, plus
+    two reciprocal-cell diagonals so that every node a pixel's lookup reads (nearest, or the 4×4×4 of
+    interpolation) is present."""
+    inverse_wavelength = 1.0 / sources.wavelength_A.detach().double()
+    thickness_m = sensor_layers(detector).thickness_m
+    if detector.curved:
+        s_max = 2.0 * float(inverse_wavelength.max())
+    else:
+        extents = [(0.0, geometry.pixels_f * geometry.pixel_size_m), (0.0, geometry.pixels_s * geometry.pixel_size_m)]
+        corners = torch.stack([geometry.pix0_m.detach() + f * geometry.fdet + s * geometry.sdet + depth * geometry.odet
+                               for f in extents[0] for s in extents[1] for depth in (0.0, thickness_m)])
+        directions = corners / torch.linalg.vector_norm(corners, dim=1, keepdim=True)
+        s = torch.linalg.vector_norm(directions[:, None, :] - sources.incident.detach()[None], dim=2)
+        s_max = float((s * inverse_wavelength[None]).max())
+    margin = 2.0 * float(torch.linalg.vector_norm(lattice.reciprocal_per_A.detach(), dim=1).sum())
+    return 1.0 / (s_max + margin)
 
 
 def _validate(config: SimulationConfig) -> None:
@@ -203,8 +262,8 @@ def _validate(config: SimulationConfig) -> None:
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
     if config.crystal.shape not in CRYSTAL_SHAPES:
         raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
-    if config.structure.hkl_file is None and config.structure.default_F == 0.0:
-        raise NbsimError("no structure factors: give -hkl FILE or a non-zero -default_F")
+    if config.structure.hkl_file is None and config.structure.model_file is None and config.structure.default_F == 0.0:
+        raise NbsimError("no structure factors: give -hkl FILE, -model FILE or a non-zero -default_F")
     if config.detector.oversample is not None and config.detector.oversample < 0:
         raise NbsimError("-oversample must not be negative")
     if any(n < 0 for n in config.crystal.n_cells):

@@ -42,7 +42,8 @@ def build_grid(reflections: np.ndarray, default_F: float) -> HKLGrid:
     nodes = int(np.prod(shape + 2, dtype=object))
     if nodes > MAX_TABLE_NODES:
         raise NbsimError(f"the HKL indices span {' x '.join(str(int(n)) for n in shape)} grid nodes, "
-                         f"{nodes} with the table's border; at most {MAX_TABLE_NODES} are supported")
+                         f"{nodes} with the table's border ({nodes * 8 / 2**30:.1f} GiB in float64); at most "
+                         f"{MAX_TABLE_NODES} are supported")
     values = np.full(tuple(shape), default_F, dtype=np.float64)
     offsets = indices - index_min
     values[offsets[:, 0], offsets[:, 1], offsets[:, 2]] = reflections[:, 3]

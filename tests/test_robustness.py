@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import nbsim
 from nbsim.errors import NbsimError
 from nbsim.io.images import read_smv
-from nbsim.io.inputs import read_hkl
+from nbsim.io.structure_files import read_hkl
 from nbsim.io.text import read_mosflm_matrix, read_source_file
 from nbsim.kernel.physics import lattice_factor, sin_pi_polynomial, sincg_parts
 from nbsim.nanobragg.arguments import parse

@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
 def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     """The configuration and output options, once every check that needs no rendering has passed."""
     config, run = parse(argv)
-    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
+    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile, run.p1_table_file):
         if path is not None:
             check_writable(path)
-    for path in (config.structure.hkl_file, config.detector.mask_file):
+    for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
         if path is not None:
             require_file(path)
     return config, run

@@ -13,6 +13,7 @@ from ..config import SimulationConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.images import write_float_image, write_pgm, write_smv
+from ..io.structure_files import write_hkl
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
@@ -30,6 +31,9 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"WARNING: {line}")
     for line in describe(setup):
         print(line)
+    if run.p1_table_file and setup.p1_table is not None:
+        print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
+        write_hkl(run.p1_table_file, setup.p1_table.reflections)
     if run.compile is not Compile.OFF:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
@@ -109,6 +113,8 @@ def describe(setup: Setup) -> list[str]:
     lines += [
         f"  created a total of {setup.mosaic.count} mosaic domains",
         f"  {setup.grid.entries if setup.grid else 0} initialized hkls (all others ={config.structure.default_F:g})",
+        *([f"  structure factors from {config.structure.model_file or config.structure.hkl_file} "
+            f"{setup.p1_table.source}"] if setup.p1_table is not None and setup.p1_table.source else []),
         f"  {shape_names[config.crystal.shape]} xtal: {setup.n_cells[0]}x{setup.n_cells[1]}x{setup.n_cells[2]} cells",
         f"  structure factors: {setup.lookup}",
         f"  wave={float(config.beam.wavelength_A) * 1e-10:g} meters +/- {sources.dispersion.range * 100:g}% in "

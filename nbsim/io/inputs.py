@@ -1,6 +1,7 @@
-"""The large input files nanoBragg takes, HKL lists and SMV masks, each read strictly with a one-line error
-naming the file, line and token, by `setup.resolve`. The small ones (MOSFLM matrices, source lists) are
-read when the arguments are parsed, by nbsim.io.text's numpy-free readers."""
+"""The large input files nanoBragg takes, HKL lists (nanoBragg's text, MTZ or sf-mmCIF), atomic models
+(-model) and SMV masks, each read strictly with a one-line error naming the file (line and token, or
+column, where known), by `setup.resolve`. The small ones (MOSFLM matrices, source lists) are read when the
+arguments are parsed, by nbsim.io.text's numpy-free readers."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InputFileError
 from .images import read_smv
-from .text import numeric_rows
+from .paths import require_file
+from .structure_files import AtomicModel, ReflectionTable, hkl_format, read_model, read_reflection_file
 
 if TYPE_CHECKING:
     from ..config import SimulationConfig
@@ -24,39 +25,44 @@ class InputFiles:
     a render is set up. The small ones (-mat, -sourcefile) are read into the configuration itself when
     the arguments are parsed."""
 
-    hkl: np.ndarray | None
-    """(reflections, 4): h, k, l, F."""
+    hkl: ReflectionTable | None
+    """The -hkl table over the full P1 sphere."""
     mask: np.ndarray | None
     """(slow, fast) booleans, True where a pixel is rendered."""
+    model: AtomicModel | None
+    """The -model's cell and atom count, checked (its |F| depend on the detector: setup computes them)."""
 
 
 def input_file_paths(config: SimulationConfig) -> dict[str, str | None]:
-    """The large input files a configuration names (-hkl, -mask), by InputFiles field."""
-    return {"hkl": config.structure.hkl_file, "mask": config.detector.mask_file}
+    """The large input files a configuration names (-hkl, -mask, -model), by InputFiles field."""
+    return {"hkl": config.structure.hkl_file, "mask": config.detector.mask_file,
+            "model": config.structure.model_file}
 
 
-def read_input_file(field: str, path: str | Path) -> np.ndarray:
-    """One input file, read strictly by the reader of its InputFiles field."""
-    readers = {"hkl": read_hkl, "mask": read_mask}
-    return readers[field](path)
+def read_input_file(field: str, config: SimulationConfig) -> ReflectionTable | AtomicModel | np.ndarray:
+    """The input file of one InputFiles field that `config` names, read strictly by its reader."""
+    path = input_file_paths(config)[field]
+    if field == "hkl":
+        return read_reflection_file(path, config.structure.column)
+    return {"mask": read_mask, "model": read_model}[field](path)
 
 
 def read_input_files(config: SimulationConfig) -> InputFiles:
     """Read every large input file the configuration names, each strictly."""
-    return InputFiles(**{field: read_input_file(field, path) if path else None
+    return InputFiles(**{field: read_input_file(field, config) if path else None
                          for field, path in input_file_paths(config).items()})
 
 
-def read_hkl(path: str | Path) -> np.ndarray:
-    """Rows of h, k, l, F from a text file; indices must be integers, F a finite number."""
-    rows = numeric_rows(path, 4, 4)
-    if not rows:
-        raise InputFileError(str(path), "no reflections in file")
-    for line_number, (h, k, l, _) in rows:
-        if h != round(h) or k != round(k) or l != round(l):
-            raise InputFileError(str(path), f"Miller indices must be integers (got {h:g} {k:g} {l:g})",
-                                 line_number)
-    return np.array([values for _, values in rows], dtype=np.float64)
+def structure_file_cell(config: SimulationConfig) -> tuple[float, ...] | None:
+    """The unit cell of the -model, or of an MTZ or mmCIF -hkl file; None for a text table or no file."""
+    structure = config.structure
+    path = structure.model_file or structure.hkl_file
+    if path is None:
+        return None
+    require_file(path)
+    if structure.model_file:
+        return read_model(path).cell_A_deg
+    return None if hkl_format(path) == "text" else read_reflection_file(path, structure.column).cell_A_deg
 
 
 def read_mask(path: str | Path) -> np.ndarray:

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
+from ..errors import NbsimError
 from ..io.text import read_mosflm_matrix, read_source_file
 from ..modes import Compile
 from .flags import NBSIM_ONLY, NO_EFFECT, validate
@@ -34,6 +35,8 @@ class RunOptions:
     dtype: str = "float32"
     compile: Compile = Compile.AUTO
     """AUTO (compile when the kernel is cached or building it pays), ON or OFF."""
+    p1_table_file: str | None = None
+    """Where -p1_out writes the P1 table used, as nanoBragg's h k l F text."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -42,7 +45,13 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     validate(argv)
     state = run_nanobragg_rules(argv)
     nbsim_options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in NBSIM_ONLY}
-    config = _config_from_state(state)
+    if "-column" in nbsim_options and state["hkl"] is None:
+        raise NbsimError("-column picks a column of the -hkl file: give -hkl FILE")
+    if "-p1_out" in nbsim_options and state["hkl"] is None and "-model" not in nbsim_options:
+        raise NbsimError("-p1_out writes the table of -hkl or -model: give one of them")
+    config = _config_from_state(state).with_options(column=nbsim_options.get("-column"),
+                                                    model_file=nbsim_options.get("-model"))
+    config = _with_cell_from_file(config)
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
@@ -61,7 +70,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         intfile_scale=state["intfile_scale"], pgm_scale=state["pgm_scale"], adc=state["adc"], seed=seed,
         printout_pixel=state["printout_pixel"], device=nbsim_options.get("-device", "cpu"),
         dtype=nbsim_options.get("-dtype", "float32"), compile=Compile.of(nbsim_options.get("-compile", "auto")),
-        notes=notes)
+        p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run
 
 
@@ -104,6 +113,19 @@ def _config_from_state(state: CState) -> SimulationConfig:
     structure = StructureFactorConfig(hkl_file=state["hkl"], default_F=state["default_F"],
                                       interpolate=state["interpolate"])
     return SimulationConfig(crystal=crystal, beam=beam, detector=detector, structure=structure)
+
+
+def _with_cell_from_file(config: SimulationConfig) -> SimulationConfig:
+    """Without -cell and -mat, the cell of the -model or of an MTZ or mmCIF -hkl file (as nanoBragg would
+    take it from -cell)."""
+    if config.crystal.cell_A_deg is not None or config.crystal.mosflm_matrix is not None:
+        return config
+    if config.structure.hkl_file is None and config.structure.model_file is None:
+        return config
+    from ..io.inputs import structure_file_cell  # numpy and gemmi: only where a file may hold the cell
+
+    cell = structure_file_cell(config)
+    return config if cell is None else config.with_options(cell_A_deg=cell)
 
 
 def _nan_to_none(value: float) -> float | None:

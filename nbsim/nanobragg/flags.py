@@ -44,7 +44,8 @@ _flags((PATH,), "-mat", "-hkl", "-sourcefile", "-mask", "-img", "-dump", "-stol"
        "-noiseimage")
 _flags((INT, INT, INT, INT), "-roi")
 _flags((INT, INT), "-printout_pixel")
-_flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile")
+_flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile", "-column")
+_flags((PATH,), "-model", "-p1_out")
 _VARIABLE = ("-cell", "-misset")
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
@@ -64,8 +65,9 @@ CONFLICTS = (
     {"-nopolar", "-polar"},
     {"-lambda", "-wave", "-wavelength", "-energy"},
     {"-fluence", "-flux"},
+    {"-hkl", "-model"},
 )
-NBSIM_ONLY = ("-device", "-dtype", "-compile")
+NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out")
 NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol", "-4stol", "-Q", "-stolout",
              "-dump", "-coherent", "-printout", "-noprogress", "-progress")
 

@@ -130,15 +130,22 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
     configuration names, once, strictly. A point that fails is built again from its scenario alone, then
     with each of its axis values alone, to name the key at fault."""
     from ..io.inputs import input_file_paths, read_input_file
+    from ..io.structure_files import hkl_format
 
-    files_read: set[tuple[str, str]] = set()
+    files_read: set[tuple[str, str, str | None]] = set()
+    c_reference = bool((config.get("reference") or {}).get("c_binary"))
 
     def build(point: Point) -> None:
         simulation = point_config(config, point, base)
+        hkl_file = simulation.structure.hkl_file
+        if c_reference and (simulation.structure.model_file or (hkl_file and hkl_format(hkl_file) != "text")):
+            raise NbsimError("reference.c_binary: nanoBragg reads only h k l F text tables, not an MTZ, mmCIF or "
+                             "-model; give both the P1 table nbsim writes with -p1_out")
         for field, path in input_file_paths(simulation).items():
-            if path is not None and (field, path) not in files_read:
-                read_input_file(field, path)
-                files_read.add((field, path))
+            key = (field, path, simulation.structure.column)
+            if path is not None and key not in files_read:
+                read_input_file(field, simulation)
+                files_read.add(key)
 
     for point in dict.fromkeys(nbsim_reference_point(p) for p in points):
         try:

@@ -1,0 +1,274 @@
+"""Structure factors from crystallographic files, read with gemmi: merged MTZ and sf-mmCIF reflection files
+(-hkl, chosen by content) and atomic models (-model, PDB or mmCIF), each expanded from its space group to
+the full sphere of P1 indices (symmetry mates and Friedel mates) that nanoBragg's table holds.
+
+Every table is parsed once per process: it is kept by the SHA-256 of the file's bytes (and the column, or
+the resolution a model is computed to), so a sweep's or a series' images do not read it again."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ..errors import InputFileError
+from .atomic import atomic_write_text
+from .text import numeric_rows
+
+HklFormat = Literal["mtz", "mmcif", "text"]
+MTZ_MAGIC = b"MTZ "
+
+# Column kinds as MTZ types: F amplitude, J mean intensity, G/K anomalous amplitude/intensity pair.
+_AMPLITUDE, _INTENSITY, _AMPLITUDE_PAIR, _INTENSITY_PAIR = "F", "J", "G", "K"
+_MMCIF_KINDS = {"F_meas_au": "F", "F_meas": "F", "F_calc": "F", "F_calc_au": "F", "intensity_meas": "J",
+                "intensity_calc": "J", "F_squared_meas": "J", "F_squared_calc": "J", "pdbx_F_plus": "G",
+                "pdbx_F_minus": "G", "pdbx_I_plus": "K", "pdbx_I_minus": "K"}
+_SIGN_SUFFIXES = (("(+)", "(-)"), ("_plus", "_minus"), ("+", "-"))
+_MAX_CACHED_TABLES = 8
+
+
+@dataclass(frozen=True)
+class ReflectionTable:
+    """A P1 table over the full sphere of indices, and where it came from."""
+
+    reflections: np.ndarray
+    """(reflections, 4): h, k, l, F; every symmetry and Friedel mate listed, absences left out."""
+    cell_A_deg: tuple[float, float, float, float, float, float] | None
+    """The file's unit cell (None for a plain text table)."""
+    source: str | None
+    """What the values are, e.g. "column FP (amplitudes)"; None for a plain text table."""
+    from_intensities: bool = False
+
+    def __post_init__(self) -> None:
+        self.reflections.setflags(write=False)  # kept in the process's cache: shared, so read-only
+
+
+_TABLES: dict[tuple[str, ...], ReflectionTable] = {}
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (the key its parsed contents are kept under)."""
+    return hashlib.sha256(_file_bytes(path)).hexdigest()
+
+
+def _file_bytes(path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise InputFileError(str(path), f"cannot be read ({error.strerror or error})") from None
+
+
+def hkl_format(path: str | Path) -> HklFormat:
+    """An -hkl file's format, by content: the MTZ magic bytes, an mmCIF `_refln.` loop, else a text table."""
+    return _format_of(_file_bytes(path))
+
+
+def _format_of(content: bytes) -> HklFormat:
+    if content.startswith(MTZ_MAGIC):
+        return "mtz"
+    return "mmcif" if b"_refln." in content else "text"
+
+
+def _cached(key: tuple[str, ...], make: Callable[[], ReflectionTable]) -> ReflectionTable:
+    table = _TABLES.get(key)
+    if table is None:
+        table = make()
+        if len(_TABLES) >= _MAX_CACHED_TABLES:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = table
+    return table
+
+
+def read_reflection_file(path: str | Path, column: str | None = None) -> ReflectionTable:
+    """An -hkl file (MTZ, sf-mmCIF or nanoBragg's h k l F text) as a full-sphere P1 table; `column` picks
+    an MTZ or mmCIF column (an amplitude, an intensity, or one half of an anomalous pair)."""
+    content = _file_bytes(path)
+    kind, digest = _format_of(content), hashlib.sha256(content).hexdigest()
+    if kind == "text":
+        if column is not None:
+            raise InputFileError(str(path), f"-column {column}: a text table has no columns to choose from")
+        return _cached(("text", digest), lambda: ReflectionTable(read_hkl(path), None, None))
+    return _cached((kind, digest, column or ""), lambda: _read_merged(path, kind, column))
+
+
+@dataclass(frozen=True)
+class _MergedFile:
+    """What nbsim takes from an MTZ or a reflection block of an mmCIF."""
+
+    columns: dict[str, str]
+    """label → kind (MTZ type; mmCIF tags mapped to one, "" where nbsim cannot use it)."""
+    values: Callable[[str], np.ndarray]
+    miller: np.ndarray
+    cell: Any
+    spacegroup: Any
+
+
+def _open_merged(path: str, kind: HklFormat) -> _MergedFile:
+    import gemmi
+
+    if kind == "mtz":
+        mtz = gemmi.read_mtz_file(path)
+        labels = mtz.column_labels()
+        return _MergedFile({c.label: c.type for c in mtz.columns},
+                           lambda label: np.asarray(mtz.array[:, labels.index(label)], np.float64),
+                           np.asarray(mtz.make_miller_array(), np.int64), mtz.cell, mtz.spacegroup)
+    blocks = [b for b in gemmi.as_refln_blocks(gemmi.cif.read(path)) if b.default_loop is not None]
+    if not blocks:
+        raise InputFileError(path, "no _refln loop in this mmCIF file")
+    block = blocks[0]
+    return _MergedFile({label: _MMCIF_KINDS.get(label, "") for label in block.column_labels()},
+                       lambda label: np.asarray(block.make_float_array(label), np.float64),
+                       np.asarray(block.make_miller_array(), np.int64), block.cell, block.spacegroup)
+
+
+def _read_merged(path: str | Path, kind: HklFormat, column: str | None) -> ReflectionTable:
+    try:
+        data = _open_merged(str(path), kind)
+    except (RuntimeError, ValueError, IndexError) as error:
+        raise InputFileError(str(path), f"not a readable {kind.upper()} file ({str(error).splitlines()[0]})") from None
+    if data.spacegroup is None:
+        raise InputFileError(str(path), "no space group in the file")
+    columns = data.columns
+    label = _choose_column(str(path), columns, column)
+    pair = _anomalous_partner(label, columns) if columns[label] in (_AMPLITUDE_PAIR, _INTENSITY_PAIR) else None
+    intensities = columns[label] in (_INTENSITY, _INTENSITY_PAIR)
+    plus, minus = (data.values(label), None) if pair is None else (data.values(pair[0]), data.values(pair[1]))
+    if intensities:
+        plus = np.sqrt(np.maximum(plus, 0.0))
+        minus = None if minus is None else np.sqrt(np.maximum(minus, 0.0))
+    reflections = expand_to_p1_sphere(data.miller, plus, minus, data.spacegroup)
+    if not len(reflections):
+        raise InputFileError(str(path), f"column {label} holds no values")
+    shown = label if pair is None else f"{pair[0]}/{pair[1]}"
+    source = f"column {shown} ({'intensities, used as amplitudes sqrt(max(I,0))' if intensities else 'amplitudes'})"
+    cell = tuple(float(v) for v in data.cell.parameters) if data.cell.is_crystal() else None
+    return ReflectionTable(reflections, cell, source, intensities)
+
+
+def _choose_column(path: str, columns: dict[str, str], column: str | None) -> str:
+    """The column asked for, else the first amplitude, mean intensity, amplitude pair, intensity pair."""
+    usable = [label for label, kind in columns.items() if kind in "FJGK" and kind]
+    if column is not None:
+        if column not in columns:
+            raise InputFileError(path, f"no column {column} (columns: {', '.join(columns)})")
+        if column not in usable:
+            raise InputFileError(path, f"column {column} is neither an amplitude nor an intensity "
+                                       f"(usable: {', '.join(usable) or 'none'})")
+        return column
+    for kind in (_AMPLITUDE, _INTENSITY, _AMPLITUDE_PAIR, _INTENSITY_PAIR):
+        for label in usable:
+            if columns[label] == kind:
+                return label
+    raise InputFileError(path, f"no amplitude or intensity column (columns: {', '.join(columns)})")
+
+
+def _anomalous_partner(label: str, columns: dict[str, str]) -> tuple[str, str] | None:
+    """The (plus, minus) labels of the anomalous pair `label` belongs to, named F(+)/F(-), F+/F- or
+    pdbx_F_plus/pdbx_F_minus; None when its partner is missing."""
+    for plus, minus in _SIGN_SUFFIXES:
+        for own, other in ((plus, minus), (minus, plus)):
+            if label.endswith(own):
+                partner = label[:-len(own)] + other
+                if columns.get(partner) == columns[label]:
+                    return (label, partner) if own == plus else (partner, label)
+    return None
+
+
+def expand_to_p1_sphere(miller: np.ndarray, f_plus: np.ndarray, f_minus: np.ndarray | None,
+                        spacegroup: Any) -> np.ndarray:
+    """(n, 4) h k l F over the full sphere from unique reflections of a gemmi space group: every symmetry
+    mate h·R takes F(+), its Friedel mate −h·R takes F(−) (F(+) without a pair, or where F(−) is missing).
+    Missing values and systematic absences are left out (nanoBragg's -default_F fills them)."""
+    ops = spacegroup.operations()
+    minus = f_plus if f_minus is None else np.where(np.isnan(f_minus), f_plus, f_minus)
+    plus = np.where(np.isnan(f_plus), minus, f_plus)
+    present = ~np.isnan(plus) & ~ops.systematic_absences(np.ascontiguousarray(miller, np.int32))
+    miller, plus, minus = miller[present], plus[present], minus[present]
+    rotations = {tuple(map(tuple, op.rot)) for op in ops.sym_ops}
+    parts = []
+    for side, values in ((-1, minus), (1, plus)):  # F(+) last: it wins where both land on one index
+        for rotation in sorted(rotations):
+            mates = side * (miller @ (np.array(rotation, np.int64) // ops.sym_ops[0].DEN))
+            parts.append(np.column_stack([mates, values]))
+    rows = np.concatenate(parts)[::-1]
+    _, first = np.unique(rows[:, :3], axis=0, return_index=True)
+    return rows[first]
+
+
+def read_hkl(path: str | Path) -> np.ndarray:
+    """Rows of h, k, l, F from a text file; indices must be integers, F a finite number."""
+    rows = numeric_rows(path, 4, 4)
+    if not rows:
+        raise InputFileError(str(path), "no reflections in file")
+    for line_number, (h, k, l, _) in rows:
+        if h != round(h) or k != round(k) or l != round(l):
+            raise InputFileError(str(path), f"Miller indices must be integers (got {h:g} {k:g} {l:g})",
+                                 line_number)
+    return np.array([values for _, values in rows], dtype=np.float64)
+
+
+def write_hkl(path: str | Path, reflections: np.ndarray) -> None:
+    """An (n, 4) h k l F table as the text nanoBragg's -hkl reads (F to full float64 precision)."""
+    atomic_write_text(path, "".join(f"{h:.0f} {k:.0f} {l:.0f} {float(f)!r}\n" for h, k, l, f in reflections))
+
+
+@dataclass(frozen=True)
+class AtomicModel:
+    """An atomic model's cell and atom count (its atoms stay in gemmi, in the module's cache)."""
+
+    cell_A_deg: tuple[float, float, float, float, float, float]
+    atoms: int
+    digest: str
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def read_model(path: str | Path) -> AtomicModel:
+    """A PDB or mmCIF model, checked: it has atoms and a unit cell."""
+    import gemmi
+
+    digest = file_digest(path)
+    structure = _MODELS.get(digest)
+    if structure is None:
+        try:
+            structure = gemmi.read_structure(str(path))
+        except (RuntimeError, ValueError) as error:
+            raise InputFileError(str(path), f"not a readable model ({str(error).splitlines()[0]})") from None
+        structure.setup_entities()
+        if len(_MODELS) >= _MAX_CACHED_TABLES:
+            _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[digest] = structure
+    atoms = structure[0].count_atom_sites() if len(structure) else 0
+    if atoms == 0:
+        raise InputFileError(str(path), "the model has no atoms")
+    if not structure.cell.is_crystal():
+        raise InputFileError(str(path), "the model has no unit cell (a CRYST1 record or _cell values)")
+    return AtomicModel(tuple(float(v) for v in structure.cell.parameters), atoms, digest)
+
+
+def model_reflections(path: str | Path, d_min_A: float) -> ReflectionTable:
+    """|F| of a model's first model to resolution `d_min_A`, by gemmi's direct summation
+    (StructureFactorCalculatorX: IT92 form factors, the atoms' B factors and occupancies, no bulk solvent)
+    over the unique reflections of its space group, expanded to the full P1 sphere."""
+    import gemmi
+
+    model = read_model(path)
+    key = ("model", model.digest, f"{d_min_A:.6g}")
+
+    def compute() -> ReflectionTable:
+        structure = _MODELS[model.digest]
+        spacegroup = structure.find_spacegroup() or gemmi.SpaceGroup("P 1")  # no space group given: P1
+        miller = np.asarray(gemmi.make_miller_array(structure.cell, spacegroup, d_min_A), np.int64)
+        calculator = gemmi.StructureFactorCalculatorX(structure.cell)
+        amplitudes = np.array([abs(calculator.calculate_sf_from_model(structure[0], [int(i) for i in hkl]))
+                               for hkl in miller], np.float64)
+        reflections = expand_to_p1_sphere(miller, amplitudes, None, spacegroup)
+        return ReflectionTable(reflections, model.cell_A_deg,
+                               f"model, {model.atoms} atoms, |F| by direct summation to {d_min_A:.3g} A")
+
+    return _cached(key, compute)
