@@ -26,7 +26,9 @@ USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|f
        nbsim worker start|stop|status   (a resident process that serves nbsim commands)
 
 nbsim renders the image nanoBragg renders for the same options and writes the same files
-(-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given).
+(-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given), and, for
+processing software (DIALS, XDS, CrystFEL), -cbffile F (miniCBF) and -nxmxfile F (NeXus NXmx HDF5): the
+noise image's counts (the -intfile image's under -nonoise) with the geometry in the header (docs/formats.md).
 Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
 Options: """
 
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     """The configuration and output options, once every check that needs no rendering has passed."""
     config, run = parse(argv)
-    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile):
+    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile, run.cbffile, run.nxmxfile):
         if path is not None:
             check_writable(path)
     for path in (config.structure.hkl_file, config.detector.mask_file):

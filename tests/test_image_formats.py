@@ -1,0 +1,136 @@
+"""Images for processing software: -cbffile (miniCBF, read back with fabio) and -nxmxfile (NXmx, read back with
+the nxmx reader DIALS uses); counts equal to the SMV images and headers that give back the simulated geometry."""
+
+from __future__ import annotations
+
+import re
+
+import fabio
+import h5py
+import numpy as np
+import pytest
+
+from nbsim.cli import main
+from nbsim.geometry import build_geometry
+from nbsim.nanobragg.arguments import parse
+
+nxmx = pytest.importorskip("nxmx")
+
+SMALL = ["-cell", "70", "80", "90", "90", "90", "90", "-default_F", "100", "-N", "4", "-detpixels", "40",
+         "-pixel", "0.2", "-distance", "90", "-lambda", "1.2", "-compile", "off", "-seed", "7", "-nopgm",
+         "-floatfile", "float.bin", "-intfile", "int.img", "-phi", "10", "-osc", "0.5", "-exposure", "2"]
+
+
+def _render(tmp_path, monkeypatch, *extra: str) -> list[str]:
+    monkeypatch.chdir(tmp_path)
+    argv = [*SMALL, *extra]
+    assert main(argv) == 0
+    return argv
+
+
+def _header(path) -> dict[str, str]:
+    contents = fabio.open(str(path)).header["_array_data.header_contents"]
+    return {match[1]: match[2].strip() for match in re.finditer(r"# (Silicon sensor, thickness|\S+) (.*)", contents)}
+
+
+def test_cbf_counts_and_header_match_the_simulation(tmp_path, monkeypatch, capsys):
+    argv = _render(tmp_path, monkeypatch, "-nonoise", "-detector_thick", "320", "-cbffile", "image.cbf")
+    cbf = fabio.open(str(tmp_path / "image.cbf"))
+    smv = fabio.open(str(tmp_path / "int.img"))
+    assert cbf.data.dtype == np.int32
+    np.testing.assert_array_equal(cbf.data, smv.data)
+    assert cbf.header["_array_data.header_convention"] == "GENERIC_MINI"
+    header = _header(tmp_path / "image.cbf")
+    geometry = build_geometry(parse(argv)[0].detector)
+    assert header["Pixel_size"] == "2.000000e-04 m x 2.000000e-04 m"
+    assert header["Silicon sensor, thickness"] == "0.000320 m"
+    assert header["Wavelength"] == "1.200000 A"
+    assert float(header["Detector_distance"].split()[0]) == pytest.approx(0.090, abs=1e-6)
+    fast, slow = (float(v) for v in re.findall(r"[-\d.]+", header["Beam_xy"]))
+    assert (fast, slow) == pytest.approx((geometry.fbeam_m / 2e-4, geometry.sbeam_m / 2e-4), abs=0.005)
+    assert header["Start_angle"] == "10.0000 deg."
+    assert header["Angle_increment"] == "0.5000 deg."
+    assert header["Exposure_time"] == header["Exposure_period"] == "2.0000000 s"
+    assert header["Count_cutoff"] == "65535 counts"
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}$", fabio.open(str(tmp_path / "image.cbf"))
+                    .header["_array_data.header_contents"].splitlines()[0][2:])
+    assert "image.cbf" in capsys.readouterr().out
+
+
+def test_cbf_holds_the_noise_image_when_there_is_one(tmp_path, monkeypatch):
+    _render(tmp_path, monkeypatch, "-noisefile", "noise.img", "-cbffile", "image.cbf")
+    np.testing.assert_array_equal(fabio.open(str(tmp_path / "image.cbf")).data,
+                                  fabio.open(str(tmp_path / "noise.img")).data)
+    assert "Silicon sensor, thickness" not in _header(tmp_path / "image.cbf")
+
+
+@pytest.mark.parametrize("flag", ["-cbffile", "-nxmxfile"])
+def test_bad_output_path_is_a_one_line_error_before_rendering(flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, flag, "missing/out"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "missing" in captured.err
+    assert "max_I" not in captured.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+GEOMETRIES = {
+    "mosflm": [],
+    "twotheta": ["-twotheta", "20"],
+    "rotations": ["-detector_rotx", "5", "-detector_roty", "-7", "-detector_rotz", "11", "-Xbeam", "3.3"],
+    "xds": ["-xds", "-ORGX", "12.5", "-ORGY", "30"],
+}
+
+
+@pytest.mark.parametrize("case", GEOMETRIES)
+def test_nxmx_reader_gives_back_the_simulated_geometry(case, tmp_path, monkeypatch):
+    argv = _render(tmp_path, monkeypatch, "-nonoise", "-detector_thick", "100", *GEOMETRIES[case],
+                   "-nxmxfile", "image.nxs")
+    geometry = build_geometry(parse(argv)[0].detector)
+    with h5py.File(tmp_path / "image.nxs") as handle:
+        entry = nxmx.NXmx(handle).entries[0]
+        assert entry.definition == "NXmx"
+        assert entry.start_time <= entry.end_time
+        detector = entry.instruments[0].detectors[0]
+        module = detector.modules[0]
+        np.testing.assert_array_equal(module.data_origin, [0, 0])
+        np.testing.assert_array_equal(module.data_size, [40, 40])
+        chain = nxmx.get_dependency_chain(module.fast_pixel_direction)
+        assert [axis.path.split("/")[-1] for axis in chain] == ["fast_pixel_direction", "module_offset", "two_theta"]
+        placement = nxmx.get_cumulative_transformation(chain[1:])[0]
+        origin_mm = placement[:3, 3]
+        fast = placement[:3, :3] @ module.fast_pixel_direction.vector
+        slow = placement[:3, :3] @ module.slow_pixel_direction.vector
+        assert module.fast_pixel_direction[()].to("mm").magnitude == pytest.approx([0.2])
+        assert module.slow_pixel_direction[()].to("mm").magnitude == pytest.approx([0.2])
+        reported_distance_mm = detector.distance.to("mm").magnitude
+        reported_beam_fast_px = detector.beam_center_x.magnitude
+        reported_beam_slow_px = detector.beam_center_y.magnitude
+        assert detector.sensor_material == "Si"
+        assert detector.sensor_thickness.to("mm").magnitude == pytest.approx(0.1)
+        beam = entry.instruments[0].beams[0]
+        assert beam.incident_wavelength.to("angstrom").magnitude == pytest.approx(1.2)
+        assert beam.total_flux.magnitude > 0
+        omega = nxmx.get_dependency_chain(entry.samples[0].depends_on)
+        assert omega[0][()].to("deg").magnitude == pytest.approx([10.0])
+        np.testing.assert_array_equal(entry.data[0][entry.data[0].signal][0],
+                                      fabio.open(str(tmp_path / "int.img")).data)
+    # The beam travels along +z in NeXus: where it meets the module, in pixels, and how far, must be nbsim's.
+    normal = np.cross(fast, slow)
+    distance_mm = origin_mm @ normal / normal[2]
+    hit = np.array([0.0, 0.0, distance_mm]) - origin_mm
+    along_beam_m = float(geometry.pix0_m @ geometry.odet / (geometry.beam @ geometry.odet))
+    assert distance_mm == pytest.approx(along_beam_m * 1000.0, abs=1e-9)
+    assert reported_distance_mm == pytest.approx(along_beam_m * 1000.0, abs=1e-9)
+    nbsim_hit_m = (along_beam_m * geometry.beam - geometry.pix0_m).numpy()
+    nbsim_beam_px = (nbsim_hit_m @ geometry.fdet.numpy() / 2e-4, nbsim_hit_m @ geometry.sdet.numpy() / 2e-4)
+    assert (hit @ fast / 0.2, hit @ slow / 0.2) == pytest.approx(nbsim_beam_px, abs=1e-9)
+    assert (reported_beam_fast_px, reported_beam_slow_px) == pytest.approx(nbsim_beam_px, abs=1e-9)
+    # And every pixel sits at nbsim's angle from the beam and distance from the sample (a frame-free check).
+    nbsim_beam = geometry.beam.numpy()
+    for fast_px, slow_px in ((0.5, 0.5), (39.5, 3.5), (7.5, 38.5)):
+        ours = (geometry.pix0_m.numpy() + (fast_px * geometry.fdet.numpy() + slow_px * geometry.sdet.numpy())
+                * 2e-4) * 1000.0
+        theirs = origin_mm + (fast_px * fast + slow_px * slow) * 0.2
+        assert np.linalg.norm(theirs) == pytest.approx(np.linalg.norm(ours), abs=1e-9)
+        assert theirs[2] / np.linalg.norm(theirs) == pytest.approx(ours @ nbsim_beam / np.linalg.norm(ours), abs=1e-12)
