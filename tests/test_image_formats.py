@@ -134,3 +134,65 @@ def test_nxmx_reader_gives_back_the_simulated_geometry(case, tmp_path, monkeypat
         theirs = origin_mm + (fast_px * fast + slow_px * slow) * 0.2
         assert np.linalg.norm(theirs) == pytest.approx(np.linalg.norm(ours), abs=1e-9)
         assert theirs[2] / np.linalg.norm(theirs) == pytest.approx(ours @ nbsim_beam / np.linalg.norm(ours), abs=1e-12)
+
+
+def _rotation_sweep(folder, phis_deg: list[float]):
+    """A collated sweep.zarr of one batch whose points are a -phi series (images random, configs real)."""
+    from nbsim.sweep.collate import point_rows, write_collated_store
+    from nbsim.sweep.jobs import IMAGE_DIMENSIONS
+    from nbsim.sweep.spec import dataclass_to_dict
+    from nbsim.sweep.store import AtomicStore, write_json
+
+    generator = np.random.default_rng(3)
+    name = "n40-float32-cpu-compile_off-b0000"
+    entries, images = [], generator.exponential(2.0, (len(phis_deg), 40, 40)).astype(np.float32)
+    with AtomicStore(folder / name / "images.zarr", {}) as store:
+        store.variable("image", IMAGE_DIMENSIONS, images.shape, np.float32, chunks=(1, 40, 40), data=images)
+        store.commit()
+    for index, phi in enumerate(phis_deg):
+        argv = [*SMALL[:SMALL.index("-nopgm")], "-phi", str(phi), "-osc", "0.5"]
+        entries.append({"name": f"{name}-{index}", "reference": "", "size": 40, "index": index, "status": "ok",
+                        "axes": {"size": 40, "dtype": "float32", "device": "cpu", "compile": "off", "phi": phi},
+                        "config": dataclass_to_dict(parse(argv)[0]), "argv": argv})
+    write_json(folder / name / "records.json", {"scenario": "s", "batch": name, "points": entries})
+    rows = point_rows([folder / name / "records.json"], [])
+    write_collated_store(rows, {name: folder / name / "images.zarr"}, ["size", "dtype", "device", "compile", "phi"],
+                         folder / "sweep.zarr")
+    return images, parse(argv)[0]
+
+
+def test_export_writes_a_rotation_series_as_nxmx_and_numbered_cbfs(tmp_path, capsys):
+    from nbsim.cli.products import integer_image
+    from nbsim.setup import resolve
+
+    phis = [10.0 + 0.5 * k for k in range(10)]
+    images, config = _rotation_sweep(tmp_path, phis)
+    assert main(["export", str(tmp_path / "sweep.zarr"), "--nxmx", str(tmp_path / "series.nxs"),
+                 "--cbf", str(tmp_path / "frame")]) == 0
+    assert "10 frames" in capsys.readouterr().out
+    setup = resolve(config)
+    expected = [integer_image(image, setup, 55000.0 / float(images.max()), 40.0) for image in images]
+    with h5py.File(tmp_path / "series.nxs") as handle:
+        entry = nxmx.NXmx(handle).entries[0]
+        omega = nxmx.get_dependency_chain(entry.samples[0].depends_on)[0]
+        assert omega[()].to("deg").magnitude == pytest.approx(phis)
+        frames = entry.data[0][entry.data[0].signal][()]
+    assert frames.shape == (10, 40, 40)
+    for k, phi in enumerate(phis):
+        cbf = tmp_path / f"frame_{k + 1:05d}.cbf"
+        np.testing.assert_array_equal(fabio.open(str(cbf)).data, expected[k])
+        np.testing.assert_array_equal(frames[k], expected[k])
+        assert float(_header(cbf)["Start_angle"].split()[0]) == pytest.approx(phi)
+        assert _header(cbf)["Angle_increment"] == "0.5000 deg."
+
+
+def test_export_refuses_what_is_not_one_series(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--nxmx", str(tmp_path / "x.nxs")]) == 2
+    assert "not a sweep.zarr store" in capsys.readouterr().err
+    _rotation_sweep(tmp_path, [0.0, 1.0])
+    assert main(["export", str(tmp_path / "sweep.zarr")]) == 2
+    assert "nothing to write" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "sweep.zarr"), "--cbf", str(tmp_path / "missing" / "f")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "sweep.zarr"), "--size", "many"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

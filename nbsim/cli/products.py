@@ -161,8 +161,8 @@ def _plain(vector: torch.Tensor) -> tuple[float, float, float]:
     return x, y, z
 
 
-def experiment_record(setup: Setup, noise_seed: int) -> ExperimentRecord:
-    """What was simulated, for the headers of the miniCBF and NXmx files."""
+def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
+    """What was simulated, for the headers of the miniCBF and NXmx files (`noise_seed`: None without noise)."""
     g = setup.geometry
     beam = setup.config.beam
     crystal = setup.config.crystal

@@ -68,7 +68,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"writing {run.noisefile} as 2-byte integers")
         write_smv(run.noisefile, counts, fields)
     if run.wants_counts:
-        _write_processing_images(run, counts, experiment_record(setup, run.seed), started)
+        seed = run.seed if run.noisefile else None
+        _write_processing_images(run, counts, experiment_record(setup, seed), started)
     return 0
 
 
@@ -79,7 +80,7 @@ def _write_processing_images(run: RunOptions, counts, record: ExperimentRecord, 
         write_mini_cbf(run.cbffile, counts, record, started)
     if run.nxmxfile:
         print(f"writing {run.nxmxfile} as NXmx (HDF5)")
-        write_nxmx(run.nxmxfile, counts[np.newaxis], np.array([record.phi_start_deg]), record, started,
+        write_nxmx(run.nxmxfile, [counts], np.array([record.phi_start_deg]), record, started,
                    datetime.datetime.now(datetime.timezone.utc))
 
 

@@ -9,6 +9,7 @@ along the polarization axis' component across it (horizontal for every conventio
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,11 +134,11 @@ def _axis(group, name: str, values, kind: str, vector, depends_on: str, units: s
                           "units": units, "depends_on": depends_on})
 
 
-def write_nxmx(path: str | Path, frames: np.ndarray, omega_deg: np.ndarray, record: ExperimentRecord,
+def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.ndarray, record: ExperimentRecord,
                start_time: datetime.datetime, end_time: datetime.datetime) -> None:
-    """An NXmx file: the (frames, slow, fast) counts, the ω of each frame, the detector placed by a two-theta
-    axis and its module's offset and pixel directions (the detector rotations are folded into those), the
-    beam, the sample's ω axis and its orientation, in the McStas frame."""
+    """An NXmx file: the (slow, fast) counts of each frame (taken one at a time) and its ω, the detector placed
+    by a two-theta axis and its module's offset and pixel directions (the detector rotations are folded into
+    those), the beam, and the sample's ω axis and orientation, in the McStas frame."""
     import h5py
 
     r = record
@@ -224,8 +225,15 @@ def write_nxmx(path: str | Path, frames: np.ndarray, omega_deg: np.ndarray, reco
 
             data = entry.create_group("data")
             data.attrs.update({"NX_class": "NXdata", "signal": "data"})
-            data.create_dataset("data", data=np.ascontiguousarray(frames, dtype=np.int32),
-                                chunks=(1, r.pixels_slow, r.pixels_fast), compression="gzip", compression_opts=1)
+            shape = (len(omega_deg), r.pixels_slow, r.pixels_fast)
+            counts = data.create_dataset("data", shape=shape, dtype=np.int32, chunks=(1, *shape[1:]),
+                                         compression="gzip", compression_opts=1)
+            written = 0
+            for frame in frames:
+                counts[written] = frame
+                written += 1
+            if written != shape[0]:
+                raise NbsimError(f"{written} frames for {shape[0]} omega values")
             detector["data"] = h5py.SoftLink("/entry/data/data")
             entry["notes"] = "\n".join(r.notes)
 
