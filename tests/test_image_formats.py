@@ -196,3 +196,23 @@ def test_export_refuses_what_is_not_one_series(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "sweep.zarr"), "--size", "many"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cbf_header_reads_as_dxtbx_formatcbfmini_reads_it(tmp_path, monkeypatch):
+    """dxtbx's FormatCBFMini._start and _detector (cctbx/dxtbx), replayed on the header's `#` records."""
+    _render(tmp_path, monkeypatch, "-nonoise", "-detector_thick", "450", "-cbffile", "image.cbf")
+    fields = {}
+    for record in fabio.open(str(tmp_path / "image.cbf")).header["_array_data.header_contents"].splitlines():
+        if len(record[1:].split()) <= 2 and record.count(":") == 2:
+            fields["timestamp"] = record[1:].strip()
+            continue
+        tokens = record.replace("=", "").replace(":", "").split()
+        fields[tokens[1]] = " ".join(tokens[2:])
+    assert fields["timestamp"].startswith("20")
+    assert [float(v) for v in fields["Pixel_size"].replace("m", "").replace("x", "").split()] == [2e-4, 2e-4]
+    assert float(fields["Silicon"].split()[2]) * 1000.0 == pytest.approx(0.45)
+    assert float(fields["Detector_distance"].split()[0]) == pytest.approx(0.09)
+    assert [float(v) for v in fields["Beam_xy"].replace("(", "").replace(")", "").replace(",", "").split()[:2]] \
+        == pytest.approx([21.0, 21.0])
+    assert float(fields["Start_angle"].split()[0]) == 10.0 and float(fields["Angle_increment"].split()[0]) == 0.5
+    assert int(fields["Count_cutoff"].split()[0]) == 65535
