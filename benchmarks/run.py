@@ -33,11 +33,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from answers import ANSWER_WORKLOADS
+from format_workloads import FORMAT_WORKLOADS
 from sweep_workloads import SWEEP_WORKLOADS
 
 from nbsim import workloads
 
-TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS}
+TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **FORMAT_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent
