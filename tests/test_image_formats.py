@@ -216,3 +216,18 @@ def test_cbf_header_reads_as_dxtbx_formatcbfmini_reads_it(tmp_path, monkeypatch)
         == pytest.approx([21.0, 21.0])
     assert float(fields["Start_angle"].split()[0]) == 10.0 and float(fields["Angle_increment"].split()[0]) == 0.5
     assert int(fields["Count_cutoff"].split()[0]) == 65535
+
+
+@pytest.mark.parametrize("convention", ["-mosflm", "-denzo", "-adxv", "-xds", "-dials"])
+def test_mcstas_frame_is_a_rotation_taking_the_beam_to_z(convention):
+    from nbsim.cli.products import experiment_record
+    from nbsim.io.detector_images import mcstas_rotation
+    from nbsim.setup import resolve
+
+    record = experiment_record(resolve(parse([*SMALL, convention])[0]), noise_seed=None)
+    rotation = mcstas_rotation(record)
+    np.testing.assert_allclose(rotation @ rotation.T, np.eye(3), atol=1e-15)
+    assert np.linalg.det(rotation) == pytest.approx(1.0)
+    np.testing.assert_allclose(rotation @ np.array(record.beam_direction), [0, 0, 1], atol=1e-15)
+    if convention == "-mosflm":
+        np.testing.assert_allclose(rotation, [[0, 0, -1], [0, 1, 0], [1, 0, 0]], atol=1e-15)

@@ -88,8 +88,8 @@ def export_series(store: Path, size: int | None, nxmx_path: Path | None, cbf_pre
     started = datetime.datetime.now(datetime.timezone.utc)
     images, attributes = _series(store, size)
     frames = images.shape[0]
-    points = [json.loads(str(value)) for value in attributes.values.reshape(-1)]
-    if any(not point.get("config") for point in points):
+    points = [json.loads(str(value)) if str(value) else {} for value in attributes.values.reshape(-1)]
+    if any(point.get("status") != "ok" or not point.get("config") for point in points):
         raise NbsimError(f"{store}: a frame has no image (its point failed or was skipped)")
     configs = [dataclass_from_dict(SimulationConfig, point["config"]) for point in points]
     omega_deg = np.array([config.crystal.phi_start_deg for config in configs], dtype=np.float64)

@@ -73,7 +73,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     return 0
 
 
-def _write_processing_images(run: RunOptions, counts, record: ExperimentRecord, started: datetime.datetime) -> None:
+def _write_processing_images(run: RunOptions, counts: np.ndarray, record: ExperimentRecord,
+                             started: datetime.datetime) -> None:
     """The miniCBF and NXmx files of the counts (the noise image's when there is one, else the -intfile's)."""
     if run.cbffile:
         print(f"writing {run.cbffile} as a miniCBF of 4-byte integers")

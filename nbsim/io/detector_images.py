@@ -3,7 +3,8 @@ by fabio) and NeXus NXmx HDF5 (written by h5py), both atomically (`atomic_write_
 
 nbsim's lab frame is nanoBragg's (the beam along +x in the MOSFLM convention); NeXus uses the McStas frame,
 the beam along +z and y up. `mcstas_rotation` is the fixed rotation between them: z along the beam, x
-along the polarization axis' component across it (horizontal for every convention), y = z × x.
+against the polarization axis' component across it, y = z × x. For MOSFLM, McStas (x, y, z) = nbsim's
+(-z, y, x): the DIALS frame of the header's DIALS_ORIGIN (z, y, -x) turned 180° about y, as dxtbx turns it.
 """
 
 from __future__ import annotations
@@ -57,18 +58,18 @@ class ExperimentRecord:
     """Ground truth for the header's comments: seeds, convention, pivot."""
 
 
-def _unit(vector: np.ndarray) -> np.ndarray:
+def _unit(vector: np.ndarray, what: str) -> np.ndarray:
     length = float(np.linalg.norm(vector))
     if length == 0.0:
-        raise NbsimError("the polarization axis is along the beam: no NeXus frame can be fixed from it")
+        raise NbsimError(f"no NeXus frame: {what} has no direction")
     return vector / length
 
 
 def mcstas_rotation(record: ExperimentRecord) -> np.ndarray:
     """The rotation taking nbsim's lab frame to NeXus' McStas frame (rows: McStas x, y, z in nbsim's)."""
-    z = _unit(np.array(record.beam_direction, dtype=np.float64))
+    z = _unit(np.array(record.beam_direction, dtype=np.float64), "the beam")
     polar = np.array(record.polarization_axis, dtype=np.float64)
-    x = _unit(polar - np.dot(polar, z) * z)
+    x = -_unit(polar - np.dot(polar, z) * z, "the polarization axis across the beam")
     return np.stack([x, np.cross(z, x), z])
 
 
@@ -126,12 +127,11 @@ def _rotate(vector: np.ndarray, axis: np.ndarray, angle_rad: float) -> np.ndarra
     return vector * cos + np.cross(axis, vector) * sin + axis * np.dot(axis, vector) * (1.0 - cos)
 
 
-def _axis(group, name: str, values, kind: str, vector, depends_on: str, units: str,
-          offset=(0.0, 0.0, 0.0)) -> None:
+def _axis(group, name: str, values, kind: str, vector, depends_on: str, units: str) -> None:
+    """An NXtransformations axis (no offset) with its value(s)."""
     dataset = group.create_dataset(name, data=np.atleast_1d(np.asarray(values, dtype=np.float64)))
     dataset.attrs.update({"transformation_type": kind, "vector": np.asarray(vector, dtype=np.float64),
-                          "offset": np.asarray(offset, dtype=np.float64), "offset_units": "mm",
-                          "units": units, "depends_on": depends_on})
+                          "offset": np.zeros(3), "offset_units": "mm", "units": units, "depends_on": depends_on})
 
 
 def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.ndarray, record: ExperimentRecord,
@@ -143,7 +143,7 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
 
     r = record
     to_mcstas = mcstas_rotation(r)
-    twotheta_axis = _unit(to_mcstas @ np.array(r.twotheta_axis, dtype=np.float64))
+    twotheta_axis = _unit(to_mcstas @ np.array(r.twotheta_axis, dtype=np.float64), "the two-theta axis")
     twotheta_rad = np.radians(r.twotheta_deg)
 
     def before_twotheta(vector) -> np.ndarray:
