@@ -9,6 +9,7 @@ import fabio
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from nbsim.cli import main
 from nbsim.geometry import build_geometry
@@ -231,3 +232,22 @@ def test_mcstas_frame_is_a_rotation_taking_the_beam_to_z(convention):
     np.testing.assert_allclose(rotation @ np.array(record.beam_direction), [0, 0, 1], atol=1e-15)
     if convention == "-mosflm":
         np.testing.assert_allclose(rotation, [[0, 0, -1], [0, 1, 0], [1, 0, 0]], atol=1e-15)
+
+
+def test_nxmx_sample_orientation_at_omega_is_the_rotated_a_matrix(tmp_path, monkeypatch):
+    """The sample's ω rotation (right-handed about the spindle, by φ) applied to its UB gives nbsim's reciprocal
+    vectors rotated by φ, in the McStas frame: the orientation nbsim rendered at its first φ step."""
+    from nbsim.cli.products import experiment_record
+    from nbsim.io.detector_images import mcstas_rotation
+    from nbsim.setup import resolve
+    from nbsim.vectors import rotate_about_axis
+
+    argv = _render(tmp_path, monkeypatch, "-nonoise", "-misset", "10", "20", "30", "-nxmxfile", "image.nxs")
+    setup = resolve(parse(argv)[0])
+    rotated = rotate_about_axis(setup.lattice.reciprocal_per_A, setup.geometry.spindle, torch.tensor(np.radians(10.0)))
+    expected = mcstas_rotation(experiment_record(setup, None)) @ rotated.numpy().T
+    with h5py.File(tmp_path / "image.nxs") as handle:
+        sample = nxmx.NXmx(handle).entries[0].samples[0]
+        omega = nxmx.get_cumulative_transformation(nxmx.get_dependency_chain(sample.depends_on))[0][:3, :3]
+        ub = handle["/entry/sample/ub_matrix"][0]
+    np.testing.assert_allclose(omega @ ub, expected, atol=1e-12)
