@@ -33,12 +33,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from answers import ANSWER_WORKLOADS
+from format_workloads import FORMAT_WORKLOADS
 from model_workloads import MODEL_WORKLOADS
 from sweep_workloads import SWEEP_WORKLOADS
 
 from nbsim import workloads
 
-TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS}
+TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent

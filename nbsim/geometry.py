@@ -61,6 +61,7 @@ class DetectorGeometry:
     orgy_px: float
     dials_origin_mm: tuple[float, float, float]
     twotheta_rad: float
+    twotheta_axis: torch.Tensor
     pivot: str
     convention: str
 
@@ -169,4 +170,5 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
         fbeam_m=float(dot(fdet, beam_hit).detach()), sbeam_m=float(dot(sdet, beam_hit).detach()),
         fclose_m=float(fclose_t.detach()), sclose_m=float(sclose_t.detach()),
         orgx_px=float(fclose_t.detach()) / pixel + 0.5, orgy_px=float(sclose_t.detach()) / pixel + 0.5,
-        dials_origin_mm=dials_origin, twotheta_rad=float(twotheta.detach()), pivot=pivot, convention=convention)
+        dials_origin_mm=dials_origin, twotheta_rad=float(twotheta.detach()),
+        twotheta_axis=twotheta_axis, pivot=pivot, convention=convention)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from nbsim.errors import NbsimError
-from nbsim.io.atomic import atomic_write, atomic_write_text
+from nbsim.io.atomic import atomic_write, atomic_write_text, atomic_write_with
 
 
 def test_writes_bytes_and_text_whole_with_the_usual_permissions(tmp_path):
@@ -34,3 +34,18 @@ def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path):
 def test_a_missing_folder_is_a_one_line_error(tmp_path):
     with pytest.raises(NbsimError, match="folder .* does not exist"):
         atomic_write_text(tmp_path / "missing" / "out.txt", "x")
+
+
+def test_a_library_writer_sees_the_real_name_and_a_failure_leaves_nothing(tmp_path):
+    path = tmp_path / "image.cbf"
+    atomic_write_with(path, lambda temporary: temporary.write_text(temporary.name))
+    assert path.read_text() == "image.cbf"
+
+    def fail(temporary):
+        temporary.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic_write_with(path, fail)
+    assert path.read_text() == "image.cbf"
+    assert [p.name for p in tmp_path.iterdir()] == ["image.cbf"]

@@ -1,5 +1,5 @@
-"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim bench` and
-`nbsim kernels`.
+"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim bench`,
+`nbsim kernels` and `nbsim export`.
 
 Everything the arguments alone decide (help, an unknown flag, a bad value, an impossible cell, a missing
 input file, an output folder that does not exist) is answered here without importing torch, in a
@@ -24,9 +24,12 @@ USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|f
        nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
                    [--threads N] [--floatfile F] [--c-binary PATH] [--json F] -- <nanoBragg options>
        nbsim worker start|stop|status   (a resident process that serves nbsim commands)
+       nbsim export SWEEP_ZARR [--nxmx FILE] [--cbf PREFIX]   (a sweep's rotation series for DIALS/XDS)
 
 nbsim renders the image nanoBragg renders for the same options and writes the same files
-(-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given).
+(-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given), and, for
+processing software (DIALS, XDS, CrystFEL), -cbffile F (miniCBF) and -nxmxfile F (NeXus NXmx HDF5): the
+noise image's counts (the -intfile image's under -nonoise) with the geometry in the header (docs/formats.md).
 Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
 Options: """
 
@@ -45,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
             from .kernels import main as kernels_main
 
             return kernels_main(argv[1:])
+        if argv and argv[0] == "export":
+            from .export import main as export_main
+
+            return export_main(argv[1:])
         if argv and argv[0] in ("--version", "-version"):
             from .. import __version__
 
@@ -83,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     """The configuration and output options, once every check that needs no rendering has passed."""
     config, run = parse(argv)
-    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile, run.p1_table_file):
+    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile, run.p1_table_file, run.cbffile,
+                 run.nxmxfile):
         if path is not None:
             check_writable(path)
     for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):

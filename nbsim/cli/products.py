@@ -10,6 +10,7 @@ import torch
 
 from ..errors import NbsimError
 from ..geometry import DetectorGeometry
+from ..io.detector_images import ExperimentRecord
 from ..io.images import format_g
 from ..setup import Setup
 from ..vectors import DEGREES_PER_RADIAN
@@ -153,3 +154,35 @@ def smv_fields(geometry: DetectorGeometry, setup: Setup, wavelength_A: float) ->
         ("DETECTOR_SN", "000"),
         ("BEAMLINE", "fake"),
     ]
+
+
+def _plain(vector: torch.Tensor) -> tuple[float, float, float]:
+    x, y, z = (float(v) for v in vector.detach().reshape(3))
+    return x, y, z
+
+
+def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
+    """What was simulated, for the headers of the miniCBF and NXmx files (`noise_seed`: None without noise)."""
+    g = setup.geometry
+    beam = setup.config.beam
+    crystal = setup.config.crystal
+    beamsize_m = beam.beamsize_mm / 1000.0
+    reciprocal = setup.lattice.reciprocal_per_A.detach()
+    along_beam_m = float(g.close_distance_m) / float(torch.dot(g.beam, g.odet))
+    beam_hit_m = (along_beam_m * g.beam - g.pix0_m).detach()
+    return ExperimentRecord(
+        pixel_size_m=g.pixel_size_m, pixels_fast=g.pixels_f, pixels_slow=g.pixels_s, origin_m=_plain(g.pix0_m),
+        fast_axis=_plain(g.fdet), slow_axis=_plain(g.sdet), beam_direction=_plain(g.beam),
+        polarization_axis=_plain(g.polar), spindle_axis=_plain(g.spindle), twotheta_axis=_plain(g.twotheta_axis),
+        twotheta_deg=g.twotheta_rad * DEGREES_PER_RADIAN,
+        distance_m=along_beam_m, beam_fast_px=float(torch.dot(g.fdet, beam_hit_m)) / g.pixel_size_m,
+        beam_slow_px=float(torch.dot(g.sdet, beam_hit_m)) / g.pixel_size_m,
+        wavelength_A=float(beam.wavelength_A), exposure_s=beam.exposure_s,
+        total_flux_per_s=setup.fluence * beamsize_m ** 2 / beam.exposure_s,
+        sensor_thickness_m=setup.sensor.thickness_m, phi_start_deg=setup.phi.start_rad * DEGREES_PER_RADIAN,
+        osc_deg=setup.phi.osc_rad * DEGREES_PER_RADIAN,
+        unit_cell_A_deg=tuple(float(v) for v in setup.lattice.cell_parameters()),
+        a_matrix_per_A=tuple(_plain(row) for row in reciprocal),
+        notes=(f"convention {g.convention} pivot {g.pivot}",
+               f"seeds: mosaic {crystal.mosaic_seed} misset {crystal.misset_seed} noise {noise_seed}",
+               f"mosaic domains {setup.mosaic.count} phi steps {setup.phi.steps}"))

@@ -3,8 +3,10 @@ once the arguments are known to be sound, see nbsim.cli)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 
+import numpy as np
 import torch
 
 from .. import __version__
@@ -12,6 +14,7 @@ from ..cache import configure_compile_cache
 from ..config import SimulationConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
+from ..io.detector_images import ExperimentRecord, write_mini_cbf, write_nxmx
 from ..io.images import write_float_image, write_pgm, write_smv
 from ..io.structure_files import write_hkl
 from ..modes import Compile
@@ -19,11 +22,12 @@ from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
 from ..setup import Setup, resolve
 from ..vectors import DEGREES_PER_RADIAN
-from .products import integer_image, noise_image, pgm_image, smv_fields, statistics
+from .products import experiment_record, integer_image, noise_image, pgm_image, smv_fields, statistics
 
 
 def render_command(config: SimulationConfig, run: RunOptions) -> int:
     """Render `config` and write the files `run` asks for, printing what nanoBragg prints."""
+    started = datetime.datetime.now(datetime.timezone.utc)
     device = resolve_device(run.device)
     dtype = resolve_dtype(run.dtype)
     setup = resolve(config)
@@ -53,20 +57,36 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
     scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
     print(f"intfile_scale = {scale:g}")
+    counts = integer_image(image, setup, scale, run.adc) if run.intfile or run.wants_counts else None
     if run.intfile:
         print(f"writing {run.intfile} as 2-byte integers")
-        write_smv(run.intfile, integer_image(image, setup, scale, run.adc), fields)
+        write_smv(run.intfile, counts, fields)
     if run.pgmfile:
         pgm_scale = run.pgm_scale if run.pgm_scale > 0 else (250.0 / (5.0 * stats.rmsd) if stats.rmsd > 0 else scale)
         print(f"pgm_scale = {pgm_scale:g}")
         print(f"writing {run.pgmfile} as 1-byte integers")
         write_pgm(run.pgmfile, pgm_image(image, setup, pgm_scale), pgm_scale)
     if run.noisefile:
-        noisy, overloads, photons = noise_image(image, setup, run.adc, run.seed)
+        counts, overloads, photons = noise_image(image, setup, run.adc, run.seed)
         print(f"{photons:.0f} photons on noise image ({overloads} overloads)")
         print(f"writing {run.noisefile} as 2-byte integers")
-        write_smv(run.noisefile, noisy, fields)
+        write_smv(run.noisefile, counts, fields)
+    if run.wants_counts:
+        seed = run.seed if run.noisefile else None
+        _write_processing_images(run, counts, experiment_record(setup, seed), started)
     return 0
+
+
+def _write_processing_images(run: RunOptions, counts: np.ndarray, record: ExperimentRecord,
+                             started: datetime.datetime) -> None:
+    """The miniCBF and NXmx files of the counts (the noise image's when there is one, else the -intfile's)."""
+    if run.cbffile:
+        print(f"writing {run.cbffile} as a miniCBF of 4-byte integers")
+        write_mini_cbf(run.cbffile, counts, record, started)
+    if run.nxmxfile:
+        print(f"writing {run.nxmxfile} as NXmx (HDF5)")
+        write_nxmx(run.nxmxfile, [counts], np.array([record.phi_start_deg]), record, started,
+                   datetime.datetime.now(datetime.timezone.utc))
 
 
 def _report_compile_decision(renderer: Renderer) -> None:

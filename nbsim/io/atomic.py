@@ -1,4 +1,5 @@
-"""Atomic file writes: the content goes to a temporary file in the destination's folder, which is then
+"""Atomic file writes: the content goes to a temporary file in the destination's folder (inside a temporary
+folder there, so that writers which record the file's name see the real one), which is then
 renamed over the destination (`os.replace`), so a reader sees the old file or the whole new one, never a
 part; when writing fails the temporary file is removed. Used for images, the kernel cache's descriptions
 and the sweep's JSON records."""
@@ -6,7 +7,9 @@ and the sweep's JSON records."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .paths import check_writable, current_umask
@@ -15,18 +18,28 @@ from .paths import check_writable, current_umask
 def atomic_write(path: str | Path, *parts: bytes | memoryview) -> None:
     """Write the parts, in order, as the whole content of `path` (created with the usual permissions:
     0o666 less the umask)."""
-    path = Path(path)
-    check_writable(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
+
+    def write_parts(temporary: Path) -> None:
+        with open(temporary, "wb") as stream:
             for part in parts:
                 stream.write(part)
+
+    atomic_write_with(path, write_parts)
+
+
+def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Let `write` (a library's writer: fabio, h5py) create the file under its own name in a temporary
+    folder beside `path`, then rename it over `path`; on failure the temporary folder is removed."""
+    path = Path(path)
+    check_writable(path)
+    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    temporary = folder / path.name
+    try:
+        write(temporary)
         os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

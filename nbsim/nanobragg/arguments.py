@@ -31,6 +31,8 @@ class RunOptions:
     adc: float
     seed: int
     printout_pixel: tuple[int, int] | None
+    cbffile: str | None = None
+    nxmxfile: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
     compile: Compile = Compile.AUTO
@@ -38,6 +40,11 @@ class RunOptions:
     p1_table_file: str | None = None
     """Where -p1_out writes the P1 table used, as nanoBragg's h k l F text."""
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def wants_counts(self) -> bool:
+        """Whether a file for processing software (-cbffile, -nxmxfile) is asked for."""
+        return bool(self.cbffile or self.nxmxfile)
 
 
 def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
@@ -68,7 +75,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         pgmfile=state["pgmfile"] if state["write_pgm"] else None,
         noisefile=state["noisefile"] if state["calculate_noise"] else None,
         intfile_scale=state["intfile_scale"], pgm_scale=state["pgm_scale"], adc=state["adc"], seed=seed,
-        printout_pixel=state["printout_pixel"], device=nbsim_options.get("-device", "cpu"),
+        printout_pixel=state["printout_pixel"], cbffile=nbsim_options.get("-cbffile"),
+        nxmxfile=nbsim_options.get("-nxmxfile"), device=nbsim_options.get("-device", "cpu"),
         dtype=nbsim_options.get("-dtype", "float32"), compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run

@@ -41,7 +41,7 @@ _flags((NUM, NUM, NUM), "-polar_vector", "-beam_vector", "-twotheta_axis", "-fde
        "-odet_vector", "-pix0_vector", "-spindle_axis")
 _flags((PATH,), "-mat", "-hkl", "-sourcefile", "-mask", "-img", "-dump", "-stol", "-4stol", "-Q", "-stolout",
        "-floatfile", "-floatimage", "-intfile", "-intimage", "-pgmfile", "-pgmimage", "-noisefile",
-       "-noiseimage")
+       "-noiseimage", "-cbffile", "-nxmxfile")
 _flags((INT, INT, INT, INT), "-roi")
 _flags((INT, INT), "-printout_pixel")
 _flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile", "-column")
@@ -67,7 +67,7 @@ CONFLICTS = (
     {"-fluence", "-flux"},
     {"-hkl", "-model"},
 )
-NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out")
+NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out", "-cbffile", "-nxmxfile")
 NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol", "-4stol", "-Q", "-stolout",
              "-dump", "-coherent", "-printout", "-noprogress", "-progress")
 

@@ -1,0 +1,240 @@
+"""Images for processing software (DIALS, XDS, CrystFEL), with the geometry in the header: miniCBF (written
+by fabio) and NeXus NXmx HDF5 (written by h5py), both atomically (`atomic_write_with`).
+
+nbsim's lab frame is nanoBragg's (the beam along +x in the MOSFLM convention); NeXus uses the McStas frame,
+the beam along +z and y up. `mcstas_rotation` is the fixed rotation between them: z along the beam, x
+against the polarization axis' component across it, y = z × x. For MOSFLM, McStas (x, y, z) = nbsim's
+(-z, y, x): the DIALS frame of the header's DIALS_ORIGIN (z, y, -x) turned 180° about y, as dxtbx turns it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import NbsimError
+from .atomic import atomic_write_with
+
+MINI_CBF_CONVENTION = "GENERIC_MINI"
+COUNT_CUTOFF = 65535
+"""The largest count (the SMV images' 16-bit limit); saturated pixels hold it."""
+
+
+@dataclass(frozen=True)
+class ExperimentRecord:
+    """What was simulated, in plain numbers: nbsim's lab frame, unit vectors, SI units unless named."""
+
+    pixel_size_m: float
+    pixels_fast: int
+    pixels_slow: int
+    origin_m: tuple[float, float, float]
+    """The outer corner of the first pixel."""
+    fast_axis: tuple[float, float, float]
+    slow_axis: tuple[float, float, float]
+    beam_direction: tuple[float, float, float]
+    polarization_axis: tuple[float, float, float]
+    spindle_axis: tuple[float, float, float]
+    twotheta_axis: tuple[float, float, float]
+    twotheta_deg: float
+    distance_m: float
+    """From the sample to the detector plane along the beam (nanoBragg's DISTANCE ignores two-theta)."""
+    beam_fast_px: float
+    beam_slow_px: float
+    """Where the direct beam meets the detector, in pixels from the outer corner of the first pixel."""
+    wavelength_A: float
+    exposure_s: float
+    total_flux_per_s: float
+    sensor_thickness_m: float
+    phi_start_deg: float
+    osc_deg: float
+    unit_cell_A_deg: tuple[float, float, float, float, float, float]
+    a_matrix_per_A: tuple[tuple[float, float, float], ...]
+    """MOSFLM's A matrix at φ = 0: rows a*, b*, c* (Å⁻¹, nbsim's lab frame; not scaled by λ)."""
+    notes: tuple[str, ...]
+    """Ground truth for the header's comments: seeds, convention, pivot."""
+
+
+def _unit(vector: np.ndarray, what: str) -> np.ndarray:
+    length = float(np.linalg.norm(vector))
+    if length == 0.0:
+        raise NbsimError(f"no NeXus frame: {what} has no direction")
+    return vector / length
+
+
+def mcstas_rotation(record: ExperimentRecord) -> np.ndarray:
+    """The rotation taking nbsim's lab frame to NeXus' McStas frame (rows: McStas x, y, z in nbsim's)."""
+    z = _unit(np.array(record.beam_direction, dtype=np.float64), "the beam")
+    polar = np.array(record.polarization_axis, dtype=np.float64)
+    x = -_unit(polar - np.dot(polar, z) * z, "the polarization axis across the beam")
+    return np.stack([x, np.cross(z, x), z])
+
+
+def mini_cbf_header(record: ExperimentRecord, start_time: datetime.datetime) -> str:
+    """The miniCBF header lines (`# key value`) that dxtbx, XDS and CrystFEL parse, then nbsim's ground truth."""
+    r = record
+    lines = [
+        start_time.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3],
+        "Detector: nbsim simulated detector, S/N 000",
+        f"Pixel_size {r.pixel_size_m:.6e} m x {r.pixel_size_m:.6e} m",
+        f"Silicon sensor, thickness {r.sensor_thickness_m:.6f} m" if r.sensor_thickness_m > 0 else None,
+        f"Exposure_time {r.exposure_s:.7f} s",
+        f"Exposure_period {r.exposure_s:.7f} s",
+        f"Count_cutoff {COUNT_CUTOFF} counts",
+        f"Wavelength {r.wavelength_A:.6f} A",
+        f"Detector_distance {r.distance_m:.6f} m",
+        f"Beam_xy ({r.beam_fast_px:.2f}, {r.beam_slow_px:.2f}) pixels",
+        f"Flux {r.total_flux_per_s:.6g}",
+        f"Start_angle {r.phi_start_deg:.4f} deg.",
+        f"Angle_increment {r.osc_deg:.4f} deg.",
+        f"Detector_2theta {r.twotheta_deg:.4f} deg.",
+        "nbsim truth: lab frame of nanoBragg, metres",
+        "nbsim origin " + _triple(r.origin_m),
+        "nbsim fast_axis " + _triple(r.fast_axis),
+        "nbsim slow_axis " + _triple(r.slow_axis),
+        "nbsim beam_direction " + _triple(r.beam_direction),
+        "nbsim spindle_axis " + _triple(r.spindle_axis),
+        "nbsim wavelength_A " + f"{r.wavelength_A:.10g}",
+        "nbsim unit_cell " + " ".join(f"{v:.10g}" for v in r.unit_cell_A_deg),
+        *(f"nbsim A_matrix_per_A {row} " + _triple(values) for row, values in zip("abc", r.a_matrix_per_A,
+                                                                                  strict=True)),
+        *(f"nbsim {note}" for note in r.notes),
+    ]
+    return "\n".join(f"# {line}" for line in lines if line is not None)
+
+
+def _triple(values) -> str:
+    return " ".join(f"{float(v):.10g}" for v in values)
+
+
+def write_mini_cbf(path: str | Path, counts: np.ndarray, record: ExperimentRecord,
+                   start_time: datetime.datetime) -> None:
+    """int32 (slow, fast) counts as a miniCBF with `GENERIC_MINI` header contents, written by fabio."""
+    from fabio.cbfimage import CbfImage
+
+    image = CbfImage(data=np.ascontiguousarray(counts, dtype=np.int32), header={
+        "_array_data.header_convention": MINI_CBF_CONVENTION,
+        "_array_data.header_contents": mini_cbf_header(record, start_time)})
+    atomic_write_with(path, lambda temporary: image.write(str(temporary)))
+
+
+def _rotate(vector: np.ndarray, axis: np.ndarray, angle_rad: float) -> np.ndarray:
+    """Right-handed (Rodrigues) rotation of vector about the unit axis."""
+    cos, sin = np.cos(angle_rad), np.sin(angle_rad)
+    return vector * cos + np.cross(axis, vector) * sin + axis * np.dot(axis, vector) * (1.0 - cos)
+
+
+def _axis(group, name: str, values, kind: str, vector, depends_on: str, units: str) -> None:
+    """An NXtransformations axis (no offset) with its value(s)."""
+    dataset = group.create_dataset(name, data=np.atleast_1d(np.asarray(values, dtype=np.float64)))
+    dataset.attrs.update({"transformation_type": kind, "vector": np.asarray(vector, dtype=np.float64),
+                          "offset": np.zeros(3), "offset_units": "mm", "units": units, "depends_on": depends_on})
+
+
+def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.ndarray, record: ExperimentRecord,
+               start_time: datetime.datetime, end_time: datetime.datetime) -> None:
+    """An NXmx file: the (slow, fast) counts of each frame (taken one at a time) and its ω, the detector placed
+    by a two-theta axis and its module's offset and pixel directions (the detector rotations are folded into
+    those), the beam, and the sample's ω axis and orientation, in the McStas frame."""
+    import h5py
+
+    r = record
+    to_mcstas = mcstas_rotation(r)
+    twotheta_axis = _unit(to_mcstas @ np.array(r.twotheta_axis, dtype=np.float64), "the two-theta axis")
+    twotheta_rad = np.radians(r.twotheta_deg)
+
+    def before_twotheta(vector) -> np.ndarray:
+        return _rotate(to_mcstas @ np.asarray(vector, dtype=np.float64), twotheta_axis, -twotheta_rad)
+
+    origin_mm = before_twotheta(r.origin_m) * 1000.0
+    pixel_mm = r.pixel_size_m * 1000.0
+    a_matrix = np.array(r.a_matrix_per_A, dtype=np.float64)
+
+    def write(temporary: Path) -> None:
+        with h5py.File(temporary, "w") as nexus:
+            nexus.attrs["default"] = "entry"
+            entry = nexus.create_group("entry")
+            entry.attrs.update({"NX_class": "NXentry", "default": "data"})
+            entry["definition"] = "NXmx"
+            entry["start_time"] = start_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+            entry["end_time"] = end_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+            entry["end_time_estimated"] = end_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+            instrument = entry.create_group("instrument")
+            instrument.attrs["NX_class"] = "NXinstrument"
+            instrument["name"] = "nbsim simulated beamline"
+            source = entry.create_group("source")
+            source.attrs["NX_class"] = "NXsource"
+            source["name"] = "nbsim"
+            beam = instrument.create_group("beam")
+            beam.attrs["NX_class"] = "NXbeam"
+            beam["incident_wavelength"] = r.wavelength_A
+            beam["incident_wavelength"].attrs["units"] = "angstrom"
+            beam["total_flux"] = r.total_flux_per_s
+            beam["total_flux"].attrs["units"] = "Hz"
+
+            detector = instrument.create_group("detector")
+            detector.attrs["NX_class"] = "NXdetector"
+            detector["description"] = "nbsim simulated detector"
+            detector["sensor_material"] = "Si"
+            detector["sensor_thickness"] = r.sensor_thickness_m * 1000.0
+            detector["sensor_thickness"].attrs["units"] = "mm"
+            detector["distance"] = r.distance_m * 1000.0
+            detector["distance"].attrs["units"] = "mm"
+            detector["beam_center_x"] = r.beam_fast_px
+            detector["beam_center_x"].attrs["units"] = "pixel"
+            detector["beam_center_y"] = r.beam_slow_px
+            detector["beam_center_y"].attrs["units"] = "pixel"
+            detector["count_time"] = r.exposure_s
+            detector["count_time"].attrs["units"] = "s"
+            detector["saturation_value"] = COUNT_CUTOFF
+            detector["depends_on"] = "/entry/instrument/detector/transformations/two_theta"
+            placement = detector.create_group("transformations")
+            placement.attrs["NX_class"] = "NXtransformations"
+            _axis(placement, "two_theta", r.twotheta_deg, "rotation", twotheta_axis, ".", "deg")
+            module = detector.create_group("module")
+            module.attrs["NX_class"] = "NXdetector_module"
+            module["data_origin"] = np.array([0, 0], dtype=np.int64)
+            module["data_size"] = np.array([r.pixels_slow, r.pixels_fast], dtype=np.int64)
+            distance_mm = float(np.linalg.norm(origin_mm))
+            _axis(module, "module_offset", distance_mm, "translation",
+                  origin_mm / distance_mm if distance_mm else (0.0, 0.0, 1.0),
+                  "/entry/instrument/detector/transformations/two_theta", "mm")
+            _axis(module, "fast_pixel_direction", pixel_mm, "translation", before_twotheta(r.fast_axis),
+                  "/entry/instrument/detector/module/module_offset", "mm")
+            _axis(module, "slow_pixel_direction", pixel_mm, "translation", before_twotheta(r.slow_axis),
+                  "/entry/instrument/detector/module/module_offset", "mm")
+
+            sample = entry.create_group("sample")
+            sample.attrs["NX_class"] = "NXsample"
+            sample["name"] = "nbsim simulated crystal"
+            sample["depends_on"] = "/entry/sample/transformations/omega"
+            goniometer = sample.create_group("transformations")
+            goniometer.attrs["NX_class"] = "NXtransformations"
+            _axis(goniometer, "omega", omega_deg, "rotation", to_mcstas @ np.array(r.spindle_axis), ".", "deg")
+            goniometer["omega_increment_set"] = r.osc_deg
+            goniometer["omega_increment_set"].attrs["units"] = "deg"
+            sample["unit_cell"] = np.array([r.unit_cell_A_deg], dtype=np.float64)
+            sample["ub_matrix"] = (to_mcstas @ a_matrix.T)[np.newaxis]
+            sample["ub_matrix"].attrs["units"] = "1/angstrom"
+            sample["ub_matrix"].attrs["description"] = "columns a*, b*, c* at omega = 0 (Busing-Levy, no 2 pi)"
+            sample["beam"] = h5py.SoftLink("/entry/instrument/beam")
+
+            data = entry.create_group("data")
+            data.attrs.update({"NX_class": "NXdata", "signal": "data"})
+            shape = (len(omega_deg), r.pixels_slow, r.pixels_fast)
+            counts = data.create_dataset("data", shape=shape, dtype=np.int32, chunks=(1, *shape[1:]),
+                                         compression="gzip", compression_opts=1)
+            written = 0
+            for frame in frames:
+                counts[written] = frame
+                written += 1
+            if written != shape[0]:
+                raise NbsimError(f"{written} frames for {shape[0]} omega values")
+            detector["data"] = h5py.SoftLink("/entry/data/data")
+            entry["notes"] = "\n".join(r.notes)
+
+    atomic_write_with(path, write)

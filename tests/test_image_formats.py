@@ -1,0 +1,253 @@
+"""Images for processing software: -cbffile (miniCBF, read back with fabio) and -nxmxfile (NXmx, read back with
+the nxmx reader DIALS uses); counts equal to the SMV images and headers that give back the simulated geometry."""
+
+from __future__ import annotations
+
+import re
+
+import fabio
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from nbsim.cli import main
+from nbsim.geometry import build_geometry
+from nbsim.nanobragg.arguments import parse
+
+nxmx = pytest.importorskip("nxmx")
+
+SMALL = ["-cell", "70", "80", "90", "90", "90", "90", "-default_F", "100", "-N", "4", "-detpixels", "40",
+         "-pixel", "0.2", "-distance", "90", "-lambda", "1.2", "-compile", "off", "-seed", "7", "-nopgm",
+         "-floatfile", "float.bin", "-intfile", "int.img", "-phi", "10", "-osc", "0.5", "-exposure", "2"]
+
+
+def _render(tmp_path, monkeypatch, *extra: str) -> list[str]:
+    monkeypatch.chdir(tmp_path)
+    argv = [*SMALL, *extra]
+    assert main(argv) == 0
+    return argv
+
+
+def _header(path) -> dict[str, str]:
+    contents = fabio.open(str(path)).header["_array_data.header_contents"]
+    return {match[1]: match[2].strip() for match in re.finditer(r"# (Silicon sensor, thickness|\S+) (.*)", contents)}
+
+
+def test_cbf_counts_and_header_match_the_simulation(tmp_path, monkeypatch, capsys):
+    argv = _render(tmp_path, monkeypatch, "-nonoise", "-detector_thick", "320", "-cbffile", "image.cbf")
+    cbf = fabio.open(str(tmp_path / "image.cbf"))
+    smv = fabio.open(str(tmp_path / "int.img"))
+    assert cbf.data.dtype == np.int32
+    np.testing.assert_array_equal(cbf.data, smv.data)
+    assert cbf.header["_array_data.header_convention"] == "GENERIC_MINI"
+    header = _header(tmp_path / "image.cbf")
+    geometry = build_geometry(parse(argv)[0].detector)
+    assert header["Pixel_size"] == "2.000000e-04 m x 2.000000e-04 m"
+    assert header["Silicon sensor, thickness"] == "0.000320 m"
+    assert header["Wavelength"] == "1.200000 A"
+    assert float(header["Detector_distance"].split()[0]) == pytest.approx(0.090, abs=1e-6)
+    fast, slow = (float(v) for v in re.findall(r"[-\d.]+", header["Beam_xy"]))
+    assert (fast, slow) == pytest.approx((geometry.fbeam_m / 2e-4, geometry.sbeam_m / 2e-4), abs=0.005)
+    assert header["Start_angle"] == "10.0000 deg."
+    assert header["Angle_increment"] == "0.5000 deg."
+    assert header["Exposure_time"] == header["Exposure_period"] == "2.0000000 s"
+    assert header["Count_cutoff"] == "65535 counts"
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}$", fabio.open(str(tmp_path / "image.cbf"))
+                    .header["_array_data.header_contents"].splitlines()[0][2:])
+    assert "image.cbf" in capsys.readouterr().out
+
+
+def test_cbf_holds_the_noise_image_when_there_is_one(tmp_path, monkeypatch):
+    _render(tmp_path, monkeypatch, "-noisefile", "noise.img", "-cbffile", "image.cbf")
+    np.testing.assert_array_equal(fabio.open(str(tmp_path / "image.cbf")).data,
+                                  fabio.open(str(tmp_path / "noise.img")).data)
+    assert "Silicon sensor, thickness" not in _header(tmp_path / "image.cbf")
+
+
+@pytest.mark.parametrize("flag", ["-cbffile", "-nxmxfile"])
+def test_bad_output_path_is_a_one_line_error_before_rendering(flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, flag, "missing/out"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "missing" in captured.err
+    assert "max_I" not in captured.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+GEOMETRIES = {
+    "mosflm": [],
+    "twotheta": ["-twotheta", "20"],
+    "rotations": ["-detector_rotx", "5", "-detector_roty", "-7", "-detector_rotz", "11", "-Xbeam", "3.3"],
+    "xds": ["-xds", "-ORGX", "12.5", "-ORGY", "30"],
+}
+
+
+@pytest.mark.parametrize("case", GEOMETRIES)
+def test_nxmx_reader_gives_back_the_simulated_geometry(case, tmp_path, monkeypatch):
+    argv = _render(tmp_path, monkeypatch, "-nonoise", "-detector_thick", "100", *GEOMETRIES[case],
+                   "-nxmxfile", "image.nxs")
+    geometry = build_geometry(parse(argv)[0].detector)
+    with h5py.File(tmp_path / "image.nxs") as handle:
+        entry = nxmx.NXmx(handle).entries[0]
+        assert entry.definition == "NXmx"
+        assert entry.start_time <= entry.end_time
+        detector = entry.instruments[0].detectors[0]
+        module = detector.modules[0]
+        np.testing.assert_array_equal(module.data_origin, [0, 0])
+        np.testing.assert_array_equal(module.data_size, [40, 40])
+        chain = nxmx.get_dependency_chain(module.fast_pixel_direction)
+        assert [axis.path.split("/")[-1] for axis in chain] == ["fast_pixel_direction", "module_offset", "two_theta"]
+        placement = nxmx.get_cumulative_transformation(chain[1:])[0]
+        origin_mm = placement[:3, 3]
+        fast = placement[:3, :3] @ module.fast_pixel_direction.vector
+        slow = placement[:3, :3] @ module.slow_pixel_direction.vector
+        assert module.fast_pixel_direction[()].to("mm").magnitude == pytest.approx([0.2])
+        assert module.slow_pixel_direction[()].to("mm").magnitude == pytest.approx([0.2])
+        reported_distance_mm = detector.distance.to("mm").magnitude
+        reported_beam_fast_px = detector.beam_center_x.magnitude
+        reported_beam_slow_px = detector.beam_center_y.magnitude
+        assert detector.sensor_material == "Si"
+        assert detector.sensor_thickness.to("mm").magnitude == pytest.approx(0.1)
+        beam = entry.instruments[0].beams[0]
+        assert beam.incident_wavelength.to("angstrom").magnitude == pytest.approx(1.2)
+        assert beam.total_flux.magnitude > 0
+        omega = nxmx.get_dependency_chain(entry.samples[0].depends_on)
+        assert omega[0][()].to("deg").magnitude == pytest.approx([10.0])
+        np.testing.assert_array_equal(entry.data[0][entry.data[0].signal][0],
+                                      fabio.open(str(tmp_path / "int.img")).data)
+    # The beam travels along +z in NeXus: where it meets the module, in pixels, and how far, must be nbsim's.
+    normal = np.cross(fast, slow)
+    distance_mm = origin_mm @ normal / normal[2]
+    hit = np.array([0.0, 0.0, distance_mm]) - origin_mm
+    along_beam_m = float(geometry.pix0_m @ geometry.odet / (geometry.beam @ geometry.odet))
+    assert distance_mm == pytest.approx(along_beam_m * 1000.0, abs=1e-9)
+    assert reported_distance_mm == pytest.approx(along_beam_m * 1000.0, abs=1e-9)
+    nbsim_hit_m = (along_beam_m * geometry.beam - geometry.pix0_m).numpy()
+    nbsim_beam_px = (nbsim_hit_m @ geometry.fdet.numpy() / 2e-4, nbsim_hit_m @ geometry.sdet.numpy() / 2e-4)
+    assert (hit @ fast / 0.2, hit @ slow / 0.2) == pytest.approx(nbsim_beam_px, abs=1e-9)
+    assert (reported_beam_fast_px, reported_beam_slow_px) == pytest.approx(nbsim_beam_px, abs=1e-9)
+    # And every pixel sits at nbsim's angle from the beam and distance from the sample (a frame-free check).
+    nbsim_beam = geometry.beam.numpy()
+    for fast_px, slow_px in ((0.5, 0.5), (39.5, 3.5), (7.5, 38.5)):
+        ours = (geometry.pix0_m.numpy() + (fast_px * geometry.fdet.numpy() + slow_px * geometry.sdet.numpy())
+                * 2e-4) * 1000.0
+        theirs = origin_mm + (fast_px * fast + slow_px * slow) * 0.2
+        assert np.linalg.norm(theirs) == pytest.approx(np.linalg.norm(ours), abs=1e-9)
+        assert theirs[2] / np.linalg.norm(theirs) == pytest.approx(ours @ nbsim_beam / np.linalg.norm(ours), abs=1e-12)
+
+
+def _rotation_sweep(folder, phis_deg: list[float]):
+    """A collated sweep.zarr of one batch whose points are a -phi series (images random, configs real)."""
+    from nbsim.sweep.collate import point_rows, write_collated_store
+    from nbsim.sweep.jobs import IMAGE_DIMENSIONS
+    from nbsim.sweep.spec import dataclass_to_dict
+    from nbsim.sweep.store import AtomicStore, write_json
+
+    generator = np.random.default_rng(3)
+    name = "n40-float32-cpu-compile_off-b0000"
+    entries, images = [], generator.exponential(2.0, (len(phis_deg), 40, 40)).astype(np.float32)
+    with AtomicStore(folder / name / "images.zarr", {}) as store:
+        store.variable("image", IMAGE_DIMENSIONS, images.shape, np.float32, chunks=(1, 40, 40), data=images)
+        store.commit()
+    for index, phi in enumerate(phis_deg):
+        argv = [*SMALL[:SMALL.index("-nopgm")], "-phi", str(phi), "-osc", "0.5"]
+        entries.append({"name": f"{name}-{index}", "reference": "", "size": 40, "index": index, "status": "ok",
+                        "axes": {"size": 40, "dtype": "float32", "device": "cpu", "compile": "off", "phi": phi},
+                        "config": dataclass_to_dict(parse(argv)[0]), "argv": argv})
+    write_json(folder / name / "records.json", {"scenario": "s", "batch": name, "points": entries})
+    rows = point_rows([folder / name / "records.json"], [])
+    write_collated_store(rows, {name: folder / name / "images.zarr"}, ["size", "dtype", "device", "compile", "phi"],
+                         folder / "sweep.zarr")
+    return images, parse(argv)[0]
+
+
+def test_export_writes_a_rotation_series_as_nxmx_and_numbered_cbfs(tmp_path, capsys):
+    from nbsim.cli.products import integer_image
+    from nbsim.setup import resolve
+
+    phis = [10.0 + 0.5 * k for k in range(10)]
+    images, config = _rotation_sweep(tmp_path, phis)
+    assert main(["export", str(tmp_path / "sweep.zarr"), "--nxmx", str(tmp_path / "series.nxs"),
+                 "--cbf", str(tmp_path / "frame")]) == 0
+    assert "10 frames" in capsys.readouterr().out
+    setup = resolve(config)
+    expected = [integer_image(image, setup, 55000.0 / float(images.max()), 40.0) for image in images]
+    with h5py.File(tmp_path / "series.nxs") as handle:
+        entry = nxmx.NXmx(handle).entries[0]
+        omega = nxmx.get_dependency_chain(entry.samples[0].depends_on)[0]
+        assert omega[()].to("deg").magnitude == pytest.approx(phis)
+        frames = entry.data[0][entry.data[0].signal][()]
+    assert frames.shape == (10, 40, 40)
+    for k, phi in enumerate(phis):
+        cbf = tmp_path / f"frame_{k + 1:05d}.cbf"
+        np.testing.assert_array_equal(fabio.open(str(cbf)).data, expected[k])
+        np.testing.assert_array_equal(frames[k], expected[k])
+        assert float(_header(cbf)["Start_angle"].split()[0]) == pytest.approx(phi)
+        assert _header(cbf)["Angle_increment"] == "0.5000 deg."
+
+
+def test_export_refuses_what_is_not_one_series(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--nxmx", str(tmp_path / "x.nxs")]) == 2
+    assert "not a sweep.zarr store" in capsys.readouterr().err
+    _rotation_sweep(tmp_path, [0.0, 1.0])
+    assert main(["export", str(tmp_path / "sweep.zarr")]) == 2
+    assert "nothing to write" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "sweep.zarr"), "--cbf", str(tmp_path / "missing" / "f")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "sweep.zarr"), "--size", "many"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cbf_header_reads_as_dxtbx_formatcbfmini_reads_it(tmp_path, monkeypatch):
+    """dxtbx's FormatCBFMini._start and _detector (cctbx/dxtbx), replayed on the header's `#` records."""
+    _render(tmp_path, monkeypatch, "-nonoise", "-detector_thick", "450", "-cbffile", "image.cbf")
+    fields = {}
+    for record in fabio.open(str(tmp_path / "image.cbf")).header["_array_data.header_contents"].splitlines():
+        if len(record[1:].split()) <= 2 and record.count(":") == 2:
+            fields["timestamp"] = record[1:].strip()
+            continue
+        tokens = record.replace("=", "").replace(":", "").split()
+        fields[tokens[1]] = " ".join(tokens[2:])
+    assert fields["timestamp"].startswith("20")
+    assert [float(v) for v in fields["Pixel_size"].replace("m", "").replace("x", "").split()] == [2e-4, 2e-4]
+    assert float(fields["Silicon"].split()[2]) * 1000.0 == pytest.approx(0.45)
+    assert float(fields["Detector_distance"].split()[0]) == pytest.approx(0.09)
+    assert [float(v) for v in fields["Beam_xy"].replace("(", "").replace(")", "").replace(",", "").split()[:2]] \
+        == pytest.approx([21.0, 21.0])
+    assert float(fields["Start_angle"].split()[0]) == 10.0 and float(fields["Angle_increment"].split()[0]) == 0.5
+    assert int(fields["Count_cutoff"].split()[0]) == 65535
+
+
+@pytest.mark.parametrize("convention", ["-mosflm", "-denzo", "-adxv", "-xds", "-dials"])
+def test_mcstas_frame_is_a_rotation_taking_the_beam_to_z(convention):
+    from nbsim.cli.products import experiment_record
+    from nbsim.io.detector_images import mcstas_rotation
+    from nbsim.setup import resolve
+
+    record = experiment_record(resolve(parse([*SMALL, convention])[0]), noise_seed=None)
+    rotation = mcstas_rotation(record)
+    np.testing.assert_allclose(rotation @ rotation.T, np.eye(3), atol=1e-15)
+    assert np.linalg.det(rotation) == pytest.approx(1.0)
+    np.testing.assert_allclose(rotation @ np.array(record.beam_direction), [0, 0, 1], atol=1e-15)
+    if convention == "-mosflm":
+        np.testing.assert_allclose(rotation, [[0, 0, -1], [0, 1, 0], [1, 0, 0]], atol=1e-15)
+
+
+def test_nxmx_sample_orientation_at_omega_is_the_rotated_a_matrix(tmp_path, monkeypatch):
+    """The sample's ω rotation (right-handed about the spindle, by φ) applied to its UB gives nbsim's reciprocal
+    vectors rotated by φ, in the McStas frame: the orientation nbsim rendered at its first φ step."""
+    from nbsim.cli.products import experiment_record
+    from nbsim.io.detector_images import mcstas_rotation
+    from nbsim.setup import resolve
+    from nbsim.vectors import rotate_about_axis
+
+    argv = _render(tmp_path, monkeypatch, "-nonoise", "-misset", "10", "20", "30", "-nxmxfile", "image.nxs")
+    setup = resolve(parse(argv)[0])
+    rotated = rotate_about_axis(setup.lattice.reciprocal_per_A, setup.geometry.spindle, torch.tensor(np.radians(10.0)))
+    expected = mcstas_rotation(experiment_record(setup, None)) @ rotated.numpy().T
+    with h5py.File(tmp_path / "image.nxs") as handle:
+        sample = nxmx.NXmx(handle).entries[0].samples[0]
+        omega = nxmx.get_cumulative_transformation(nxmx.get_dependency_chain(sample.depends_on))[0][:3, :3]
+        ub = handle["/entry/sample/ub_matrix"][0]
+    np.testing.assert_allclose(omega @ ub, expected, atol=1e-12)
