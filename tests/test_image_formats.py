@@ -251,3 +251,18 @@ def test_nxmx_sample_orientation_at_omega_is_the_rotated_a_matrix(tmp_path, monk
         omega = nxmx.get_cumulative_transformation(nxmx.get_dependency_chain(sample.depends_on))[0][:3, :3]
         ub = handle["/entry/sample/ub_matrix"][0]
     np.testing.assert_allclose(omega @ ub, expected, atol=1e-12)
+
+
+def test_headers_name_the_structure_factor_table_and_its_content_hash(tmp_path, monkeypatch):
+    """Ground truth beside the image: the -hkl file, and the SHA-256 of its content, in both headers."""
+    import hashlib
+
+    table = tmp_path / "p1.hkl"
+    table.write_text("".join(f"{h} {k} {l} {10 + h + k + l}\n" for h in range(-3, 4) for k in range(-3, 4)
+                             for l in range(-3, 4)))
+    _render(tmp_path, monkeypatch, "-hkl", str(table), "-nonoise", "-cbffile", "image.cbf", "-nxmxfile", "image.nxs")
+    line = f"structure factors: {table} (h k l F text table), sha256 {hashlib.sha256(table.read_bytes()).hexdigest()}"
+    assert line in fabio.open(str(tmp_path / "image.cbf")).header["_array_data.header_contents"]
+    with h5py.File(tmp_path / "image.nxs") as nexus:
+        notes = nexus["entry"]["notes"][()]
+    assert line in (notes.decode() if isinstance(notes, bytes) else notes)

@@ -12,6 +12,7 @@ from ..errors import NbsimError
 from ..geometry import DetectorGeometry
 from ..io.detector_images import ExperimentRecord
 from ..io.images import format_g
+from ..io.structure_files import file_digest
 from ..setup import Setup
 from ..vectors import DEGREES_PER_RADIAN
 
@@ -185,4 +186,17 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
         a_matrix_per_A=tuple(_plain(row) for row in reciprocal),
         notes=(f"convention {g.convention} pivot {g.pivot}",
                f"seeds: mosaic {crystal.mosaic_seed} misset {crystal.misset_seed} noise {noise_seed}",
-               f"mosaic domains {setup.mosaic.count} phi steps {setup.phi.steps}"))
+               f"mosaic domains {setup.mosaic.count} phi steps {setup.phi.steps}",
+               *_table_notes(setup)))
+
+
+def _table_notes(setup: Setup) -> tuple[str, ...]:
+    """Where the structure factors came from: the -hkl or -model file, what of it was used, and its
+    content's SHA-256 (so a table can be traced to the exact file); nothing with -default_F alone."""
+    structure = setup.config.structure
+    path = structure.hkl_file or structure.model_file
+    if path is None:
+        return ()
+    table = setup.p1_table
+    used = table.source if table is not None and table.source else "h k l F text table"
+    return (f"structure factors: {path} ({used}), sha256 {file_digest(path)}",)
