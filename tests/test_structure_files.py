@@ -262,3 +262,17 @@ def test_library_sweep_and_p1_out(files, tmp_path, capsys):
     config["reference"] = {"c_binary": "/bin/true"}
     with pytest.raises(NbsimError, match=r"nanoBragg reads only h k l F text tables"):
         validate_config(config, SCHEMA, tmp_path)
+
+
+def test_table_provenance_traces_the_file_by_its_content(tmp_path):
+    """The ground truth the image headers and the sweep's records keep: the file, its column, its SHA-256."""
+    import hashlib
+
+    from nbsim.io.structure_files import table_provenance
+
+    table = tmp_path / "p1.hkl"
+    table.write_text("0 0 1 10\n1 0 0 20\n")
+    config = config_from_args(["-hkl", str(table), *IMAGE])
+    assert table_provenance(config.structure) == {"file": str(table), "column": "",
+                                                  "sha256": hashlib.sha256(table.read_bytes()).hexdigest()}
+    assert table_provenance(config_from_args(["-default_F", "10", *IMAGE]).structure) is None

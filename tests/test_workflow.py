@@ -113,6 +113,7 @@ def test_batch_stores_carry_images_and_records(sweep_run):
     assert spec.config.detector.pixels_f == 16 and spec.config.crystal.fudge == 1.0
     assert point["timing"]["repeats"] == 2 and point["timing"]["warm_median_s"] > 0 and point["device_name"]
     assert point["comparison"]["correlation"] > 0.9999
+    assert point["structure_factors"] is None  # -default_F alone: no table to trace
 
 
 @pytest.mark.slow

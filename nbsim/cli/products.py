@@ -12,7 +12,7 @@ from ..errors import NbsimError
 from ..geometry import DetectorGeometry
 from ..io.detector_images import ExperimentRecord
 from ..io.images import format_g
-from ..io.structure_files import file_digest
+from ..io.structure_files import table_provenance
 from ..setup import Setup
 from ..vectors import DEGREES_PER_RADIAN
 
@@ -193,10 +193,9 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
 def _table_notes(setup: Setup) -> tuple[str, ...]:
     """Where the structure factors came from: the -hkl or -model file, what of it was used, and its
     content's SHA-256 (so a table can be traced to the exact file); nothing with -default_F alone."""
-    structure = setup.config.structure
-    path = structure.hkl_file or structure.model_file
-    if path is None:
+    provenance = table_provenance(setup.config.structure)
+    if provenance is None:
         return ()
     table = setup.p1_table
     used = table.source if table is not None and table.source else "h k l F text table"
-    return (f"structure factors: {path} ({used}), sha256 {file_digest(path)}",)
+    return (f"structure factors: {provenance['file']} ({used}), sha256 {provenance['sha256']}",)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..config import StructureFactorConfig
 from ..errors import InputFileError
 from .atomic import atomic_write_text
 from .text import numeric_rows
@@ -53,6 +54,15 @@ _TABLES: dict[tuple[str, ...], ReflectionTable] = {}
 def file_digest(path: str | Path) -> str:
     """SHA-256 of a file's bytes (the key its parsed contents are kept under)."""
     return hashlib.sha256(_file_bytes(path)).hexdigest()
+
+
+def table_provenance(structure: StructureFactorConfig) -> dict[str, str] | None:
+    """The structure-factor file a configuration names (-hkl or -model), its -column and its content's
+    SHA-256: the ground truth kept beside every image; None with -default_F alone."""
+    path = structure.hkl_file or structure.model_file
+    if path is None:
+        return None
+    return {"file": str(path), "column": structure.column or "", "sha256": file_digest(path)}
 
 
 def _file_bytes(path: str | Path) -> bytes:

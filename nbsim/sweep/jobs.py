@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NbsimError
+from ..io.structure_files import table_provenance
 from .plan import KernelJob
 from .progress import Progress
 from .spec import BatchJob
@@ -166,7 +167,8 @@ def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[
         result.compile_cache = loads[kernel]["cache"]
         images[index] = image
         entry = {**point.to_dict(), "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
-                 "device_name": result.gpu or result.cpu}
+                 "device_name": result.gpu or result.cpu,
+                 "structure_factors": table_provenance(point.config.structure)}
         if reference is not None:
             names, stored = reference
             entry["comparison"] = compare_images(image, stored[names[point.reference]])
