@@ -266,3 +266,12 @@ def test_headers_name_the_structure_factor_table_and_its_content_hash(tmp_path, 
     with h5py.File(tmp_path / "image.nxs") as nexus:
         notes = nexus["entry"]["notes"][()]
     assert line in (notes.decode() if isinstance(notes, bytes) else notes)
+
+
+@pytest.mark.parametrize("tilt", [["-twotheta", "20"], ["-detector_rotx", "5"]])
+def test_a_tilted_detector_refuses_a_mini_cbf(tilt, tmp_path, monkeypatch, capsys):
+    """A miniCBF cannot place a tilted detector: one line naming -nxmxfile, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, *tilt, "-nonoise", "-cbffile", "image.cbf"]) == 2
+    assert "write -nxmxfile instead" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

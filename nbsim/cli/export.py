@@ -74,6 +74,21 @@ def _series(store: Path, size: int | None):
     return images, attributes
 
 
+def _check_rotation_series(store: Path, configs: list, omega_deg) -> None:
+    """The frames must differ only in their start angle, each the last one's plus the oscillation (a scan
+    DIALS reads); anything else is not one rotation series."""
+    import numpy as np
+
+    first = configs[0]
+    if any(replace(config, crystal=replace(config.crystal, phi_start_deg=first.crystal.phi_start_deg)) != first
+           for config in configs[1:]):
+        raise NbsimError(f"{store}: not one rotation series: the frames differ in more than -phi")
+    osc_deg = first.crystal.osc_range_deg or 0.0
+    if len(omega_deg) > 1 and not np.allclose(np.diff(omega_deg), osc_deg, rtol=1e-6, atol=1e-9):
+        raise NbsimError(f"{store}: not one rotation series: -phi steps of {np.diff(omega_deg)[0]:g} deg, but "
+                         f"each frame oscillates {osc_deg:g} deg (-osc)")
+
+
 def export_series(store: Path, size: int | None, nxmx_path: Path | None, cbf_prefix: Path | None,
                   scale: float, adc: float) -> None:
     """Write the series in `store` as NXmx and/or numbered miniCBF files (see the module's docstring)."""
@@ -93,6 +108,7 @@ def export_series(store: Path, size: int | None, nxmx_path: Path | None, cbf_pre
         raise NbsimError(f"{store}: a frame has no image (its point failed or was skipped)")
     configs = [dataclass_from_dict(SimulationConfig, point["config"]) for point in points]
     omega_deg = np.array([config.crystal.phi_start_deg for config in configs], dtype=np.float64)
+    _check_rotation_series(store, configs, omega_deg)
     setup = resolve(configs[0])
     if scale <= 0:
         brightest = max(float(np.nanmax(images[frame].values)) for frame in range(frames))

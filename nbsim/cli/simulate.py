@@ -22,7 +22,15 @@ from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
 from ..setup import Setup, resolve
 from ..vectors import DEGREES_PER_RADIAN
-from .products import experiment_record, integer_image, noise_image, pgm_image, smv_fields, statistics
+from .products import (
+    experiment_record,
+    integer_image,
+    noise_image,
+    pgm_image,
+    refuse_tilted_mini_cbf,
+    smv_fields,
+    statistics,
+)
 
 
 def render_command(config: SimulationConfig, run: RunOptions) -> int:
@@ -35,9 +43,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"WARNING: {line}")
     for line in describe(setup):
         print(line)
-    if run.p1_table_file and setup.p1_table is not None:
-        print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
-        write_hkl(run.p1_table_file, setup.p1_table.reflections)
+    if run.cbffile:
+        refuse_tilted_mini_cbf(config.detector)
     if run.compile is not Compile.OFF:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
@@ -74,6 +81,9 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     if run.wants_counts:
         seed = run.seed if run.noisefile else None
         _write_processing_images(run, counts, experiment_record(setup, seed), started)
+    if run.p1_table_file and setup.p1_table is not None:
+        print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
+        write_hkl(run.p1_table_file, setup.p1_table.reflections)
     return 0
 
 
