@@ -238,9 +238,9 @@ def structure_factor_warnings(config: SimulationConfig, table: ReflectionTable |
 def model_d_min_A(geometry: DetectorGeometry, detector: DetectorConfig, sources: Sources,
                   lattice: crystal_mod.Lattice) -> float:
     """The resolution a model's |F| are computed to: the largest |s| = |d̂ − î|/λ at the detector's corners
-    (front and back of the sensor; the whole sphere 2/λ for a curved detector), for every source, plus
-    two reciprocal-cell diagonals so that every node a pixel's lookup reads (nearest, or the 4×4×4 of
-    interpolation) is present."""
+    (front and back of the sensor), for every source (the whole sphere 2/λ for a curved detector, or a
+    flat one reaching past 90°, where |s| can peak inside the panel), plus two reciprocal-cell diagonals
+    so that every node a pixel's lookup reads (nearest, or the 4×4×4 of interpolation) is present."""
     inverse_wavelength = 1.0 / sources.wavelength_A.detach().double()
     thickness_m = sensor_layers(detector).thickness_m
     if detector.curved:
@@ -252,6 +252,8 @@ def model_d_min_A(geometry: DetectorGeometry, detector: DetectorConfig, sources:
         directions = corners / torch.linalg.vector_norm(corners, dim=1, keepdim=True)
         s = torch.linalg.vector_norm(directions[:, None, :] - sources.incident.detach()[None], dim=2)
         s_max = float((s * inverse_wavelength[None]).max())
+        if bool((directions @ sources.incident.detach().T < 0).any()):
+            s_max = 2.0 * float(inverse_wavelength.max())  # past 90°, |s| peaks inside the panel: whole sphere
     margin = 2.0 * float(torch.linalg.vector_norm(lattice.reciprocal_per_A.detach(), dim=1).sum())
     return 1.0 / (s_max + margin)
 
