@@ -1,6 +1,6 @@
 """The `model_table` benchmark workload (run by benchmarks/run.py): what a structure-factor table from an
 atomic model costs. A 2,000-atom protein-sized model (random C, N, O and S positions in P 21 21 21, cell
-50 × 60 × 70 Å, B 20 Å²) is written with gemmi, then nbsim computes its full P1 table to 2 Å
+50 × 60 × 70 Å, B 10–39 Å²) is written with gemmi, then nbsim computes its full P1 table to 2 Å
 (`nbsim.io.structure_files.model_reflections`: gemmi's direct summation, then the P1 expansion) in a
 new process, timed from the model's reading to the finished table. Recorded only: the issue names no
 target."""
@@ -19,15 +19,17 @@ CELL_A_DEG = (50.0, 60.0, 70.0, 90.0, 90.0, 90.0)
 ELEMENTS = ("C", "C", "C", "N", "O", "O", "S")
 
 
-def write_model(path: Path, atoms: int, seed: int = 7) -> None:
-    """A model of `atoms` atoms at random fractional positions (one chain of one-atom residues)."""
+def write_model(path: Path, atoms: int, cell_A_deg: tuple[float, ...] = CELL_A_DEG,
+                space_group: str = "P 21 21 21", seed: int = 7) -> None:
+    """A PDB model of `atoms` atoms at random fractional positions (one chain of one-atom residues), with
+    mixed elements, B factors (10–39 Å²) and occupancies (every third atom 0.5)."""
     import gemmi
     import numpy as np
 
     generator = np.random.default_rng(seed)
     structure = gemmi.Structure()
-    structure.cell = gemmi.UnitCell(*CELL_A_DEG)
-    structure.spacegroup_hm = "P 21 21 21"
+    structure.cell = gemmi.UnitCell(*cell_A_deg)
+    structure.spacegroup_hm = space_group
     chain = gemmi.Chain("A")
     for index, fraction in enumerate(generator.random((atoms, 3))):
         residue = gemmi.Residue()
@@ -36,7 +38,7 @@ def write_model(path: Path, atoms: int, seed: int = 7) -> None:
         element = ELEMENTS[index % len(ELEMENTS)]
         atom.name, atom.element = element, gemmi.Element(element)
         atom.pos = structure.cell.orthogonalize(gemmi.Fractional(*fraction))
-        atom.occ, atom.b_iso = 1.0, 20.0
+        atom.occ, atom.b_iso = (0.5 if index % 3 == 0 else 1.0), 10.0 + index % 30
         residue.add_atom(atom)
         chain.add_residue(residue)
     model = gemmi.Model("1")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.model_workloads import write_model
 from nbsim import config_from_args, resolve, simulate
 from nbsim.cli import main
 from nbsim.errors import NbsimError
@@ -158,25 +159,7 @@ def _write(path: Path, payload: bytes) -> Path:
 
 def _model(path: Path, atoms: int = 36) -> str:
     """A few dozen atoms of mixed elements, B factors and occupancies in P 1 21 1, written as PDB."""
-    structure = gemmi.Structure()
-    structure.cell = gemmi.UnitCell(30.0, 35.0, 40.0, 90.0, 105.0, 90.0)
-    structure.spacegroup_hm = "P 1 21 1"
-    chain = gemmi.Chain("A")
-    rng = np.random.default_rng(3)
-    for i in range(atoms):
-        residue = gemmi.Residue()
-        residue.name, residue.seqid = "UNK", gemmi.SeqId(i + 1, " ")
-        atom = gemmi.Atom()
-        atom.name, atom.element = "X", gemmi.Element(("C", "N", "O", "S")[i % 4])
-        atom.pos = gemmi.Position(*(rng.random(3) * (30.0, 35.0, 40.0)))
-        atom.b_iso, atom.occ = 10.0 + i, 1.0 if i % 3 else 0.5
-        residue.add_atom(atom)
-        chain.add_residue(residue)
-    model = gemmi.Model("1")
-    model.add_chain(chain)
-    structure.add_model(model)
-    structure.setup_entities()
-    structure.write_pdb(str(path))
+    write_model(path, atoms, cell_A_deg=(30.0, 35.0, 40.0, 90.0, 105.0, 90.0), space_group="P 1 21 1", seed=3)
     return str(path)
 
 
