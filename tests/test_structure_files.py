@@ -259,3 +259,20 @@ def test_table_provenance_traces_the_file_by_its_content(tmp_path):
     assert table_provenance(config.structure) == {"file": str(table), "column": "",
                                                   "sha256": hashlib.sha256(table.read_bytes()).hexdigest()}
     assert table_provenance(config_from_args(["-default_F", "10", *IMAGE]).structure) is None
+
+
+def test_a_model_given_as_reflections_says_to_use_model(tmp_path, capsys):
+    path = _model(tmp_path / "m.pdb")
+    assert main(["-hkl", path, *IMAGE, "-floatfile", str(tmp_path / "f.bin")]) == 2
+    assert "an atomic model, not reflections: give it as -model" in capsys.readouterr().err
+    assert not (tmp_path / "f.bin").exists()
+
+
+def test_reflections_without_a_cell_name_the_file(tmp_path, capsys):
+    """Without -cell and -mat the cell must come from the file: one without one is named, exit 2."""
+    path = tmp_path / "nocell.cif"
+    path.write_text("data_x\n_symmetry.space_group_name_H-M 'P 1'\nloop_\n_refln.index_h\n_refln.index_k\n"
+                    "_refln.index_l\n_refln.F_meas_au\n1 0 0 10\n0 1 0 20\n")
+    assert main(["-hkl", str(path), *IMAGE, "-floatfile", str(tmp_path / "f.bin")]) == 2
+    assert f"{path}: the file gives no unit cell: give -cell or -mat" in capsys.readouterr().err
+    assert not (tmp_path / "f.bin").exists()

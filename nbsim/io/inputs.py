@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import InputFileError
 from .images import read_smv
 from .paths import require_file
 from .structure_files import AtomicModel, ReflectionTable, hkl_format, read_model, read_reflection_file
@@ -54,7 +55,8 @@ def read_input_files(config: SimulationConfig) -> InputFiles:
 
 
 def structure_file_cell(config: SimulationConfig) -> tuple[float, ...] | None:
-    """The unit cell of the -model, or of an MTZ or mmCIF -hkl file; None for a text table or no file."""
+    """The unit cell of the -model, or of an MTZ or mmCIF -hkl file (asked when neither -cell nor -mat is
+    given, so a file without one is an error); None for a text table or no file."""
     structure = config.structure
     path = structure.model_file or structure.hkl_file
     if path is None:
@@ -62,7 +64,12 @@ def structure_file_cell(config: SimulationConfig) -> tuple[float, ...] | None:
     require_file(path)
     if structure.model_file:
         return read_model(path).cell_A_deg
-    return None if hkl_format(path) == "text" else read_reflection_file(path, structure.column).cell_A_deg
+    if hkl_format(path) == "text":
+        return None
+    cell = read_reflection_file(path, structure.column).cell_A_deg
+    if cell is None:
+        raise InputFileError(str(path), "the file gives no unit cell: give -cell or -mat")
+    return cell
 
 
 def read_mask(path: str | Path) -> np.ndarray:

@@ -74,13 +74,17 @@ def _file_bytes(path: str | Path) -> bytes:
 
 def hkl_format(path: str | Path) -> HklFormat:
     """An -hkl file's format, by content: the MTZ magic bytes, an mmCIF `_refln.` loop, else a text table."""
-    return _format_of(_file_bytes(path))
+    return _format_of(_file_bytes(path), path)
 
 
-def _format_of(content: bytes) -> HklFormat:
+def _format_of(content: bytes, path: str | Path) -> HklFormat:
     if content.startswith(MTZ_MAGIC):
         return "mtz"
-    return "mmcif" if b"_refln." in content else "text"
+    if b"_refln." in content:
+        return "mmcif"
+    if b"_atom_site." in content or content.lstrip().startswith((b"CRYST1", b"ATOM", b"HETATM", b"HEADER")):
+        raise InputFileError(str(path), "an atomic model, not reflections: give it as -model")
+    return "text"
 
 
 def _cached(key: tuple[str, ...], make: Callable[[], ReflectionTable]) -> ReflectionTable:
@@ -97,7 +101,7 @@ def read_reflection_file(path: str | Path, column: str | None = None) -> Reflect
     """An -hkl file (MTZ, sf-mmCIF or nanoBragg's h k l F text) as a full-sphere P1 table; `column` picks
     an MTZ or mmCIF column (an amplitude, an intensity, or one half of an anomalous pair)."""
     content = _file_bytes(path)
-    kind, digest = _format_of(content), hashlib.sha256(content).hexdigest()
+    kind, digest = _format_of(content, path), hashlib.sha256(content).hexdigest()
     if kind == "text":
         if column is not None:
             raise InputFileError(str(path), f"-column {column}: a text table has no columns to choose from")
