@@ -1,5 +1,9 @@
 """User-facing errors: one line, no traceback, non-zero exit."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
 
 class NbsimError(Exception):
     """A problem with the user's input that the CLI reports as one line and exit status 2.
@@ -19,3 +23,11 @@ class InputFileError(NbsimError):
         super().__init__(f"{where}: {message}")
         self.path = path
         self.line_number = line_number
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the known name closest to a misspelt one (difflib), else ''."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""

@@ -41,6 +41,7 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
     without_lambda = [a for a in GOOD if a not in ("-lambda", "6.2")]
     cases = {
         "unknown flag": (GOOD + ["-bogus"], "unknown option '-bogus'"),
+        "misspelt flag": (GOOD + ["-lamda", "1"], "unknown option '-lamda' (did you mean -lambda?); see nbsim -h"),
         "stray value": (GOOD + ["42"], "unknown option '42'"),
         "missing value": (GOOD + ["-distance"], "-distance needs 1 value"),
         "non-numeric value": (GOOD + ["-distance", "far"], "-distance expects a number"),

@@ -74,6 +74,8 @@ def test_range_axes_validate_and_expand(tmp_path):
     ({"-phi": {"start": 0, "stop": 1e-8, "step": 1e-15}}, "more than 1000000"),
     ({"-phi": [1, 1.0]}, "values repeat"),
     ({"-phi": [0.5, -0.5], "phi": [1]}, "is not a simulator option"),
+    ({"mosaic_spred_deg": [0.1]}, "'mosaic_spred_deg' is not a simulator option (did you mean mosaic_spread_deg?)"),
+    ({"-mosiac": [0.1]}, "'-mosiac' is not a nanoBragg option (did you mean -mosaic?)"),
     ({"-distance": ["1 2", "1_2"]}, "give the same point name"),
     ({"-N": {"start": 1, "stop": 2, "step": 0.5}},
      "sweep.extra.-N: value 1.0 in scenario 'seed': -N expects an integer, got '1.0'"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import NbsimError
+from ..errors import NbsimError, did_you_mean
 
 NUM, INT, WORD, PATH = "number", "integer", "word", "file"
 
@@ -80,7 +80,7 @@ def validate(argv: list[str]) -> None:
         flag = argv[i]
         if flag not in FLAGS and flag not in _VARIABLE:
             hint = " (values must follow their flag)" if not flag.startswith("-") else ""
-            raise NbsimError(f"unknown option '{flag}'{hint}; see nbsim -h")
+            raise NbsimError(f"unknown option '{flag}'{hint}{did_you_mean(flag, [*FLAGS, *_VARIABLE])}; see nbsim -h")
         if flag == "-cell":
             count = 0
             while i + 1 + count < len(argv) and count < 6 and _NUMBER.match(argv[i + 1 + count]):

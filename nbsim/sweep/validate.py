@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import NbsimError
+from ..errors import NbsimError, did_you_mean
 from .plan import (
     CORE_AXES,
     Point,
@@ -104,9 +104,10 @@ def check_config(config: dict, base: Path) -> None:
     for name, spec in extra.items():
         if name.startswith("-"):
             if name not in FLAGS:
-                raise NbsimError(f"sweep.extra: '{name}' is not a nanoBragg option")
+                raise NbsimError(f"sweep.extra: '{name}' is not a nanoBragg option{did_you_mean(name, FLAGS)}")
         elif name not in names:
-            raise NbsimError(f"sweep.extra: '{name}' is not a simulator option (known: see nbsim.config)")
+            raise NbsimError(f"sweep.extra: '{name}' is not a simulator option{did_you_mean(name, names)}; the "
+                             "options are the fields of nbsim.config's dataclasses")
         elif binary:
             raise NbsimError(f"sweep.extra.{name}: a simulator option cannot be passed to the C reference "
                              "(reference.c_binary); sweep the nanoBragg flag that sets it instead")
