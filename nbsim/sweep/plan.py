@@ -17,7 +17,6 @@ import functools
 import itertools
 import math
 import shlex
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..modes import Compile, Mode, choose_mode
-from .spec import PointSpec, field_types
+from .spec import PointSpec, field_types, is_union
 
 CORE_AXES = ("size", "dtype", "device", "compile")
 
@@ -262,7 +261,7 @@ def check_option_value(name: str, value: Any) -> None:
     or one of a Literal's values; an option holding several values (a cell, a vector) is no axis. The
     error says what is expected; the caller names the key."""
     hint = option_types()[name]
-    members = [m for m in (typing.get_args(hint) if _is_union(hint) else (hint,)) if m is not type(None)]
+    members = [m for m in (typing.get_args(hint) if is_union(hint) else (hint,)) if m is not type(None)]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     accepted = {bool: ("true or false", isinstance(value, bool)), str: ("text", isinstance(value, str)),
                 int: ("an integer", number and float(value).is_integer()), float: ("a number", number)}
@@ -278,9 +277,6 @@ def check_option_value(name: str, value: Any) -> None:
     if not any(accepted[kind][1] for kind in kinds):
         raise NbsimError(f"expects {accepted[kinds[0]][0]}")
 
-
-def _is_union(hint: Any) -> bool:
-    return typing.get_origin(hint) in (typing.Union, types.UnionType)
 
 
 def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Point, str],

@@ -89,9 +89,14 @@ def _decoder(hint: Any) -> Decoder:
     return lambda value: None if value is None else decode(value)
 
 
+def is_union(hint: Any) -> bool:
+    """Whether a type hint is a union (`A | B`, `Optional[A]`)."""
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
 def _structure_decoder(hint: Any) -> Decoder:
     origin, arguments = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
+    if is_union(hint):
         return _union_decoder([m for m in arguments if m is not type(None)])
     if origin is tuple:
         if len(arguments) == 2 and arguments[1] is Ellipsis:
