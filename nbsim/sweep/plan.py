@@ -278,7 +278,6 @@ def check_option_value(name: str, value: Any) -> None:
         raise NbsimError(f"expects {accepted[kinds[0]][0]}")
 
 
-
 def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Point, str],
                as_reference: bool = False) -> PointSpec:
     """A point as its batch job renders it (`as_reference`: as its reference batch renders it)."""
