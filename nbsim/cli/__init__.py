@@ -1,5 +1,5 @@
-"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim bench`,
-`nbsim kernels` and `nbsim export`.
+"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim show`,
+`nbsim bench`, `nbsim kernels`, `nbsim export` and `nbsim worker` (served by cli/client.py).
 
 Everything the arguments alone decide (help, an unknown flag, a bad value, an impossible cell, a missing
 input file, an output folder that does not exist) is answered here without importing torch, in a
@@ -17,9 +17,10 @@ from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import RunOptions, parse
-from ..nanobragg.flags import FLAGS
+from ..nanobragg.flags import flag_help
 
 USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
+       nbsim show [--options] -- <nanoBragg options>   (what a command resolves to, without rendering)
        nbsim kernels build|list   (see nbsim kernels -h)
        nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
                    [--threads N] [--floatfile F] [--c-binary PATH] [--json F] -- <nanoBragg options>
@@ -31,7 +32,9 @@ nbsim renders the image nanoBragg renders for the same options and writes the sa
 processing software (DIALS, XDS, CrystFEL), -cbffile F (miniCBF) and -nxmxfile F (NeXus NXmx HDF5): the
 noise image's counts (the -intfile image's under -nonoise) with the geometry in the header (docs/formats.md).
 Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
-Options: """
+
+Options (units and defaults as in nanoBragg; every flag is one of these):
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nbsim {__version__}")
             return 0
         if not argv or argv[0] in ("-h", "--help", "-help"):
-            print(USAGE + " ".join(sorted(FLAGS)))
+            print(USAGE + flag_help())
             return 0 if argv else 2
         config, run = checked_arguments(argv)
         from .simulate import render_command
