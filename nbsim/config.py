@@ -184,7 +184,11 @@ class SimulationConfig:
             if own:
                 parts[name] = dataclasses.replace(part, **own)
         if remaining:
-            raise KeyError(f"unknown simulator option(s): {', '.join(sorted(remaining))}")
+            from .errors import did_you_mean
+
+            first = sorted(remaining)[0]
+            raise KeyError(f"unknown simulator option(s): {', '.join(sorted(remaining))}"
+                           f"{did_you_mean(first, option_names())}; nbsim show --options lists them")
         return SimulationConfig(**parts)
 
 

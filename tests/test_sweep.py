@@ -74,8 +74,9 @@ def test_range_axes_validate_and_expand(tmp_path):
     ({"-phi": {"start": 0, "stop": 1e-8, "step": 1e-15}}, "more than 1000000"),
     ({"-phi": [1, 1.0]}, "values repeat"),
     ({"-phi": [0.5, -0.5], "phi": [1]}, "is not a simulator option"),
-    ({"mosaic_spred_deg": [0.1]}, "'mosaic_spred_deg' is not a simulator option (did you mean mosaic_spread_deg?)"),
-    ({"-mosiac": [0.1]}, "'-mosiac' is not a nanoBragg option (did you mean -mosaic?)"),
+    ({"mosaic_spred_deg": [0.1]}, "'mosaic_spred_deg' is not a simulator option (did you mean mosaic_spread_deg?); "
+     "nbsim show --options lists them"),
+    ({"-mosiac": [0.1]}, "'-mosiac' is not a nanoBragg option (did you mean -mosaic?); nbsim -h lists them"),
     ({"-distance": ["1 2", "1_2"]}, "give the same point name"),
     ({"-N": {"start": 1, "stop": 2, "step": 0.5}},
      "sweep.extra.-N: value 1.0 in scenario 'seed': -N expects an integer, got '1.0'"),
@@ -89,6 +90,40 @@ def test_bad_axes_fail_with_one_line(tmp_path, extra, message):
     with pytest.raises(NbsimError, match=None) as error:
         validate_config(config_with(extra), SCHEMA, tmp_path)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("where, key, message", [
+    ((), "compile_cach", "top level: unknown key(s) 'compile_cach' (did you mean compile_cache?); the keys here: "),
+    (("sweep",), "dtype", "sweep: unknown key(s) 'dtype' (did you mean dtypes?); the keys here: sizes, dtypes,"),
+])
+def test_misspelt_keys_are_named_with_the_keys_allowed(tmp_path, where, key, message):
+    config = config_with({})
+    block = config
+    for name in where:
+        block = block[name]
+    block[key] = 1
+    with pytest.raises(NbsimError) as error:
+        validate_config(config, SCHEMA, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_devices_that_cannot_be_had_fail_before_any_job_with_the_fix(tmp_path, monkeypatch):
+    """A CUDA device this machine lacks fails validation (naming on_unavailable_device: skip) unless the
+    config skips such points or declares a SLURM GPU partition, where they will run."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = config_with({})
+    config["sweep"]["devices"] = ["cpu", "cuda"]
+    validate_config(config, SCHEMA, tmp_path)  # without devices=True (a job on a node) devices are not checked
+    with pytest.raises(NbsimError) as error:
+        validate_config(config, SCHEMA, tmp_path, devices=True)
+    assert str(error.value) == ("sweep.devices: cuda is not available: this machine has 0 CUDA device(s) and no "
+                                "slurm.gpu_partition is set; set sweep.on_unavailable_device: skip to record its "
+                                "points as skipped")
+    for fix in ({"sweep": {**config["sweep"], "on_unavailable_device": "skip"}},
+                {"slurm": {"gpu_partition": "gpu"}}):
+        validate_config({**config, **fix}, SCHEMA, tmp_path, devices=True)
 
 
 def test_input_files_are_read_before_any_job_and_relative_to_the_config(tmp_path):

@@ -314,11 +314,15 @@ def test_cuda_point_without_cuda(tmp_path, policy):
     config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
     config["sweep"].update(sizes=[12], dtypes=["float32"], devices=["cpu", "cuda"], on_unavailable_device=policy)
     write_config(tmp_path, config)
-    result = snakemake(tmp_path, "results/seed/tables/timing.csv")
-    if policy == "fail":
-        assert result.returncode != 0
-        assert "nbsim: error: device 'cuda' requested but CUDA is not available" in result.stderr
+    if policy == "fail":  # refused by the validation, before any job and by a dry run alike
+        for arguments in (("--dry-run",), ()):
+            result = snakemake(tmp_path, "results/seed/tables/timing.csv", *arguments)
+            assert result.returncode != 0 and "Traceback" not in result.stderr
+            assert ("nbsim: invalid sweep configuration: sweep.devices: cuda is not available" in result.stderr
+                    and "on_unavailable_device: skip" in result.stderr)
+            assert not (tmp_path / "results").exists()
     else:
+        result = snakemake(tmp_path, "results/seed/tables/timing.csv")
         assert result.returncode == 0, result.stderr[-2000:]
         with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
             rows = {row["device"]: row for row in csv.DictReader(stream)}

@@ -18,7 +18,9 @@ CONFIG_BASE = (
     else Path(workflow.basedir) / "config"
 )
 try:
-    validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE)
+    # Devices are checked where the jobs are planned, not again inside a job on a cluster node.
+    validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE,
+                             devices=workflow.is_main_process)
 except NbsimError as error:
     print(f"nbsim: invalid sweep configuration: {error}", file=sys.stderr)
     sys.exit(1)
