@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -33,11 +34,13 @@ TINY = {
 }
 
 
-def snakemake(folder: Path, *arguments: str, config: str = "config.yaml") -> subprocess.CompletedProcess:
-    """Snakemake on two cores; these tests check what the jobs write, not how fast, so two single-thread
-    timed jobs may run at once (`timing_slot=2`)."""
+def snakemake(folder: Path, *arguments: str, config: str = "config.yaml",
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Snakemake on two cores (with a compile cache inside `folder` unless `env` says otherwise); these
+    tests check what the jobs write, not how fast, so two single-thread timed jobs may run at once
+    (`timing_slot=2`)."""
     return subprocess.run([*snakemake_command(folder, config=config), "--cores", "2", "--resources=timing_slot=2",
-                           *arguments], capture_output=True, text=True, timeout=900, env=own_cache_env(folder))
+                           *arguments], capture_output=True, text=True, timeout=900, env=env or own_cache_env(folder))
 
 
 def write_config(folder: Path, config: dict, name: str = "config.yaml") -> None:
@@ -282,15 +285,21 @@ def test_bad_config_fails_before_any_job(tmp_path, change, message):
 
 @pytest.mark.slow
 def test_compiled_points_share_the_compile_cache(tmp_path, private_compile_cache):
-    """One kernel job finds (or builds) the structure's ahead-of-time kernels in the shared cache (the test
-    session's, so it builds nothing another test built); every timed job, at every size, then loads
-    them, and each records which it did."""
+    """One kernel job finds (or builds) the structure's ahead-of-time kernels in the user's cache
+    (NBSIM_CACHE_DIR, here the test session's, so it builds nothing another test built) when the config
+    names none; every timed job, at every size, then loads them, and each records which it did; the
+    command line's cache lookup finds them too."""
+    from nbsim.kernel.cache import KernelCache
+    from nbsim.kernel.structure import structure_of
+    from nbsim.nanobragg import config_from_args
+
     config = json.loads(json.dumps(TINY))
     config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
-    config["compile_cache"] = str(private_compile_cache)
+    del config["compile_cache"]
     config["sweep"].update(sizes=[12, 16, 20], dtypes=["float32"], compile=["on"])
     write_config(tmp_path, config)
-    result = snakemake(tmp_path, "results/seed/tables/timing.csv")
+    result = snakemake(tmp_path, "results/seed/tables/timing.csv",
+                       env={**os.environ, "NBSIM_CACHE_DIR": str(private_compile_cache)})
     assert result.returncode == 0, result.stderr[-3000:]
     with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
         states = sorted(row["compile_cache"] for row in csv.DictReader(stream))
@@ -304,6 +313,8 @@ def test_compiled_points_share_the_compile_cache(tmp_path, private_compile_cache
     [stage] = kernel["stages"]
     assert stage["stage"] == "pixel_kernel" and stage["cache"] in ("hit", "miss")
     assert (private_compile_cache / "kernels" / stage["package"]).is_file()
+    structure = structure_of(config_from_args([*SEED_ARGS.split(), "-detpixels", "64"]))
+    assert KernelCache.default().missing(structure, torch.float32, torch.device("cpu")) == []
 
 
 @pytest.mark.slow

@@ -295,3 +295,12 @@ def c_binary_path(config: dict, base: Path) -> str | None:
     if not binary:
         return None
     return shutil.which(binary) or str((base / binary).resolve())
+
+
+def compile_cache_path(config: dict) -> str:
+    """The kernel cache the sweep's jobs use: `compile_cache` when the config names one (relative to the
+    working folder), else the user's (NBSIM_CACHE_DIR, default ~/.cache/nbsim), the one `nbsim` uses, so
+    that kernels built by either serve the other."""
+    from ..cache import cache_dir
+
+    return str(Path(config.get("compile_cache") or cache_dir()).expanduser().resolve())

@@ -27,7 +27,7 @@ except NbsimError as error:
 
 RESULTS = config["results"]
 TIMING = config["timing"]
-COMPILE_CACHE = str(Path(config["compile_cache"]).resolve())
+COMPILE_CACHE = plan.compile_cache_path(config)
 C_BINARY = plan.c_binary_path(config, CONFIG_BASE)
 POINTS = plan.sweep_points(config)
 PLAN = plan.plan_sweep(POINTS, config["sweep"]["batch_size"])
