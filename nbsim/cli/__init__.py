@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             from .kernels import main as kernels_main
 
             return kernels_main(argv[1:])
+        if argv and argv[0] == "show":
+            from .show import main as show_main
+
+            return show_main(argv[1:], checked_arguments)
         if argv and argv[0] == "export":
             from .export import main as export_main
 

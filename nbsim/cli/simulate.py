@@ -52,6 +52,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     for line in renderer.warnings:
         print(f"WARNING: {line}")
     _report_compile_decision(renderer)
+    print(f"  kernel: {renderer.mode.value} ({run.dtype} on {device}; in float32 eager and compiled images "
+          "differ in their last bits, docs/kernels.md)")
     stats = statistics(image, setup)
     wavelength_A = float(config.beam.wavelength_A)
     fields = smv_fields(setup.geometry, setup, wavelength_A)
