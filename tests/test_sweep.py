@@ -186,10 +186,10 @@ def test_collation_holds_one_image_at_a_time(tmp_path):
     image_bytes = size * size * 4
     assert peak - baseline < 8 * image_bytes, f"collation peaked at {(peak - baseline) / 1e6:.1f} MB"
     dataset = read_store(tmp_path / "sweep.zarr")
-    series = dataset["image_n256"].squeeze()
-    assert series.dims == ("phi", "slow_n256", "fast_n256") and series.shape[0] == batches * per_batch
-    assert dataset["image_n256"].encoding["chunks"][-2:] == (size, size)
-    assert np.prod(dataset["image_n256"].encoding["chunks"][:-2]) == 1
+    series = dataset["image"].squeeze()
+    assert series.dims == ("phi", "slow", "fast") and series.shape[0] == batches * per_batch
+    assert dataset["image"].encoding["chunks"][-2:] == (size, size)
+    assert np.prod(dataset["image"].encoding["chunks"][:-2]) == 1
     for phi in (0, 77, 159):
         assert float(series.sel(phi=phi).max()) == phi + 1
     assert json.loads(str(dataset["attributes"].squeeze().sel(phi=77).values))["name"] == \

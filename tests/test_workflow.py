@@ -129,7 +129,12 @@ def test_collated_store_has_every_axis(sweep_run):
     assert list(dataset["fudge"].values) == [1.0]
     assert dataset["warm_median_s"].dims == ("size", "dtype", "device", "compile", "fudge")
     assert bool((dataset["correlation"] > 0.9999).all())
-    assert dataset["image_n16"].shape[-2:] == (16, 16)
+    assert all(dataset[name].dims[:5] == dataset["warm_median_s"].dims for name in dataset.data_vars)
+    assert dataset["image"].dims[5:] == ("slow", "fast") and dataset["image"].shape[-2:] == (16, 16)
+    small = dataset["image"].sel(size=12, dtype="float32").squeeze()
+    assert bool(np.isfinite(small[:12, :12]).all()) and bool(np.isnan(small[12:, :]).all())
+    assert list(dataset["slow"].values) == list(range(16))
+    assert np.allclose(dataset["fast_mm"].values, (np.arange(16) + 0.5) * 0.5)  # the scenario's -pixel 0.5
     attributes = json.loads(str(dataset["attributes"].sel(size=12, dtype="float64").values.ravel()[0]))
     assert attributes["name"].startswith("n12-float64")
     assert attributes["timing"]["warm_median_s"] > 0 and attributes["host"]
@@ -214,8 +219,8 @@ def test_rotation_series_reads_as_one_array(rotation_run):
 
     folder, _, _ = rotation_run
     dataset = xr.open_zarr(folder / "results" / "rotation" / "sweep.zarr")
-    series = dataset["image_n12"].squeeze()
-    assert series.dims == ("phi", "slow_n12", "fast_n12")
+    series = dataset["image"].squeeze()
+    assert series.dims == ("phi", "slow", "fast") and "slow_mm" in series.coords
     assert list(series["phi"].values) == [0.0, 0.1, 0.2, 0.3, 0.4]
     frames = series.values
     assert np.isfinite(frames).all() and all(frames[i].max() > 0 for i in range(5))
