@@ -45,8 +45,9 @@ def rounded(image: np.ndarray, bits: int) -> np.ndarray:
 
 def main(cases: list[str]) -> None:
     configure_compile_cache()
-    print(f"| case | dtype | max abs diff / max | pixels differing | after rounding to {', '.join(map(str, KEPT_BITS))} "
-          "bits | noise photons eager / compiled |")
+    kept = ", ".join(map(str, KEPT_BITS))
+    print(f"| case | dtype | max abs diff / max | pixels differing | after rounding to {kept} bits "
+          "| noise photons eager / compiled |")
     print("|---|---|---|---|---|---|")
     for name in cases:
         setup = resolve(config_from_args(golden_args(name)))

@@ -282,3 +282,27 @@ def test_option_axes_are_refused_with_a_c_reference(tmp_path):
         validate_config(config, SCHEMA, tmp_path)
     config["sweep"]["extra"] = {"-mosaic": [0.1]}
     validate_config(config, SCHEMA, tmp_path)
+
+
+def test_kernel_jobs_keep_their_structures_for_the_next_plan(tmp_path, monkeypatch):
+    """The plan's structures are kept in a memo file: a second plan of the same sources asks no
+    structure_of (so a Snakemake start need not import PyTorch), and a memo of other sources is ignored."""
+    import nbsim.kernel.structure
+    from nbsim.sweep.plan import kernel_jobs
+
+    config = config_with({"-mosaic_dom": [1, 4]})
+    config["scenarios"]["seed"]["args"] += " -mosaic 0.5"
+    config["sweep"]["compile"] = ["on"]
+    validate_config(config, SCHEMA, tmp_path)
+    points, memo = sweep_points(config), tmp_path / "memo.json"
+    first = kernel_jobs(config, points, False, tmp_path, memo)
+    assert sorted(first[0]) == ["float32-cpu-single-square-default", "float32-cpu-steps-square-default"]
+
+    def refused(_config):
+        raise AssertionError("structure_of asked although the memo holds the answer")
+
+    monkeypatch.setattr(nbsim.kernel.structure, "structure_of", refused)
+    assert kernel_jobs(config, points, False, tmp_path, memo) == first
+    memo.write_text(memo.read_text().replace(json.loads(memo.read_text())["sources"], "other sources"))
+    with pytest.raises(AssertionError, match="structure_of asked"):
+        kernel_jobs(config, points, False, tmp_path, memo)

@@ -33,7 +33,8 @@ POINTS = plan.sweep_points(config)
 PLAN = plan.plan_sweep(POINTS, config["sweep"]["batch_size"])
 COMPILED_NBSIM_REFERENCE = not C_BINARY and config["reference"]["compile"]
 # One kernel job per (structure, dtype, device): points of any size and value share it.
-KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE)
+KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE,
+                                            Path(".snakemake") / "nbsim-structures.json")
 AXES = plan.sweep_axes(config)
 
 
