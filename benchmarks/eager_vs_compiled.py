@@ -5,9 +5,10 @@
 Each case is a golden case of ../shared/golden/cases.txt (or NBSIM_GOLDEN), rendered on the CPU with
 `compile off` (eager) and `compile on` (the ahead-of-time kernel, built into the kernel cache,
 NBSIM_CACHE_DIR, when missing). Printed per case and dtype: the largest difference over the image's
-maximum, how many pixels differ at all, and how many still differ after rounding both images to 2^-k of
-each pixel's value (k mantissa bits kept, the "coarser precision" a noise stage could draw from); then
-the photons of the noise image (cli/products.noise_image, seed 1) drawn from each.
+maximum, how many pixels differ at all, how many differ in the -floatfile (the image as 4-byte floats),
+and how many still differ after rounding both images to k mantissa bits (the "coarser precision" a
+noise stage could draw from); then the photons of the noise image (cli/products.noise_image, seed 1)
+drawn from each.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def main(cases: list[str]) -> None:
     configure_compile_cache()
     kept = ", ".join(map(str, KEPT_BITS))
     print(f"| case | dtype | max abs diff / max | pixels differing | after rounding to {kept} bits "
-          "| noise photons eager / compiled |")
-    print("|---|---|---|---|---|---|")
+          "| -floatfile pixels differing | noise photons eager / compiled |")
+    print("|---|---|---|---|---|---|---|")
     for name in cases:
         setup = resolve(config_from_args(golden_args(name)))
         for dtype in (torch.float64, torch.float32):
@@ -58,9 +59,10 @@ def main(cases: list[str]) -> None:
             relative = float(np.abs(eager - compiled).max() / np.abs(eager).max())
             differing = int(np.count_nonzero(eager != compiled))
             after = [int(np.count_nonzero(rounded(eager, b) != rounded(compiled, b))) for b in KEPT_BITS]
+            in_file = int(np.count_nonzero(eager.astype(np.float32) != compiled.astype(np.float32)))
             photons = [noise_image(image, setup, 40.0, 1)[2] for image in images]
             print(f"| {name} | {str(dtype)[6:]} | {relative:.2e} | {differing} of {eager.size} | "
-                  f"{' / '.join(map(str, after))} | {photons[0]:.0f} / {photons[1]:.0f} |", flush=True)
+                  f"{' / '.join(map(str, after))} | {in_file} | {photons[0]:.0f} / {photons[1]:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
