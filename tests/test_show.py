@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from nbsim.cli import main
-from nbsim.config import option_names
+from nbsim.config import SimulationConfig, option_names
 from nbsim.kernel.cache import KernelCache
 from nbsim.kernel.structure import structure_of
 from nbsim.nanobragg import config_from_args
@@ -51,3 +52,9 @@ def test_show_needs_a_command(capsys):
                                                "nbsim show -- <options>")
     assert main(["show", "--", "-lamda", "1"]) == 2
     assert "did you mean -lambda?" in capsys.readouterr().err
+
+
+def test_a_misspelt_option_names_the_closest_and_the_command_listing_them():
+    with pytest.raises(KeyError) as error:
+        SimulationConfig().with_options(mosaic_spred_deg=0.2)
+    assert "mosaic_spred_deg (did you mean mosaic_spread_deg?); nbsim show --options lists them" in str(error.value)
