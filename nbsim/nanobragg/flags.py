@@ -1,6 +1,7 @@
-"""The flags nbsim accepts (nanoBragg's, plus -device, -dtype and -compile): the kinds of their values,
-their limits and conflicts, and the strict validation that turns any mistake into a one-line error
-(nanoBragg itself rejects nothing)."""
+"""The flags nbsim accepts (nanoBragg's, plus nbsim's own): one table (`TABLE`, an `_add` line per flag
+and its aliases, with its group, the kinds of its values, what it sets with units, and its default) from
+which `nbsim -h` and every list here are derived; their limits and conflicts, and the strict validation
+that turns any mistake into a one-line error (nanoBragg itself rejects nothing)."""
 
 from __future__ import annotations
 
