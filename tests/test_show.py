@@ -58,3 +58,11 @@ def test_a_misspelt_option_names_the_closest_and_the_command_listing_them():
     with pytest.raises(KeyError) as error:
         SimulationConfig().with_options(mosaic_spred_deg=0.2)
     assert "mosaic_spred_deg (did you mean mosaic_spread_deg?); nbsim show --options lists them" in str(error.value)
+
+
+def test_the_render_command_names_the_kernel_mode_it_used(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    arguments = [*ARGS[:ARGS.index("-mosaic")], "-detpixels", "16", "-compile", "off", "-nonoise", "-nopgm"]
+    assert main(arguments) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  kernel: ")]
+    assert line.startswith("  kernel: eager (float32 on cpu; eager and compiled float32 images differ")
