@@ -205,6 +205,34 @@ class DetectorResponseConfig:
     defect_seed: int = 1
 
 
+_FRACTIONS = ("flicker_fraction", "calibration_fraction", "hot_pixel_fraction", "dead_pixel_fraction")
+_NOT_NEGATIVE = ("psf_fwhm_um", "gain_adu_per_photon", "readout_noise_adu", "beamstop_radius_mm")
+
+
+def check_response(response: DetectorResponseConfig) -> None:
+    """Raise a one-line NbsimError naming the setting for a value the detector cannot have."""
+    from .errors import NbsimError
+
+    if response.generator not in NOISE_GENERATORS:
+        raise NbsimError(f"generator must be one of {', '.join(NOISE_GENERATORS)} (got {response.generator!r})")
+    if response.psf not in PSF_SHAPES:
+        raise NbsimError(f"psf must be one of {', '.join(PSF_SHAPES)} (got {response.psf!r})")
+    for name in _FRACTIONS:
+        value = getattr(response, name)
+        if not 0.0 <= value <= 1.0:
+            raise NbsimError(f"{name} must be a fraction between 0 and 1 (got {value:g})")
+    for name in _NOT_NEGATIVE:
+        value = getattr(response, name)
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise NbsimError(f"{name} must be a finite number not below 0 (got {value:g})")
+    if not math.isfinite(response.adc_offset_adu):
+        raise NbsimError(f"adc_offset_adu must be finite (got {response.adc_offset_adu:g})")
+    if response.hot_pixel_fraction + response.dead_pixel_fraction > 1.0:
+        raise NbsimError("hot_pixel_fraction + dead_pixel_fraction must not exceed 1")
+    if response.psf != "none" and not response.psf_fwhm_um > 0.0:
+        raise NbsimError(f"psf {response.psf} needs psf_fwhm_um > 0")
+
+
 @dataclass(frozen=True)
 class SimulationConfig:
     """Everything that determines the image (and, `response`, the detector image made from it)."""

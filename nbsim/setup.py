@@ -18,7 +18,15 @@ import torch
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
-from .config import CRYSTAL_SHAPES, DetectorConfig, Scalar, SimulationConfig, StructureFactorConfig, scalar_value
+from .config import (
+    CRYSTAL_SHAPES,
+    DetectorConfig,
+    Scalar,
+    SimulationConfig,
+    StructureFactorConfig,
+    check_response,
+    scalar_value,
+)
 from .errors import InputFileError, NbsimError
 from .geometry import DetectorGeometry, build_geometry
 from .io.inputs import read_input_files
@@ -263,6 +271,7 @@ def model_d_min_A(geometry: DetectorGeometry, detector: DetectorConfig, sources:
 
 
 def _validate(config: SimulationConfig) -> None:
+    check_response(config.response)
     wavelength = scalar_value(config.beam.wavelength_A)
     if not (wavelength > 0 and math.isfinite(wavelength)):
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
