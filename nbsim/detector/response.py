@@ -83,26 +83,26 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
     shape = tuple(photons.shape)
     device = photons.device
     roi = layout.roi or (0, shape[1] - 1, 0, shape[0] - 1)
-    inside = torch.zeros(shape, dtype=torch.bool, device=device)
-    inside[roi[2]:roi[3] + 1, roi[0]:roi[1] + 1] = True
-    index = torch.arange(math.prod(shape), device=device, dtype=torch.int64)
+    window = (slice(roi[2], roi[3] + 1), slice(roi[0], roi[1] + 1))
+    drawn_per_pixel = (response.flicker_fraction, response.calibration_fraction, response.readout_noise_adu,
+                       response.hot_pixel_fraction, response.dead_pixel_fraction)
+    index = (torch.arange(math.prod(shape), device=device, dtype=torch.int64).view(shape)
+             if any(value > 0.0 for value in drawn_per_pixel) else None)
     seed = response.noise_seed
-    expected = photons.detach().to(torch.float64)
-    if not bool(torch.isfinite(expected).all()):
-        raise NbsimError("the photon image has non-finite pixels: no detector image can be drawn from it")
+    expected = photons.detach()
     if response.beamstop_radius_mm > 0.0:
         shadow = effects.beamstop_shadow(shape, layout.pixel_size_mm, layout.beam_center_px,
                                          response.beamstop_radius_mm, device)
         expected = expected.masked_fill(shadow, 0.0)
     if response.flicker_fraction > 0.0:
-        flicker = philox.normals(seed, STREAM_FLICKER, index).view(shape)
-        expected = expected * (1.0 + response.flicker_fraction * flicker)
-    observed, total = _poisson(expected, response, layout, roi, inside)
-    drawn = observed[inside]
-    total = float(drawn.sum()) if total is None else total
+        flicker = philox.normals(seed, STREAM_FLICKER, index)
+        expected = expected.to(torch.float64) * (1.0 + response.flicker_fraction * flicker)
+    observed, total = _poisson(expected, response, layout, roi, window)
+    drawn = observed[window]
+    total = float(drawn.sum(dtype=torch.float64)) if total is None else total
     max_photons = float(drawn.max()) if drawn.numel() else 0.0
     if response.calibration_fraction > 0.0:
-        calibration = philox.normals(response.calibration_seed, STREAM_CALIBRATION, index).view(shape)
+        calibration = philox.normals(response.calibration_seed, STREAM_CALIBRATION, index)
         observed = observed * (1.0 + response.calibration_fraction * calibration)
     if response.psf != "none":
         fwhm_px = response.psf_fwhm_um / (layout.pixel_size_mm * 1000.0)
@@ -110,28 +110,33 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
         observed = blur(observed, fwhm_px)
     adu = observed * response.gain_adu_per_photon + response.adc_offset_adu
     if response.readout_noise_adu > 0.0:
-        adu = adu + response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index).view(shape)
-    overloads = int(((adu > OVERLOAD_ADU) & inside).sum())
-    adu = adu.clamp(0.0, OVERLOAD_ADU)
+        adu = adu + response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index)
+    overloads = int((adu[window] > OVERLOAD_ADU).sum())
+    adu = adu.clamp_(0.0, OVERLOAD_ADU)
     if response.hot_pixel_fraction > 0.0 or response.dead_pixel_fraction > 0.0:
-        draw = philox.uniforms(response.defect_seed, STREAM_DEFECTS, 0, index).view(shape)
+        draw = philox.uniforms(response.defect_seed, STREAM_DEFECTS, 0, index)
         hot = draw < response.hot_pixel_fraction
         dead = ~hot & (draw < response.hot_pixel_fraction + response.dead_pixel_fraction)
-        adu = adu.masked_fill(hot, OVERLOAD_ADU).masked_fill(dead, 0.0)
-    counts = adu.to(torch.int32).masked_fill(~inside, 0)
+        adu = adu.masked_fill_(hot, OVERLOAD_ADU).masked_fill_(dead, 0.0)
+    counts = torch.zeros(shape, dtype=torch.int32, device=device)
+    counts[window] = adu[window].to(torch.int32)
     return DetectorImage(adu=counts, photons=observed, total_photons=total, max_photons=max_photons,
                          overloads=overloads)
 
 
 def _poisson(expected: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
-             roi: tuple[int, int, int, int], inside: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-    """The observed photons (0 outside the ROI) and, from nanoBragg's loop, its sum (else None)."""
-    if not response.poisson:
-        return expected.masked_fill(~inside, 0.0), None
-    if response.generator == "nanobragg":
-        image = expected.to(torch.float32).cpu().numpy()
+             roi: tuple[int, int, int, int], window: tuple[slice, slice]) -> tuple[torch.Tensor, float | None]:
+    """The observed photons, float64 (0 outside the ROI) and, from nanoBragg's loop, its sum (else None)."""
+    if response.poisson and response.generator == "nanobragg":
+        image = expected.to("cpu", torch.float32).numpy()
         table = np.array(layout.ran1_table, dtype=np.int64) if layout.ran1_table else None
         counts, total = nanobragg_poisson(image, roi, -response.noise_seed, table)
         return torch.from_numpy(counts).to(expected.device, torch.float64), total
-    rates = expected.clamp(min=0.0).masked_fill(~inside, 0.0).reshape(-1)
-    return philox.poisson(rates, response.noise_seed, STREAM_POISSON).view(expected.shape), None
+    inside = torch.zeros(expected.shape, dtype=torch.float64, device=expected.device)
+    inside[window] = expected[window]
+    if not response.poisson:
+        return inside, None
+    if not bool(torch.isfinite(inside).all()):
+        raise NbsimError("the photon image has non-finite pixels: no detector image can be drawn from it")
+    return philox.poisson(inside.clamp_(min=0.0).reshape(-1), response.noise_seed, STREAM_POISSON).view(
+        expected.shape), None
