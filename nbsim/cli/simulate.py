@@ -13,6 +13,7 @@ from .. import __version__
 from ..cache import configure_compile_cache
 from ..config import SimulationConfig
 from ..detector import detector_image, layout_of
+from ..detector.native import load as load_compiled_noise
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.detector_images import ExperimentRecord, write_mini_cbf, write_nxmx
@@ -45,6 +46,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(line)
     if run.cbffile:
         refuse_tilted_mini_cbf(config.detector)
+    if run.noisefile and config.response.poisson and config.response.generator == "nanobragg":
+        load_compiled_noise()
     if run.compile is not Compile.OFF:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)

@@ -69,6 +69,11 @@ def _build(compiler: str, path: Path) -> None:
     atomic_write_with(path, compile_to)
 
 
+def load() -> None:
+    """Build (once) and load the compiled code now: NbsimError, before any work, without a C compiler."""
+    _library()
+
+
 @functools.cache
 def _library() -> ctypes.CDLL:
     compiler = find_compiler()
