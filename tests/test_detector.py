@@ -254,3 +254,8 @@ def test_the_response_is_a_simulator_option_the_kernel_ignores():
     assert varied.response.psf == "fiber" and varied.response.noise_seed == 9
     assert dataclass_from_dict(SimulationConfig, dataclass_to_dict(varied)) == varied
     assert structure_of(varied) == structure_of(config)
+
+
+def test_detector_flags_under_nonoise_are_noted():
+    notes = parse([*GOOD, "-nonoise", "-gain", "2"])[1].notes
+    assert "-gain changes only the -noisefile image, which -nonoise turns off" in notes

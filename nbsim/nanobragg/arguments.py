@@ -23,7 +23,7 @@ from ..config import (
 from ..errors import NbsimError
 from ..io.text import read_mosflm_matrix, read_source_file
 from ..modes import Compile
-from .flags import NBSIM_ONLY, NO_EFFECT, validate
+from .flags import DETECTOR_FLAGS, NBSIM_ONLY, NO_EFFECT, validate
 from .rules import CState, run_nanobragg_rules
 
 
@@ -72,6 +72,9 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
              for flag in NO_EFFECT if flag in argv]
+    if not state["calculate_noise"]:
+        notes += [f"{flag} changes only the -noisefile image, which -nonoise turns off"
+                  for flag in DETECTOR_FLAGS if flag in argv]
     if "-tophat_xtal" in argv and state["shape"] != "tophat":
         notes.append("-tophat_xtal is not a nanoBragg option and nanoBragg ignores it (shape stays "
                      f"{state['shape']}); use -tophat_spots for flat-topped spots")
