@@ -128,13 +128,15 @@ static float poidev(float xm, long *idum, NoiseState *s)
 /* Poisson photon counts of `image` (spixels rows of fpixels) inside the ROI [xmin, xmax] x [ymin, ymax],
    written to `photons` (pixels outside are left as they are). `seed` is nanoBragg's noise seed (minus the
    -seed value); `table` holds ran1's iy then its NTAB shuffle entries, in and out (all zero: a fresh
-   process). Returns the sum of the counts, added in pixel order in double precision as the C does. */
-double nanobragg_noise(const float *image, float *photons, long fpixels, long spixels, long xmin, long xmax,
-                       long ymin, long ymax, long seed, long *table)
+   process). Returns the sum of the counts, added in pixel order in double precision as the C does, and
+   writes their maximum to `maximum` (0 for an empty ROI). */
+double nanobragg_noise(const float *image, double *photons, long fpixels, long spixels, long xmin, long xmax,
+                       long ymin, long ymax, long seed, long *table, double *maximum)
 {
     NoiseState s;
     long fpixel, spixel, imgidx = 0, j;
-    double sum = 0.0, test;
+    double sum = 0.0, test, largest = 0.0;
+    int first = 1;
 
     s.iy = table[0];
     for (j = 0; j < NTAB; ++j) s.iv[j] = table[1 + j];
@@ -150,11 +152,14 @@ double nanobragg_noise(const float *image, float *photons, long fpixels, long sp
             }
             test = poidev(image[imgidx], &seed, &s);
             sum += test;
-            photons[imgidx] = (float) test;
+            photons[imgidx] = test;
+            if (first || test > largest) largest = test;
+            first = 0;
             ++imgidx;
         }
     }
     table[0] = s.iy;
     for (j = 0; j < NTAB; ++j) table[1 + j] = s.iv[j];
+    *maximum = largest;
     return sum;
 }

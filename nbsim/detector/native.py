@@ -82,8 +82,9 @@ def _library() -> ctypes.CDLL:
         _build(compiler, path)
     library = ctypes.CDLL(str(path))
     function = library.nanobragg_noise
-    floats = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
-    function.argtypes = [floats, floats, *([ctypes.c_long] * 7), np.ctypeslib.ndpointer(np.int64, flags="C")]
+    function.argtypes = [np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS"),
+                         np.ctypeslib.ndpointer(np.float64, flags="C_CONTIGUOUS"), *([ctypes.c_long] * 7),
+                         np.ctypeslib.ndpointer(np.int64, flags="C"), ctypes.POINTER(ctypes.c_double)]
     function.restype = ctypes.c_double
     library.philox_words.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_void_p]
@@ -111,17 +112,19 @@ def philox_words(seed: int, stream: int, draw: int, index: torch.Tensor) -> torc
 
 
 def nanobragg_poisson(image: np.ndarray, roi: tuple[int, int, int, int], seed: int,
-                      table: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """nanoBragg's noise loop over a float32 (slow, fast) image: the Poisson counts (0 outside the ROI) and
-    their sum, as the C draws them with `poidev(floatimage[i], &seed)`.
+                      table: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+    """nanoBragg's noise loop over a float32 (slow, fast) image: the Poisson counts (float64, 0 outside the
+    ROI), their sum and their maximum, as the C draws them with `poidev(floatimage[i], &seed)`.
 
     `seed` is the C's variable (minus the -seed value). `table` is ran1's state left by earlier draws in
     the same process (a positive seed continues it, as in the C); None: a fresh process.
     """
     image = np.ascontiguousarray(image, dtype=np.float32)
-    photons = np.zeros_like(image)
+    photons = np.zeros(image.shape, dtype=np.float64)
     state = np.zeros(TABLE_LENGTH, dtype=np.int64) if table is None else np.array(table, dtype=np.int64)
     spixels, fpixels = image.shape
     xmin, xmax, ymin, ymax = roi
-    total = _library().nanobragg_noise(image, photons, fpixels, spixels, xmin, xmax, ymin, ymax, seed, state)
-    return photons, float(total)
+    maximum = ctypes.c_double()
+    total = _library().nanobragg_noise(image, photons, fpixels, spixels, xmin, xmax, ymin, ymax, seed, state,
+                                       ctypes.byref(maximum))
+    return photons, float(total), maximum.value

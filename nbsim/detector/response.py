@@ -91,16 +91,19 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
     seed = response.noise_seed
     expected = photons.detach()
     if response.beamstop_radius_mm > 0.0:
+        if not all(math.isfinite(value) for value in layout.beam_center_px):
+            raise NbsimError("beamstop_radius_mm needs the direct beam's position (PixelLayout.beam_center_px)")
         shadow = effects.beamstop_shadow(shape, layout.pixel_size_mm, layout.beam_center_px,
                                          response.beamstop_radius_mm, device)
         expected = expected.masked_fill(shadow, 0.0)
     if response.flicker_fraction > 0.0:
         flicker = philox.normals(seed, STREAM_FLICKER, index)
         expected = expected.to(torch.float64) * (1.0 + response.flicker_fraction * flicker)
-    observed, total = _poisson(expected, response, layout, roi, window)
-    drawn = observed[window]
-    total = float(drawn.sum(dtype=torch.float64)) if total is None else total
-    max_photons = float(drawn.max()) if drawn.numel() else 0.0
+    observed, sums = _poisson(expected, response, layout, roi, window)
+    if sums is None:
+        drawn = observed[window]
+        sums = (float(drawn.sum()), float(drawn.max()) if drawn.numel() else 0.0)
+    total, max_photons = sums
     if response.calibration_fraction > 0.0:
         calibration = philox.normals(response.calibration_seed, STREAM_CALIBRATION, index)
         observed = observed * (1.0 + response.calibration_fraction * calibration)
@@ -108,7 +111,8 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
         fwhm_px = response.psf_fwhm_um / (layout.pixel_size_mm * 1000.0)
         blur = effects.gaussian_blur if response.psf == "gaussian" else effects.fiber_blur
         observed = blur(observed, fwhm_px)
-    adu = observed * response.gain_adu_per_photon + response.adc_offset_adu
+    adu = observed * response.gain_adu_per_photon if response.gain_adu_per_photon != 1.0 else observed.clone()
+    adu += response.adc_offset_adu
     if response.readout_noise_adu > 0.0:
         adu = adu + response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index)
     overloads = int((adu[window] > OVERLOAD_ADU).sum())
@@ -118,20 +122,25 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
         hot = draw < response.hot_pixel_fraction
         dead = ~hot & (draw < response.hot_pixel_fraction + response.dead_pixel_fraction)
         adu = adu.masked_fill_(hot, OVERLOAD_ADU).masked_fill_(dead, 0.0)
-    counts = torch.zeros(shape, dtype=torch.int32, device=device)
-    counts[window] = adu[window].to(torch.int32)
+    if layout.roi is None:
+        counts = adu.to(torch.int32)
+    else:
+        counts = torch.zeros(shape, dtype=torch.int32, device=device)
+        counts[window] = adu[window].to(torch.int32)
     return DetectorImage(adu=counts, photons=observed, total_photons=total, max_photons=max_photons,
                          overloads=overloads)
 
 
 def _poisson(expected: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
-             roi: tuple[int, int, int, int], window: tuple[slice, slice]) -> tuple[torch.Tensor, float | None]:
-    """The observed photons, float64 (0 outside the ROI) and, from nanoBragg's loop, its sum (else None)."""
+             roi: tuple[int, int, int, int],
+             window: tuple[slice, slice]) -> tuple[torch.Tensor, tuple[float, float] | None]:
+    """The observed photons, float64 (0 outside the ROI) and, from nanoBragg's loop, their sum and maximum
+    in the ROI (else None)."""
     if response.poisson and response.generator == "nanobragg":
         image = expected.to("cpu", torch.float32).numpy()
         table = np.array(layout.ran1_table, dtype=np.int64) if layout.ran1_table else None
-        counts, total = nanobragg_poisson(image, roi, -response.noise_seed, table)
-        return torch.from_numpy(counts).to(expected.device, torch.float64), total
+        counts, total, maximum = nanobragg_poisson(image, roi, -response.noise_seed, table)
+        return torch.from_numpy(counts).to(expected.device), (total, maximum)
     inside = torch.zeros(expected.shape, dtype=torch.float64, device=expected.device)
     inside[window] = expected[window]
     if not response.poisson:
