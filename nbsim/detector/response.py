@@ -111,11 +111,14 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
         fwhm_px = response.psf_fwhm_um / (layout.pixel_size_mm * 1000.0)
         blur = effects.gaussian_blur if response.psf == "gaussian" else effects.fiber_blur
         observed = blur(observed, fwhm_px)
-    adu = observed * response.gain_adu_per_photon if response.gain_adu_per_photon != 1.0 else observed.clone()
-    adu += response.adc_offset_adu
+    if response.gain_adu_per_photon == 1.0:
+        adu = observed + response.adc_offset_adu
+    else:
+        adu = observed * response.gain_adu_per_photon
+        adu += response.adc_offset_adu
     if response.readout_noise_adu > 0.0:
         adu = adu + response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index)
-    overloads = int((adu[window] > OVERLOAD_ADU).sum())
+    overloads = int(torch.count_nonzero(adu[window] > OVERLOAD_ADU))
     adu = adu.clamp_(0.0, OVERLOAD_ADU)
     if response.hot_pixel_fraction > 0.0 or response.dead_pixel_fraction > 0.0:
         draw = philox.uniforms(response.defect_seed, STREAM_DEFECTS, 0, index)
