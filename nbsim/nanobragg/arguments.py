@@ -19,6 +19,7 @@ from ..config import (
     SimulationConfig,
     StructureFactorConfig,
     check_cell,
+    check_response,
 )
 from ..errors import NbsimError
 from ..io.text import read_mosflm_matrix, read_source_file
@@ -102,7 +103,7 @@ def _response(argv: list[str], options: dict[str, str], adc: float, seed: int) -
     if float(options.get("-hot_pixels", 0.0)) + float(options.get("-dead_pixels", 0.0)) > 1:
         raise NbsimError("-hot_pixels and -dead_pixels together must not exceed 1")
     defaults = DetectorResponseConfig()
-    return DetectorResponseConfig(
+    response = DetectorResponseConfig(
         generator=options.get("-noise_generator", defaults.generator), noise_seed=seed,
         poisson="-nopoisson" not in argv, flicker_fraction=float(options.get("-flicker", 0.0)),
         calibration_fraction=float(options.get("-calibration", 0.0)),
@@ -114,6 +115,8 @@ def _response(argv: list[str], options: dict[str, str], adc: float, seed: int) -
         hot_pixel_fraction=float(options.get("-hot_pixels", 0.0)),
         dead_pixel_fraction=float(options.get("-dead_pixels", 0.0)),
         defect_seed=int(options.get("-defect_seed", defaults.defect_seed)))
+    check_response(response)
+    return response
 
 
 def _config_from_state(state: CState) -> SimulationConfig:
