@@ -5,8 +5,9 @@
   alone (`nanobragg_poisson`) and the whole detector stage with default settings (`detector_image`:
   float64 conversion, the loop, ADC offset, clamp). Target: the stage ≤ 1 s at 4096².
 * `noise_philox`: the detector stage with the Philox generator, Poisson only and with every effect
-  (flicker, calibration, Gaussian PSF, readout noise, beam stop, hot and dead pixels), at 4096² and per
-  256² image (a dataset's shot). Recorded only.
+  (flicker, calibration, Gaussian PSF, readout noise, beam stop, hot and dead pixels), at 4096² (PyTorch's
+  threads) and per 256² image (a dataset's shot, on one thread as a job per core runs it: on small images
+  PyTorch's second thread costs more than it gives). Recorded only.
 
 Each figure is the median of `REPEATS` runs after one untimed run (which builds the compiled code into the
 cache on first use).
@@ -67,6 +68,8 @@ def run_noise_c(quick: bool, folder: Path) -> dict:
 def run_noise_philox(quick: bool, folder: Path) -> dict:
     from dataclasses import replace
 
+    import torch
+
     from nbsim.detector import detector_image, layout_of
 
     pixels = QUICK_PIXELS if quick else PIXELS
@@ -77,10 +80,13 @@ def run_noise_philox(quick: bool, folder: Path) -> dict:
                          psf_fwhm_um=100.0, readout_noise_adu=3.0, beamstop_radius_mm=2.0,
                          hot_pixel_fraction=1e-4, dead_pixel_fraction=1e-4)
     timings = {}
+    threads = torch.get_num_threads()
     for label, response in (("poisson", poisson), ("every_effect", everything)):
         timings[label] = _median(lambda chosen=response: detector_image(image, chosen, layout_of(setup)), REPEATS)
-        timings[f"{label}_per_{SHOT_PIXELS}_shot"] = _median(
+        torch.set_num_threads(1)
+        timings[f"{label}_per_{SHOT_PIXELS}_shot_1_thread"] = _median(
             lambda chosen=response: detector_image(shot, chosen, layout_of(shot_setup)), REPEATS)
+        torch.set_num_threads(threads)
     return {"result": {"pixels": pixels, **timings}}
 
 
