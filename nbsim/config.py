@@ -183,7 +183,8 @@ class DetectorResponseConfig:
     """Poisson draws by nanoBragg's serial ran1/poidev sequence (the C's noise image, bit for bit) or by
     counter-based Philox4x32-10 streams (any image, and any pixel, reproducible alone on any device)."""
     noise_seed: int | None = None
-    """The -seed value as given (nanoBragg draws with -seed); None: the command line takes the clock."""
+    """The -seed value as given (nanoBragg draws with minus it); None: not set (the command line then takes
+    the clock, as nanoBragg does; the detector stage needs it set)."""
     poisson: bool = True
     flicker_fraction: float = 0.0
     """rms of the 1/f source noise: expected photons × (1 + fraction·N(0,1)), before Poisson."""

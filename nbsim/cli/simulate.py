@@ -3,6 +3,7 @@ once the arguments are known to be sound, see nbsim.cli)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 
@@ -77,7 +78,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"writing {run.pgmfile} as 1-byte integers")
         write_pgm(run.pgmfile, pgm_image(image, setup, pgm_scale), pgm_scale)
     if run.noisefile:
-        detected = detector_image(torch.from_numpy(image), config.response, layout_of(setup))
+        response = dataclasses.replace(config.response, noise_seed=run.seed)
+        detected = detector_image(torch.from_numpy(image), response, layout_of(setup))
         counts = detected.adu.numpy().astype(np.uint16)
         print(f"{detected.total_photons:.0f} photons on noise image ({detected.overloads} overloads)")
         print(f"writing {run.noisefile} as 2-byte integers")

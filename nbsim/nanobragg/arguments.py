@@ -82,8 +82,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     if "vectors" in state.values and "pix0" in state["vectors"]:
         notes.append("-pix0_vector selects the custom convention; as in nanoBragg its value is then recomputed "
                      "from the beam centre and pivot")
+    config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], state["seed"]))
     seed = state["seed"] if state["seed"] is not None else int(time.time())
-    config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], seed))
     run = RunOptions(
         floatfile=state["floatfile"], intfile=state["intfile"],
         pgmfile=state["pgmfile"] if state["write_pgm"] else None,
@@ -96,8 +96,9 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     return config, run
 
 
-def _response(argv: list[str], options: dict[str, str], adc: float, seed: int) -> DetectorResponseConfig:
-    """The detector's settings: -seed, -adc and nbsim's detector flags (docs/detector.md)."""
+def _response(argv: list[str], options: dict[str, str], adc: float, seed: int | None) -> DetectorResponseConfig:
+    """The detector's settings: -seed, -adc and nbsim's detector flags (docs/detector.md). Without -seed the
+    noise seed stays None (the configuration does not depend on the clock; the command line takes it)."""
     if options.get("-psf", "none") != "none" and not float(options.get("-psf_fwhm", 0.0)) > 0:
         raise NbsimError(f"-psf {options['-psf']} needs -psf_fwhm (the width in um, above 0)")
     if float(options.get("-hot_pixels", 0.0)) + float(options.get("-dead_pixels", 0.0)) > 1:
