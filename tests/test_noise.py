@@ -4,7 +4,11 @@ nbsim/detector/nanobragg_noise.c) against the C program's noise.img of the golde
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,3 +106,18 @@ def test_overloads_are_clamped_and_counted():
     assert result.overloads == 2
     assert result.adu[0, 0] == result.adu[1, 0] == 65535
     assert re.fullmatch(r"\d+", f"{result.total_photons:.0f}") and result.total_photons > 2e6
+
+
+def test_processes_building_at_once_share_one_library(tmp_path):
+    """The compiled code is built into the cache by whichever process comes first; processes that build
+    at the same time each rename a whole library into place, and all of them load it."""
+    script = ("import numpy as np; from nbsim.detector.native import nanobragg_poisson, library_path, find_compiler; "
+              "print(nanobragg_poisson(np.full((4, 4), 3.0, np.float32), (0, 3, 0, 3), -1)[1], "
+              "library_path(find_compiler()))")
+    environment = {**os.environ, "NBSIM_CACHE_DIR": str(tmp_path / "cache")}
+    processes = [subprocess.Popen([sys.executable, "-c", script], env=environment, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [process.communicate(timeout=120) for process in processes]
+    assert all(process.returncode == 0 for process in processes), outputs
+    assert len({out for out, _ in outputs}) == 1
+    assert [path.name for path in (tmp_path / "cache" / "native").iterdir()] == [Path(outputs[0][0].split()[1]).name]
