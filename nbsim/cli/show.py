@@ -38,11 +38,10 @@ def main(argv: list[str], checked_arguments: Callable[[list[str]], tuple[Simulat
 def option_lines() -> list[str]:
     """One line per simulator option: its name, the configuration part holding it and its type as
     nbsim.config annotates it (Scalar: a number or a 0-d tensor that may carry gradients)."""
-    from ..config import BeamConfig, CrystalConfig, DetectorConfig, StructureFactorConfig
+    from ..config import option_parts
 
     return [f"{field.name:<28} {part.__name__:<22} {field.type}"
-            for part in (CrystalConfig, BeamConfig, DetectorConfig, StructureFactorConfig)
-            for field in dataclasses.fields(part)]
+            for part in option_parts() for field in dataclasses.fields(part)]
 
 
 def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, compile: Compile) -> list[str]:

@@ -29,8 +29,9 @@ class Flag:
     default: str = ""
 
 
-GROUPS = ("crystal", "beam", "detector", "sampling", "outputs", "nbsim's own", "accepted, no effect in nbsim")
-CRYSTAL, BEAM, DETECTOR, SAMPLING, OUTPUTS, NBSIM, IGNORED = GROUPS
+GROUPS = ("crystal", "beam", "detector", "sampling", "outputs", "nbsim's own",
+          "nbsim's detector response (the -noisefile image; docs/detector.md)", "accepted, no effect in nbsim")
+CRYSTAL, BEAM, DETECTOR, SAMPLING, OUTPUTS, NBSIM, RESPONSE, IGNORED = GROUPS
 TABLE: list[Flag] = []
 
 
@@ -131,7 +132,8 @@ _add(OUTPUTS, "-floatfile -floatimage", P1, "FILE", "image as raw 4-byte floats"
 _add(OUTPUTS, "-intfile -intimage", P1, "FILE", "noiseless SMV image", "intimage.img")
 _add(OUTPUTS, "-scale", N1, "X", "scale of -intfile", "auto")
 _add(OUTPUTS, "-adc", N1, "N", "offset added to the -intfile and -noisefile pixels", "40")
-_add(OUTPUTS, "-noisefile -noiseimage", P1, "FILE", "SMV image with Poisson noise, photons", "noiseimage.img")
+_add(OUTPUTS, "-noisefile -noiseimage", P1, "FILE", "SMV detector image: nanoBragg's Poisson noise and the "
+     "detector response below", "noiseimage.img")
 _add(OUTPUTS, "-nonoise", (), "", "no -noisefile")
 _add(OUTPUTS, "-seed", I1, "N", "random-number seed of the noise", "the time")
 _add(OUTPUTS, "-pgmfile -pgmimage", P1, "FILE", "8-bit PGM image", "image.pgm")
@@ -147,6 +149,20 @@ _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-m
 _add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
 _add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
 _add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
+_add(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own "
+     "(its noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg")
+_add(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)")
+_add(RESPONSE, "-flicker", N1, "FRACTION", "flicker noise: relative rms of the expected photons", "0")
+_add(RESPONSE, "-calibration", N1, "FRACTION", "calibration error: relative rms, fixed per pixel", "0")
+_add(RESPONSE, "-calibration_seed", I1, "N", "random-number seed of the calibration error", "123456789")
+_add(RESPONSE, "-psf", (WORD,), "none|gaussian|fiber", "point-spread function, integrated over each pixel", "none")
+_add(RESPONSE, "-psf_fwhm", N1, "UM", "full width at half maximum of the point-spread function, µm", "0")
+_add(RESPONSE, "-gain", N1, "ADU", "ADU per photon", "1")
+_add(RESPONSE, "-readout_noise", N1, "ADU", "readout noise, rms ADU", "0")
+_add(RESPONSE, "-beamstop", N1, "MM", "beam-stop radius around the direct beam: no photons inside, mm", "0")
+_add(RESPONSE, "-hot_pixels", N1, "FRACTION", "fraction of pixels that read 65535", "0")
+_add(RESPONSE, "-dead_pixels", N1, "FRACTION", "fraction of pixels that read 0", "0")
+_add(RESPONSE, "-defect_seed", I1, "N", "random-number seed of the hot and dead pixels", "1")
 _add(IGNORED, "-density -sample_density", N1, "G/CM3", "sample density (no effect on the image, as in nanoBragg)", "1")
 _add(IGNORED, "-MW -molecular_weight", N1, "G/MOL", "molecular weight (no effect on the image, as in nanoBragg)", "18")
 _add(IGNORED, "-stol -4stol -Q", P1, "FILE", "F of the background against sin(θ)/λ (not used, as in nanoBragg)", "none")
@@ -167,7 +183,8 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
-                        "-osc", "-phistep"}
+                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop"}
+MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 CONFLICTS = (
     {"-interpolate", "-nointerpolate"},
     {"-square_xtal", "-round_xtal", "-gauss_xtal", "-tophat_spots", "-binary_spots"},
@@ -179,8 +196,10 @@ CONFLICTS = (
     {"-fluence", "-flux"},
     {"-hkl", "-model"},
 )
-NBSIM_ONLY = tuple(n for f in TABLE if f.group == NBSIM for n in f.names)
+NBSIM_ONLY = tuple(n for f in TABLE if f.group in (NBSIM, RESPONSE) for n in f.names)
 NO_EFFECT = tuple(n for f in TABLE if f.group == IGNORED for n in f.names)
+DETECTOR_FLAGS = tuple(n for f in TABLE if f.group == RESPONSE for n in f.names)
+"""nbsim's detector effects (docs/detector.md): they change only the -noisefile image."""
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _INTEGER = re.compile(r"^[+-]?\d+$")
@@ -218,6 +237,8 @@ def validate(argv: list[str]) -> None:
                 raise NbsimError(f"{flag} must be positive (got {values[0]})")
             if flag in MUST_NOT_BE_NEGATIVE and number < 0:
                 raise NbsimError(f"{flag} must not be negative (got {values[0]})")
+            if flag in MUST_BE_FRACTION and not 0 <= number <= 1:
+                raise NbsimError(f"{flag} must be a fraction between 0 and 1 (got {values[0]})")
         i += 1 + len(kinds)
     flags = {a for a in argv if a in FLAGS or a in _VARIABLE}
     for group in CONFLICTS:
@@ -235,7 +256,8 @@ def _check_value(flag: str, kind: str, value: str) -> None:
         raise NbsimError(f"{flag} expects a file name, got '{value}'")
     if kind == WORD:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
-                   "-compile": ("auto", "on", "off")}.get(flag)
+                   "-compile": ("auto", "on", "off"), "-noise_generator": ("nanobragg", "philox"),
+                   "-psf": ("none", "gaussian", "fiber")}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):
                 raise NbsimError(f"{flag} expects an attenuation depth in um or 'inf', got '{value}'")
