@@ -58,16 +58,29 @@ def test_the_c_float_image_gives_the_c_noise_image(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOISE_CASES)
 def test_the_command_line_writes_the_c_noise_file(name, tmp_path, monkeypatch, capsys):
-    """The same arguments (float64, whose float image is the C's to the bit) give the C's noise file, header
-    and all. In float32 the float image differs from the C's in the last bits and a pixel whose draw count
-    changes shifts the serial stream for all that follow (docs/detector.md)."""
+    """The same arguments give the C's noise file, header and all: without -dtype the noise image's render is
+    float64, whose float image is the C's to the bit. In float32 the float image differs from the C's in the
+    last bits and a pixel whose draw count changes shifts the serial stream for all that follow
+    (docs/detector.md)."""
     args, _, noise, line = _case(name)
     monkeypatch.chdir(NOISE)
     out = tmp_path / "noise.img"
-    assert main([*args, "-dtype", "float64", "-compile", "off", "-nopgm", "-floatfile", str(tmp_path / "f.bin"),
+    assert main([*args, "-compile", "off", "-nopgm", "-floatfile", str(tmp_path / "f.bin"),
                  "-intfile", str(tmp_path / "i.img"), "-noisefile", str(out)]) == 0
     assert line in capsys.readouterr().out.splitlines()
     assert out.read_bytes() == noise
+
+
+@pytest.mark.parametrize(("extra", "dtype"), [([], "float64"), (["-nonoise"], "float32"),
+                                              (["-noise_generator", "philox"], "float32"),
+                                              (["-dtype", "float32"], "float32")])
+def test_the_default_precision_follows_the_noise_image(extra, dtype):
+    """nanoBragg's noise image needs nanoBragg's float image to the bit: float64 unless -dtype says otherwise;
+    without that noise image the default is float32."""
+    from nbsim.nanobragg import parse
+
+    _, run = parse(["-default_F", "1", "-cell", "50", "50", "50", "90", "90", "90", *extra])
+    assert run.dtype == dtype
 
 
 def test_a_positive_seed_continues_the_table_of_the_earlier_draws():

@@ -45,6 +45,8 @@ class RunOptions:
     nxmxfile: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    """-dtype; without it float64 when the noise image is nanoBragg's (its serial draws follow nanoBragg's float
+    image to the bit, which only a float64 rendering reproduces; docs/detector.md), else float32."""
     compile: Compile = Compile.AUTO
     """AUTO (compile when the kernel is cached or building it pays), ON or OFF."""
     p1_table_file: str | None = None
@@ -83,6 +85,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         notes.append("-pix0_vector selects the custom convention; as in nanoBragg its value is then recomputed "
                      "from the beam centre and pivot")
     config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], state["seed"]))
+    noise_is_nanobraggs = bool(state["calculate_noise"]) and config.response.generator == "nanobragg"
     seed = state["seed"] if state["seed"] is not None else int(time.time())
     run = RunOptions(
         floatfile=state["floatfile"], intfile=state["intfile"],
@@ -91,7 +94,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         intfile_scale=state["intfile_scale"], pgm_scale=state["pgm_scale"], adc=state["adc"], seed=seed,
         printout_pixel=state["printout_pixel"], cbffile=nbsim_options.get("-cbffile"),
         nxmxfile=nbsim_options.get("-nxmxfile"), device=nbsim_options.get("-device", "cpu"),
-        dtype=nbsim_options.get("-dtype", "float32"), compile=Compile.of(nbsim_options.get("-compile", "auto")),
+        dtype=nbsim_options.get("-dtype", "float64" if noise_is_nanobraggs else "float32"),
+        compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run
 

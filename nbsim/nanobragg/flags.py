@@ -141,7 +141,8 @@ _add(OUTPUTS, "-pgmscale", N1, "X", "relative scale of -pgmfile", "auto")
 _add(OUTPUTS, "-nopgm", (), "", "no -pgmfile")
 _add(OUTPUTS, "-printout_pixel", (INT, INT), "F S", "print this pixel's value (fast, slow index)", "none")
 _add(NBSIM, "-device", (WORD,), "cpu|cuda[:N]", "where to render", "cpu")
-_add(NBSIM, "-dtype", (WORD,), "float32|float64", "precision of the rendering", "float32")
+_add(NBSIM, "-dtype", (WORD,), "float32|float64", "precision of the rendering",
+     "float64 when -noisefile is nanoBragg's, else float32")
 _add(NBSIM, "-compile", (WORD,), "auto|on|off", "compiled kernel: when cached or quicker, always, never", "auto")
 _add(NBSIM, "-model", P1, "FILE", "atomic model (PDB or mmCIF): its |F| instead of -hkl", "none")
 _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-mmCIF -hkl",
