@@ -36,9 +36,10 @@ class BenchResult:
     """Timings (seconds) of one simulation, with what is needed to compare and reproduce them."""
 
     cold_s: float
-    warm_median_s: float
-    warm_min_s: float
-    warm_max_s: float
+    warm_median_s: float | None
+    """None with no repeats (a point rendered once, its cold call)."""
+    warm_min_s: float | None
+    warm_max_s: float | None
     warm_times_s: list[float]
     repeats: int
     warmup: int
@@ -80,7 +81,8 @@ def _synchronize(device: torch.device) -> None:
 def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile,
                warmup: int, repeats: int,
                output_dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, BenchResult]:
-    """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too.
+    """Cold call (setup, compile or cache load, first render) then warm renders (none with `repeats` 0);
+    returns the image too.
 
     Warm renders reuse one output buffer, as a caller rendering repeatedly would.
     """
@@ -103,7 +105,8 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
         _synchronize(device)
         times.append(time.perf_counter() - begin)
     result = BenchResult(
-        cold_s=cold, warm_median_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times),
+        cold_s=cold, warm_median_s=statistics.median(times) if times else None,
+        warm_min_s=min(times, default=None), warm_max_s=max(times, default=None),
         warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=dtype_name(dtype),
         compile=compile, mode=renderer.mode.value, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
         peak_rss_mb=peak_rss_mb(),

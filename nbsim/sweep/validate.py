@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import NbsimError, did_you_mean
+from .draws import RANDOM_ORIENTATION, Draw, check_draws
 from .plan import (
     CORE_AXES,
     Point,
@@ -112,7 +113,22 @@ def check_config(config: dict, base: Path) -> None:
             raise NbsimError(f"sweep.extra.{name}: a simulator option cannot be passed to the C reference "
                              "(reference.c_binary); sweep the nanoBragg flag that sets it instead")
         _check_axis(f"sweep.extra.{name}", spec)
-    axes = [*CORE_AXES, *(axis_name(name) for name in extra)]
+    draws = sweep.get("draws")
+    if draws is not None:
+        check_draws(draws, base)
+        for name in draws.get("values") or {}:
+            if name.startswith("-") and name not in FLAGS and name != RANDOM_ORIENTATION:
+                raise NbsimError(f"sweep.draws.values: '{name}' is not a nanoBragg option{did_you_mean(name, FLAGS)}")
+            if not name.startswith("-") and name not in names:
+                raise NbsimError(f"sweep.draws.values: '{name}' is not a simulator option"
+                                 f"{did_you_mean(name, names)}; the options are the fields of nbsim.config's "
+                                 "dataclasses")
+            if not name.startswith("-") and binary:
+                raise NbsimError(f"sweep.draws.values.{name}: a simulator option cannot be passed to the C "
+                                 "reference (reference.c_binary); draw the nanoBragg flag that sets it instead")
+            if name in extra:
+                raise NbsimError(f"sweep.draws.values.{name}: also an axis of sweep.extra; give it one or the other")
+    axes = [*CORE_AXES, *(axis_name(name) for name in extra), *(["draw"] if draws is not None else [])]
     clash = sorted({a for a in axes if axes.count(a) > 1})
     if clash:
         raise NbsimError(f"sweep.extra: the axes {clash} would share one name (a flag's axis drops its dash)")
@@ -158,7 +174,7 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
 def _blame(build: Callable[[Point], None], point: Point, error: NbsimError) -> str:
     """The failing point's error, naming the scenario, the axis value, or the combination at fault."""
     try:
-        build(dataclasses.replace(point, extras=()))
+        build(dataclasses.replace(point, extras=(), draw=None))
     except NbsimError as own:
         return f"scenario '{point.scenario}': {own}"
     for name, value in point.extras:
@@ -167,4 +183,13 @@ def _blame(build: Callable[[Point], None], point: Point, error: NbsimError) -> s
         except NbsimError as alone:
             where = f" in scenario '{point.scenario}'" if name.startswith("-") else ""
             return f"sweep.extra.{name}: value {value!r}{where}: {alone}"
-    return f"sweep.extra: the values {dict(point.extras)} in scenario '{point.scenario}': {error}"
+    drawn = point.draw.values if point.draw else ()
+    for name, value in drawn:
+        try:
+            build(dataclasses.replace(point, extras=(), draw=Draw(point.draw.index, ((name, value),),
+                                                                    point.draw.seeds)))
+        except NbsimError as alone:
+            return (f"sweep.draws.values.{name}: draw {point.draw.index} gave {value!r} in scenario "
+                    f"'{point.scenario}': {alone}")
+    where = f"the values {dict(point.extras)}" + (f" and draw {point.draw.index}" if point.draw else "")
+    return f"sweep.extra: {where} in scenario '{point.scenario}': {error}"

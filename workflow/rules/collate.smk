@@ -1,12 +1,9 @@
 """Tables, the collated store, plots and report entries for each scenario (local rules)."""
 
 
-rule collate:
-    input:
-        records=lambda w: batch_files(w, "records.json"),
-        stores=lambda w: batch_files(w, "images.zarr"),
-        references=reference_records,
-    output:
+def collate_outputs():
+    """Timing tables and the collated store; correlation tables with a reference, labels with draws."""
+    outputs = dict(
         timing_csv=report(
             f"{RESULTS}/{{scenario}}/tables/timing.csv",
             caption="../report/timing.rst",
@@ -14,18 +11,38 @@ rule collate:
             subcategory="tables",
         ),
         timing_md=f"{RESULTS}/{{scenario}}/tables/timing.md",
-        correlation_csv=report(
-            f"{RESULTS}/{{scenario}}/tables/correlation.csv",
-            caption="../report/correlation.rst",
-            category="{scenario}",
-            subcategory="tables",
-        ),
-        correlation_md=f"{RESULTS}/{{scenario}}/tables/correlation.md",
         store=directory(f"{RESULTS}/{{scenario}}/sweep.zarr"),
+    )
+    if REFERENCE:
+        outputs.update(
+            correlation_csv=report(
+                f"{RESULTS}/{{scenario}}/tables/correlation.csv",
+                caption="../report/correlation.rst",
+                category="{scenario}",
+                subcategory="tables",
+            ),
+            correlation_md=f"{RESULTS}/{{scenario}}/tables/correlation.md",
+        )
+    if "draws" in config["sweep"]:
+        outputs.update(labels_csv=f"{RESULTS}/{{scenario}}/tables/labels.csv")
+    return outputs
+
+
+def batch_stores(wildcards):
+    return [str(Path(p).with_name("images.zarr")) for p in batch_files(wildcards, "records.json")]
+
+
+rule collate:
+    input:
+        records=lambda w: batch_files(w, "records.json"),
+        references=reference_records,
+    output:
+        **collate_outputs(),
     log:
         f"{RESULTS}/logs/collate/{{scenario}}.log",
     params:
         axes=AXES,
+        stores=batch_stores,
     localrule: True
     conda:
         "../envs/nbsim.yaml"
@@ -36,7 +53,6 @@ rule collate:
 rule plots:
     input:
         records=lambda w: batch_files(w, "records.json"),
-        stores=lambda w: batch_files(w, "images.zarr"),
         references=reference_records,
     output:
         speedup=report(
@@ -61,6 +77,7 @@ rule plots:
         f"{RESULTS}/logs/plots/{{scenario}}.log",
     params:
         axes=AXES,
+        stores=batch_stores,
     localrule: True
     conda:
         "../envs/nbsim.yaml"
