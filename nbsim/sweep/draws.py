@@ -113,7 +113,8 @@ def check_draws(draws: dict, base: Path) -> None:
                              f"{', '.join(DISTRIBUTIONS)}")
         (name, arguments), = spec.items()
         if name not in DISTRIBUTIONS:
-            raise NbsimError(f"{where}: unknown distribution {name!r}; the distributions are {', '.join(DISTRIBUTIONS)}")
+            raise NbsimError(f"{where}: unknown distribution {name!r}; the distributions are "
+                             f"{', '.join(DISTRIBUTIONS)}")
         if name == "choice":
             if not isinstance(arguments, list) or not arguments:
                 raise NbsimError(f"{where}.choice: expects a non-empty list of values")

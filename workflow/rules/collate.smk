@@ -1,37 +1,6 @@
 """Tables, the collated store, plots and report entries for each scenario (local rules)."""
 
 
-def collate_outputs():
-    """Timing tables and the collated store; correlation tables with a reference, labels with draws."""
-    outputs = dict(
-        timing_csv=report(
-            f"{RESULTS}/{{scenario}}/tables/timing.csv",
-            caption="../report/timing.rst",
-            category="{scenario}",
-            subcategory="tables",
-        ),
-        timing_md=f"{RESULTS}/{{scenario}}/tables/timing.md",
-        store=directory(f"{RESULTS}/{{scenario}}/sweep.zarr"),
-    )
-    if REFERENCE:
-        outputs.update(
-            correlation_csv=report(
-                f"{RESULTS}/{{scenario}}/tables/correlation.csv",
-                caption="../report/correlation.rst",
-                category="{scenario}",
-                subcategory="tables",
-            ),
-            correlation_md=f"{RESULTS}/{{scenario}}/tables/correlation.md",
-        )
-    if "draws" in config["sweep"]:
-        outputs.update(labels_csv=f"{RESULTS}/{{scenario}}/tables/labels.csv")
-    return outputs
-
-
-def batch_stores(wildcards):
-    return [str(Path(p).with_name("images.zarr")) for p in batch_files(wildcards, "records.json")]
-
-
 rule collate:
     input:
         records=lambda w: batch_files(w, "records.json"),

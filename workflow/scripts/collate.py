@@ -16,10 +16,10 @@ from nbsim.sweep.progress import run_logged
 def collate(inputs, outputs, params, scenario) -> None:
     rows = point_rows([Path(p) for p in inputs.records], [Path(p) for p in inputs.references])
     write_tables(rows, params.axes, Path(outputs.timing_csv), Path(outputs.timing_md), TIMING_COLUMNS)
-    if "correlation_csv" in outputs.keys():
+    if hasattr(outputs, "correlation_csv"):  # a Namedlist: `in` would test its values
         write_tables(rows, params.axes, Path(outputs.correlation_csv), Path(outputs.correlation_md),
                      ("reference", *CORRELATION_COLUMNS))
-    if "labels_csv" in outputs.keys():
+    if hasattr(outputs, "labels_csv"):
         write_labels(rows, Path(outputs.labels_csv))
     stores = {Path(p).parent.name: Path(p) for p in params.stores}
     write_collated_store(rows, stores, params.axes, Path(outputs.store), f"collate {scenario}")
