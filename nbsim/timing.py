@@ -28,7 +28,7 @@ from .kernel.cache import KernelLoads
 from .modes import Compile, Mode
 from .nanobragg.flags import absolute_file_arguments
 from .render import Renderer
-from .setup import resolve
+from .setup import Setup, resolve
 
 
 @dataclass
@@ -82,7 +82,23 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
                warmup: int, repeats: int,
                output_dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, BenchResult]:
     """Cold call (setup, compile or cache load, first render) then warm renders (none with `repeats` 0);
-    returns the image too.
+    returns the image too (as `output_dtype` on the CPU)."""
+    timed = timed_render(config, device, dtype, compile, warmup, repeats)
+    return timed.image.detach().to("cpu", output_dtype).numpy(), timed.result
+
+
+@dataclass
+class TimedRender:
+    """`timed_render`'s set-up, image (on its device, in its dtype) and timings."""
+
+    setup: Setup
+    image: torch.Tensor
+    result: BenchResult
+
+
+def timed_render(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile,
+                 warmup: int, repeats: int) -> TimedRender:
+    """`time_nbsim`, keeping the set-up and the image tensor (for a stage after rendering: the detector).
 
     Warm renders reuse one output buffer, as a caller rendering repeatedly would.
     """
@@ -114,7 +130,7 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
-    return image.detach().to("cpu", output_dtype).numpy(), result
+    return TimedRender(setup, image, result)
 
 
 def _inductor_graphs() -> tuple[int, int]:

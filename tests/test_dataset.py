@@ -33,11 +33,19 @@ DRAWS = {"count": 6, "seed": 7, "values": {
     "-lambda": {"normal": [1.0, 0.01]}}}
 
 
-def dataset_config(draws: dict | None = None, size: int = 32, batch_size: int = 4) -> dict:
-    return {"scenarios": {"s": {"args": ARGS}},
-            "sweep": {"sizes": [size], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"],
-                      "batch_size": batch_size, "draws": copy.deepcopy(draws or DRAWS)},
-            "timing": {"warmup": 0, "repeats": 0, "threads": 1}, "reference": False}
+DETECTOR = {"noise": "poisson", "flicker_fraction": 0.05, "calibration_fraction": 0.03, "readout_noise_adu": 2.0,
+            "psf": "gaussian", "psf_fwhm_um": 80.0}
+
+
+def dataset_config(draws: dict | None = None, size: int = 32, batch_size: int = 4,
+                   detector: dict | None = DETECTOR) -> dict:
+    config = {"scenarios": {"s": {"args": ARGS}},
+              "sweep": {"sizes": [size], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"],
+                        "batch_size": batch_size, "draws": copy.deepcopy(draws or DRAWS)},
+              "timing": {"warmup": 0, "repeats": 0, "threads": 1}, "reference": False}
+    if detector is not None:
+        config["sweep"]["detector"] = dict(detector)
+    return config
 
 
 def batch_jobs(config: dict, base: Path) -> list[BatchJob]:
@@ -46,7 +54,8 @@ def batch_jobs(config: dict, base: Path) -> list[BatchJob]:
     return [BatchJob(scenario=scenario, batch=name, points=tuple(plan.point_spec(config, p, base, {})
                                                                 for p in batch.points),
                      dtype="float32", device="cpu", compile=Compile.OFF, warmup=0, repeats=0, threads=1,
-                     compile_cache=str(base / "cache")) for (scenario, name), batch in batches.items()]
+                     compile_cache=str(base / "cache"), detector="detector" in config["sweep"])
+            for (scenario, name), batch in batches.items()]
 
 
 def test_a_draw_depends_on_the_seed_and_its_index_alone():
@@ -113,11 +122,21 @@ def test_bad_draws_fail_with_one_line_naming_the_key(tmp_path, draws, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_points_render_into_the_store_with_labels_and_reproduce_from_their_record(tmp_path):
-    import torch
+@pytest.mark.parametrize("detector, message", [
+    ({"gain_adu_per_photon": -1.0}, "sweep.detector: gain_adu_per_photon must be a finite number not below 0"),
+    ({"psf": "gaussian", "psf_fwhm_um": -5.0}, "sweep.detector: psf_fwhm_um must be a finite number not below 0"),
+    ({"noise": "gauss"}, "sweep.detector.noise: \"gauss\" is not valid here"),
+    ({"gian_adu_per_photon": 2.0}, "'gian_adu_per_photon' is not a detector setting (did you mean"),
+    ({"noise_seed": 3}, "sweep.detector.noise_seed: with sweep.draws every point's seeds derive"),
+])
+def test_bad_detector_settings_fail_with_one_line_naming_the_key(tmp_path, detector, message):
+    with pytest.raises(NbsimError) as error:
+        validate_config(dataset_config(detector=detector), SCHEMA, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
 
-    from nbsim.sweep.jobs import run_batch
-    from nbsim.timing import time_nbsim
+
+def test_points_render_into_the_store_with_labels_and_reproduce_from_their_record(tmp_path):
+    from nbsim.sweep.jobs import render_record, run_batch
 
     job = batch_jobs(dataset_config(), tmp_path)[0]
     record = run_batch(job, tmp_path / "images.zarr", tmp_path / "records.json")
@@ -131,15 +150,21 @@ def test_points_render_into_the_store_with_labels_and_reproduce_from_their_recor
     spec = PointSpec.from_dict(entry)
     assert spec.config.crystal.mosaic_seed == labels["mosaic_seed"]
     assert spec.config.crystal.misset_deg == (labels["misset_x_deg"], labels["misset_y_deg"], labels["misset_z_deg"])
-    image, _ = time_nbsim(spec.config, torch.device("cpu"), torch.float32, Compile.OFF, 0, 0)
+    assert (spec.config.response.noise_seed, spec.config.response.calibration_seed) == \
+        (labels["noise_seed"], labels["calibration_seed"])
+    again = render_record(json.loads(json.dumps(entry)))  # from the record alone
+    image = again["image"]
     assert np.array_equal(image, stored[2]) and image.max() > 0
+    detector = open_store_array(tmp_path / "images.zarr", "detector_image")
+    assert detector.dtype == np.uint16 and np.array_equal(again["detector_image"], detector[2])
+    assert not np.array_equal(detector[2], detector[3]) and detector[2].max() > 40
     assert labels["total_photons"] == pytest.approx(float(image.sum(dtype=np.float64)))
     a_matrix = np.array([labels[f"A_{r}{c}"] for r in range(3) for c in range(3)]).reshape(3, 3)
     assert abs(np.linalg.det(a_matrix)) == pytest.approx(1 / (70 * 80 * 90), rel=0.05)
     # The farthest corner of 32 pixels of 0.1 mm, 60 mm away, from the beam at 1.65 + 0.05 mm (mosflm).
     two_theta = math.atan(math.hypot(1.7e-3, 1.7e-3) / 0.06)
     assert labels["corner_resolution_A"] == pytest.approx(labels["lambda"] / (2 * math.sin(two_theta / 2)), rel=1e-9)
-    assert record["store_files"] <= 12 and record["bytes_per_image"] > 0
+    assert record["store_files"] <= 20 and record["bytes_per_image"] > 0
 
 
 RUN_BATCH = """

@@ -20,7 +20,7 @@ import pandas as pd
 import xarray as xr
 
 from .progress import Progress
-from .store import AtomicStore, open_store_array, read_json
+from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
 
 TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference", "reference_median_s",
                   "speedup", "peak_rss_mb", "threads", "compile_cache", "bytes_per_image", "host", "slurm_job_id")
@@ -58,6 +58,7 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
                                    "reference": reference_kind, "reference_median_s": reference_s}
             row.update({key: timing[key] for key in TIMING_COLUMNS if key in timing})
             row["bytes_per_image"] = record.get("bytes_per_image")
+            row["detector"] = DETECTOR_IMAGE in point.get("images", ())
             row.update({LABEL_PREFIX + key: value for key, value in (point.get("labels") or {}).items()})
             if timing.get("warm_median_s") and reference_s:
                 row["speedup"] = reference_s / timing["warm_median_s"]
@@ -166,33 +167,41 @@ def _write_labels(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Datas
 
 def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Dataset, axes: list[str],
                  stores: dict[str, Path], label: str) -> list:
-    """Each size's images as `image_n<size>`, sharded along the last axis and written one shard at a time
-    (each shard file written once), reading one image at a time from the batch stores; returns the arrays."""
+    """Each size's images as `image_n<size>` (float32; with a detector stage also `detector_image_n<size>`,
+    16-bit ADU), sharded along the last axis and written one shard at a time (each shard file written once),
+    reading one image at a time from the batch stores; returns the arrays."""
     other_axes = tuple(a for a in axes if a != "size")
     indexes = {axis: grid.indexes[axis] for axis in other_axes}
     ok = [row for row in rows if row["status"] == "ok"]
-    progress = Progress(len(ok), label)
+    kinds = {"image": np.float32, **({DETECTOR_IMAGE: np.uint16} if any(row.get("detector") for row in ok) else {})}
+    progress = Progress(len(ok) * len(kinds), label)
     targets = []
     for size in grid["size"].values.tolist():
         image_shape = (*(grid.sizes[a] for a in other_axes), size, size)
-        target = store.image_variable(f"image_n{size}", (*other_axes, f"slow_n{size}", f"fast_n{size}"),
-                                      image_shape, np.float32, shard_axis=len(other_axes) - 1)
-        per_shard = target.shards[len(other_axes) - 1]
-        blocks: dict[tuple, list[tuple[tuple[int, ...], dict]]] = {}
-        for row in ok:
-            if row["size"] == size:
-                where = tuple(indexes[axis].get_loc(row[axis]) for axis in other_axes)
-                blocks.setdefault((*where[:-1], where[-1] // per_shard), []).append((where, row))
-        arrays: dict[str, Any] = {}
-        for (*outer, block), members in blocks.items():
-            first = block * per_shard
-            stop = min(first + per_shard, image_shape[len(other_axes) - 1])
-            data = np.full((stop - first, size, size), np.nan, dtype=np.float32)
-            for where, row in members:
-                if row["batch"] not in arrays:
-                    arrays[row["batch"]] = open_store_array(stores[row["batch"]], "image")
-                data[where[-1] - first] = arrays[row["batch"]][row["index"]]
-                progress.advance()
-            target[(*outer, slice(first, stop))] = data
-        targets.append(target)
+        for kind, dtype in kinds.items():
+            target = store.image_variable(f"{kind}_n{size}", (*other_axes, f"slow_n{size}", f"fast_n{size}"),
+                                          image_shape, dtype, shard_axis=len(other_axes) - 1)
+            _copy_kind(target, [row for row in ok if row["size"] == size], kind, other_axes, indexes, stores,
+                       progress)
+            targets.append(target)
     return targets
+
+
+def _copy_kind(target, rows: list[dict[str, Any]], kind: str, other_axes: tuple[str, ...], indexes: dict,
+               stores: dict[str, Path], progress: Progress) -> None:
+    per_shard = target.shards[len(other_axes) - 1]
+    blocks: dict[tuple, list[tuple[tuple[int, ...], dict]]] = {}
+    for row in rows:
+        where = tuple(indexes[axis].get_loc(row[axis]) for axis in other_axes)
+        blocks.setdefault((*where[:-1], where[-1] // per_shard), []).append((where, row))
+    arrays: dict[str, Any] = {}
+    for (*outer, block), members in blocks.items():
+        first = block * per_shard
+        stop = min(first + per_shard, target.shape[len(other_axes) - 1])
+        data = np.full((stop - first, *target.shape[-2:]), target.fill_value, dtype=target.dtype)
+        for where, row in members:
+            if row["batch"] not in arrays:
+                arrays[row["batch"]] = open_store_array(stores[row["batch"]], kind)
+            data[where[-1] - first] = arrays[row["batch"]][row["index"]]
+            progress.advance()
+        target[(*outer, slice(first, stop))] = data

@@ -20,16 +20,23 @@ import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import NbsimError
 from ..io.structure_files import table_provenance
+from ..modes import Compile
 from .plan import KernelJob
 from .progress import Progress
 from .spec import BatchJob
-from .store import BatchStore, job_digest, open_store_array, write_json
+from .store import DETECTOR_IMAGE, BatchStore, job_digest, open_store_array, write_json
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import SimulationConfig
+    from ..timing import BenchResult
 
 IMAGE_DIMENSIONS = ("point", "slow", "fast")
 log = logging.getLogger(__name__)
@@ -110,9 +117,10 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
         "scenario": job.scenario, "batch": job.batch, "kind": "reference" if job.is_reference else "points",
         "dtype": job.dtype, "device": job.device, "compile": job.compile, "warmup": job.warmup,
         "repeats": job.repeats, "threads": job.threads, "process_startup_s": startup_s, **_job_identity()}
-    image_dtype = np.float64 if job.is_reference and not job.c_binary else np.float32
+    images = {"image": np.float64 if job.is_reference and not job.c_binary else np.float32,
+              **({DETECTOR_IMAGE: np.uint16} if job.detector else {})}
     output = BatchStore(store, job_digest(job.to_dict()), [p.name for p in job.points], job.points[0].size,
-                        {"image": image_dtype}, {"scenario": job.scenario, "batch": job.batch})
+                        images, {"scenario": job.scenario, "batch": job.batch})
     entries = output.entries()
     done = sum(entry is not None for entry in entries)
     log.info("%s %s: %d points, %s .. %s; %d already in its store; process start-up %.2f s", job.scenario,
@@ -141,7 +149,7 @@ def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
     """Render the points without an entry, writing each (images, then entry) as it finishes."""
     from ..devices import resolve_device, resolve_dtype
     from ..timing import time_nbsim
-    from .labels import image_statistics, rendered_labels
+    from .labels import rendered_labels
 
     try:
         device = resolve_device(job.device)
@@ -169,21 +177,58 @@ def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
             loads[kernel] = {"kernel": kernel, "point": point.name, "load_s": load.cold_s,
                              "cache": load.compile_cache}
         begin = time.perf_counter()
-        image, result = time_nbsim(point.config, device, dtype, job.compile, job.warmup, job.repeats,
-                                   output_dtype=output_dtype)
+        images, result, statistics_ = point_images(point.config, device, dtype, job.compile, job.warmup,
+                                                   job.repeats, output_dtype, job.detector)
         timed_s = time.perf_counter() - begin
         result.compile_cache = loads[kernel]["cache"]
         entry = {**point.to_dict(), "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
-                 "device_name": result.gpu or result.cpu,
+                 "device_name": result.gpu or result.cpu, "images": sorted(images),
                  "structure_factors": table_provenance(point.config.structure),
-                 "labels": {**point.labels, **rendered_labels(point.config), **image_statistics(image)}}
+                 "labels": {**point.labels, **rendered_labels(point.config), **statistics_}}
         if reference is not None:
             names, stored = reference
-            entry["comparison"] = compare_images(image, stored[names[point.reference]])
-        output.write(index, {"image": image}, entry)
+            entry["comparison"] = compare_images(images["image"], stored[names[point.reference]])
+        output.write(index, images, entry)
         entries[index] = entry
         progress.advance()
     return list(loads.values())
+
+
+def point_images(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile, warmup: int,
+                 repeats: int, output_dtype: torch.dtype,
+                 detector: bool) -> tuple[dict[str, np.ndarray], BenchResult, dict[str, float]]:
+    """One point's images, timed: `image` (the noise-free photons, `output_dtype`) and, with `detector`, the
+    detector stage's `detector_image` (16-bit ADU, from the image as rendered, on its device and dtype);
+    with their statistics (nbsim.sweep.labels.image_statistics; overloads counted by the detector stage)."""
+    from ..detector import detector_image, layout_of
+    from ..timing import timed_render
+    from .labels import image_statistics
+
+    timed = timed_render(config, device, dtype, compile, warmup, repeats)
+    image = timed.image.detach().to("cpu", output_dtype).numpy()
+    images = {"image": image}
+    statistics_ = image_statistics(image)
+    if detector:
+        read_out = detector_image(timed.image, timed.setup.config.response, layout_of(timed.setup))
+        images[DETECTOR_IMAGE] = read_out.adu.cpu().numpy().astype(np.uint16)
+        statistics_.update(overloads=read_out.overloads, detector_photons=read_out.total_photons)
+    return images, timed.result, statistics_
+
+
+def render_record(entry: dict, device: str | None = None) -> dict[str, np.ndarray]:
+    """A point's images again from its entry in records.json alone (its configuration, seeds included, and
+    its dtype, compile setting and images): bit for bit the stored ones on the same device and dtype."""
+    from ..devices import resolve_device, resolve_dtype
+    from .spec import PointSpec
+
+    spec = PointSpec.from_dict(entry)
+    timing = entry["timing"]
+    import torch
+
+    images, _, _ = point_images(spec.config, resolve_device(device or timing["device"]),
+                                resolve_dtype(timing["dtype"]), Compile.of(timing["compile"]), 0, 0,
+                                torch.float32, DETECTOR_IMAGE in entry.get("images", ()))
+    return images
 
 
 def _reference_images(store: Path) -> tuple[dict[str, int], Any]:

@@ -251,10 +251,31 @@ def point_argv(config: dict, point: Point, base: Path) -> tuple[str, ...]:
 
 
 def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
-    """What a point renders: its nanoBragg arguments parsed, then its option axes applied, each checked
-    against the option's type. The one construction planning and validation share; NbsimError for a value
-    that does not build."""
-    return _configured(point_argv(config, point, base), point.options)
+    """What a point renders: its nanoBragg arguments parsed, then its detector settings and option axes
+    applied, each checked against the option's type. The one construction planning and validation share;
+    NbsimError for a value that does not build."""
+    return _configured(point_argv(config, point, base), (*detector_settings(config, point), *point.options))
+
+
+DEFAULT_NOISE_SEED = 1
+"""A sweep's noise seed without draws and without `sweep.detector.noise_seed`."""
+
+
+def detector_settings(config: dict, point: Point) -> tuple[tuple[str, Any], ...]:
+    """The `sweep.detector` block as `DetectorResponseConfig` options: its keys (field names) as given, `noise:
+    poisson` / `none` as `poisson`, the counter-based `philox` generator unless another is named, and with a
+    draw, its noise and calibration seeds; () without the block (no detector stage)."""
+    block = config["sweep"].get("detector")
+    if block is None:
+        return ()
+    settings = {"generator": "philox", "noise_seed": DEFAULT_NOISE_SEED,
+                **{k: v for k, v in block.items() if k != "noise"}}
+    if "noise" in block:
+        settings["poisson"] = block["noise"] == "poisson"
+    if point.draw:
+        seeds = dict(point.draw.seeds)
+        settings.update(noise_seed=seeds["noise"], calibration_seed=seeds["calibration"])
+    return tuple(sorted(settings.items()))
 
 
 def _configured(argv: tuple[str, ...], options: tuple[tuple[str, Any], ...]) -> SimulationConfig:
@@ -306,7 +327,8 @@ def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Poi
     kernel_point = nbsim_reference_point(point) if as_reference else point
     argv = point_argv(config, point, base)
     return PointSpec(name=point.reference_name if as_reference else point.name, reference=point.reference_name,
-                     size=point.size, axes=point.axis_values, config=_configured(argv, point.options),
+                     size=point.size, axes=point.axis_values,
+                     config=_configured(argv, (*detector_settings(config, point), *point.options)),
                      argv=argv, kernel=kernel_of_point.get(kernel_point), labels=drawn_labels(point.draw))
 
 

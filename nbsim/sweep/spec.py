@@ -179,6 +179,8 @@ class BatchJob:
     on_unavailable_device: str = "fail"
     is_reference: bool = False
     """A reference batch: float64 nbsim images (or the C binary's), compared with nothing."""
+    detector: bool = False
+    """Keep each point's detector image (the detector stage under its `config.response`) beside its image."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclass_to_dict(self)

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+DETECTOR_IMAGE = "detector_image"
+"""The detector stage's image (16-bit ADU) beside the noise-free `image`, with a `sweep.detector` block."""
 SHARD_BYTES = 64 * 2**20
 """The most uncompressed bytes of one shard (one file)."""
 SHARDS_PER_BATCH = 4
@@ -187,8 +189,10 @@ class AtomicStore:
 
     def image_variable(self, name: str, dimensions: tuple[str, ...], shape: tuple[int, ...], dtype: Any,
                        shard_axis: int):
-        """An image array (NaN-filled), one image per chunk, sharded along `shard_axis`, compressed."""
-        return _create_image_array(self.group, name, dimensions, shape, dtype, np.nan, shard_axis)
+        """An image array (NaN-filled floats, 0-filled integers), one image per chunk, sharded along
+        `shard_axis`, compressed."""
+        fill = np.nan if np.dtype(dtype).kind == "f" else 0
+        return _create_image_array(self.group, name, dimensions, shape, dtype, fill, shard_axis)
 
     def variable(self, name: str, dimensions: tuple[str, ...], shape: tuple[int, ...], dtype: Any,
                  chunks: tuple[int, ...] | None = None, data: np.ndarray | None = None):

@@ -18,6 +18,7 @@ from .plan import (
     axis_name,
     axis_values,
     c_binary_path,
+    check_option_value,
     nbsim_reference_point,
     point_config,
     sweep_points,
@@ -128,6 +129,8 @@ def check_config(config: dict, base: Path) -> None:
                                  "reference (reference.c_binary); draw the nanoBragg flag that sets it instead")
             if name in extra:
                 raise NbsimError(f"sweep.draws.values.{name}: also an axis of sweep.extra; give it one or the other")
+    if sweep.get("detector") is not None:
+        _check_detector(sweep["detector"], draws is not None)
     axes = [*CORE_AXES, *(axis_name(name) for name in extra), *(["draw"] if draws is not None else [])]
     clash = sorted({a for a in axes if axes.count(a) > 1})
     if clash:
@@ -142,10 +145,39 @@ def check_config(config: dict, base: Path) -> None:
     check_points(config, points, base)
 
 
+def _check_detector(block: dict, drawn: bool) -> None:
+    """`sweep.detector`: DetectorResponseConfig's fields (plus `noise: poisson | none`), checked by the
+    detector stage's own `check_response`; with draws, the noise and calibration seeds are the draws'."""
+    from ..config import DetectorResponseConfig, check_response
+
+    fields = {f.name for f in dataclasses.fields(DetectorResponseConfig)}
+    for key, value in block.items():
+        if key == "noise":
+            if value not in ("poisson", "none"):
+                raise NbsimError(f"sweep.detector.noise: expects poisson or none, got {value!r}")
+            continue
+        if key not in fields:
+            raise NbsimError(f"sweep.detector: '{key}' is not a detector setting{did_you_mean(key, fields)}; the "
+                             "settings are the fields of nbsim.config.DetectorResponseConfig")
+        if drawn and key in ("noise_seed", "calibration_seed"):
+            raise NbsimError(f"sweep.detector.{key}: with sweep.draws every point's seeds derive from the draws' "
+                             "seed and the point's index")
+        try:
+            check_option_value(key, value)
+        except NbsimError as error:
+            raise NbsimError(f"sweep.detector.{key}: {error}") from None
+    settings = {k: v for k, v in block.items() if k != "noise"}
+    try:
+        check_response(DetectorResponseConfig(**settings))
+    except NbsimError as error:
+        raise NbsimError(f"sweep.detector: {error}") from None
+
+
 def check_points(config: dict, points: list[Point], base: Path) -> None:
     """Build every distinct point as planning builds it (`plan.point_config`) and read each input file its
     configuration names, once, strictly. A point that fails is built again from its scenario alone, then
     with each of its axis values alone, to name the key at fault."""
+    from ..config import check_response
     from ..io.inputs import input_file_paths, read_input_file
     from ..io.structure_files import hkl_format
 
@@ -154,6 +186,7 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
 
     def build(point: Point) -> None:
         simulation = point_config(config, point, base)
+        check_response(simulation.response)
         hkl_file = simulation.structure.hkl_file
         if c_reference and (simulation.structure.model_file or (hkl_file and hkl_format(hkl_file) != "text")):
             raise NbsimError("reference.c_binary: nanoBragg reads only h k l F text tables, not an MTZ, mmCIF or "

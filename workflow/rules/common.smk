@@ -64,7 +64,7 @@ def batch_job(wildcards):
     specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT) for p in batch.points)
     return BatchJob(scenario=batch.scenario, batch=batch.name, points=specs, dtype=first.dtype, device=first.device,
                     compile=first.compile, on_unavailable_device=config["sweep"]["on_unavailable_device"],
-                    **timing_params()).to_dict()
+                    detector="detector" in config["sweep"], **timing_params()).to_dict()
 
 
 def reference_job(wildcards):
