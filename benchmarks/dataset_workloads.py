@@ -124,7 +124,7 @@ def _completed_shots(results: Path) -> int:
 
     done = 0
     for store in results.glob("*/batches/*/images.zarr"):
-        if (store / "entry" / "zarr.json").is_file():
+        if (store / "done" / "zarr.json").is_file():
             try:
                 done += int(completed_points(store).sum())
             except (OSError, ValueError, KeyError):  # a store being created this instant

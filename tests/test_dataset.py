@@ -205,7 +205,7 @@ def test_a_batch_killed_mid_way_resumes_with_only_the_missing_points(tmp_path):
     done = 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
-        if (store / "entry" / "zarr.json").is_file():
+        if (store / "done" / "zarr.json").is_file():
             done = int(completed_points(store).sum())
             if done >= 3:
                 break
