@@ -145,6 +145,8 @@ def run_dataset_resume(quick: bool, folder: Path) -> dict:
     while process.poll() is None and done < total * RESUME_KILL_FRACTION:
         time.sleep(0.5)
         done = _completed_shots(work / "results")
+    if process.poll() is not None:
+        return {"error": f"the run ended (status {process.returncode}) before a third of the shots were stored"}
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     killed_at_s = time.perf_counter() - begin

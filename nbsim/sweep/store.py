@@ -72,7 +72,7 @@ def open_store_array(path: Path, name: str):
     """One array of a store, for reading point by point without xarray's overhead."""
     import zarr
 
-    return zarr.open_group(str(path), mode="r")[name]
+    return zarr.open_array(str(Path(path) / name), mode="r")
 
 
 def coordinate_values(values: list) -> np.ndarray:
