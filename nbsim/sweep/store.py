@@ -122,7 +122,10 @@ class BatchStore:
         self.images = dict(images)
         try:
             group = zarr.open_group(str(self.path), mode="r+")
-            if group.attrs.get("job") != digest or {*self.images, "done"} - set(group.array_keys()):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=f"Object at {ENTRY_LOG} is not recognized")
+                members = set(group.array_keys())
+            if group.attrs.get("job") != digest or {*self.images, "done"} - members:
                 raise ValueError("another job's store")
         except (FileNotFoundError, ValueError, KeyError, zarr.errors.GroupNotFoundError):
             group = self._create(digest, points, size, attributes)
