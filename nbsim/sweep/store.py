@@ -11,9 +11,10 @@ Two ways of writing:
   path and renamed into place when complete; a job killed mid-write leaves only a `.partial-*` folder that
   nothing reads (the next write of the same store removes it).
 * `BatchStore` (a batch's images): created once for its job (the job's digest in its attributes) and filled
-  image by image. Each point's images are written first, then its entry (its record, one JSON line) is
-  appended to `entries.jsonl`, then the point is marked in the `done` array (one byte per point): the
-  completion marker, and readers take only points marked done. zarr writes every file (a shard, the
+  point by point: finished points are written at least every FLUSH_S seconds (and whenever they fill a
+  shard), their images first, then their entries (records, one JSON line each) appended to
+  `entries.jsonl`, then their marks in the `done` array (one byte per point): the completion marker, and
+  readers take only points marked done. zarr writes every file (a shard, the
   `done` chunk) to a temporary name and renames it, so a kill (SIGKILL, a SLURM wall time) leaves each
   file either old or new, never torn; a torn last line of the log is cut off when the store is reopened,
   and an entry whose point is not marked done is ignored. The rerun of the same job reopens the store and
@@ -26,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +41,9 @@ ENTRY_LOG = "entries.jsonl"
 """A batch store's append-only log of its points' entries (records), one JSON line each."""
 SHARD_BYTES = 16 * 2**20
 """The most uncompressed bytes of one shard (one file)."""
+FLUSH_S = 1.0
+"""A batch store writes its finished points at least this often (seconds): a kill loses at most the
+points of the last second, while a shard file is rewritten once per flush rather than once per point."""
 BATCH_SHARD_IMAGES = 20
 """Images per shard of a batch store. A point written into a shard rewrites that shard's file (zarr writes
 whole files), so a batch's shards are kept small: 5 files per 100 images and image kind. A collated store,
@@ -132,6 +137,8 @@ class BatchStore:
         self.group = group
         self._done = group["done"]
         self._arrays = {name: group[name] for name in self.images}
+        self._pending: list[tuple[int, dict[str, np.ndarray], str]] = []
+        self._flushed = time.monotonic()
         self._log = self.path / ENTRY_LOG
         self._cut_torn_line()
 
@@ -172,17 +179,39 @@ class BatchStore:
         return entries
 
     def write(self, index: int, images: dict[str, np.ndarray], entry: dict) -> None:
-        """A finished point: its images, its entry (appended to the log), then its done mark."""
-        for name, image in images.items():
-            self._arrays[name][index] = image
+        """A finished point, kept until the next flush: at most FLUSH_S after the last one, or when the
+        points waiting fill a shard (a shard file is rewritten once per flush, not once per point)."""
+        self._pending.append((index, images, json.dumps(json_safe({**entry, "index": index}), sort_keys=True)))
+        if len(self._pending) >= BATCH_SHARD_IMAGES or time.monotonic() - self._flushed >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """The waiting points: their images (each run of consecutive points in one write per shard), their
+        entries appended to the log, then their done marks."""
+        pending, self._pending = self._pending, []
+        self._flushed = time.monotonic()
+        if not pending:
+            return
+        runs: list[list[tuple[int, dict[str, np.ndarray], str]]] = []
+        for item in pending:
+            if runs and item[0] == runs[-1][-1][0] + 1:
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        for run in runs:
+            for name in run[0][1]:
+                self._arrays[name][run[0][0]:run[-1][0] + 1] = np.stack([images[name] for _, images, _ in run])
         with open(self._log, "a") as stream:
-            stream.write(json.dumps(json_safe({**entry, "index": index}), sort_keys=True) + "\n")
-        self._done[index] = 1
+            stream.write("".join(line + "\n" for _, _, line in pending))
+        done = self._done[...]
+        done[[index for index, _, _ in pending]] = 1
+        self._done[...] = done
 
     def finish(self, attributes: dict[str, Any]) -> None:
-        """The batch's attributes, and its metadata consolidated (once every point is complete)."""
+        """The last points flushed, the batch's attributes, and its metadata consolidated."""
         import zarr
 
+        self.flush()
         self.group.attrs.update(json_safe(attributes))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Consolidated metadata")
