@@ -268,8 +268,12 @@ def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
     """What a point renders: its nanoBragg arguments parsed, then its detector settings and option axes
     applied, each checked against the option's type. The one construction planning and validation share;
     NbsimError for a value that does not build."""
-    return _configured(point_argv(config, point, base, draw_arguments=False),
-                       (*detector_settings(config, point), *point.options), point.draw_settings)
+    detector = detector_settings(config, point)
+    # Without a detector stage no noise is drawn: the clock-based seed a parse without -seed takes would only
+    # make the point's parameters differ from run to run.
+    unused = () if detector else (("noise_seed", None),)
+    return _configured(point_argv(config, point, base, draw_arguments=False), (*detector, *point.options),
+                       (*point.draw_settings, *unused))
 
 
 DEFAULT_NOISE_SEED = 1
