@@ -266,3 +266,18 @@ def test_a_collated_dataset_reads_as_labels_and_images(tmp_path):
     assert math.isfinite(float(dataset["total_photons"].sum()))
     with pytest.raises(NbsimError, match="no label"):
         SweepImages(tmp_path / "sweep.zarr", labels=("nothing",))
+
+
+def test_a_batch_store_of_100_images_is_at_most_20_files(tmp_path):
+    from nbsim.sweep.store import BatchStore
+
+    store = BatchStore(tmp_path / "images.zarr", "job", [f"p{i}" for i in range(100)], 16,
+                       {"image": np.float32, "detector_image": np.uint16}, {})
+    for index in range(100):
+        store.write(index, {"image": np.full((16, 16), index, np.float32),
+                            "detector_image": np.full((16, 16), index, np.uint16)}, {"n": index})
+    store.finish({})
+    assert len([p for p in (tmp_path / "images.zarr").rglob("*") if p.is_file()]) <= 20
+    assert completed_points(tmp_path / "images.zarr").all()
+    assert [entry["n"] for entry in store.entries()] == list(range(100))
+    assert open_store_array(tmp_path / "images.zarr", "detector_image")[57].max() == 57
