@@ -281,3 +281,17 @@ def test_a_batch_store_of_100_images_is_at_most_20_files(tmp_path):
     assert completed_points(tmp_path / "images.zarr").all()
     assert [entry["n"] for entry in store.entries()] == list(range(100))
     assert open_store_array(tmp_path / "images.zarr", "detector_image")[57].max() == 57
+
+
+def test_a_choice_of_files_draws_each_file(tmp_path):
+    for name, f in (("a.hkl", 10), ("b.hkl", 20)):
+        (tmp_path / name).write_text("".join(f"{h} {k} {l} {f}\n" for h in range(-2, 3) for k in range(-2, 3)
+                                             for l in range(-2, 3)))
+    config = dataset_config({"count": 12, "seed": 3, "values": {"-hkl": {"choice": ["a.hkl", "b.hkl"]}}},
+                            detector=None)
+    config["scenarios"]["s"]["args"] = "-cell 30 30 30 90 90 90 -N 3 -oversample 1 -distance 60"
+    validate_config(config, SCHEMA, tmp_path)
+    specs = [plan.point_spec(config, p, tmp_path, {}) for p in plan.sweep_points(config)]
+    files = [spec.config.structure.hkl_file for spec in specs]
+    assert set(files) == {str(tmp_path / "a.hkl"), str(tmp_path / "b.hkl")}
+    assert [spec.labels["hkl"] for spec in specs] == [Path(f).name for f in files]
