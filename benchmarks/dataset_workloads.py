@@ -155,6 +155,7 @@ def run_dataset_resume(quick: bool, folder: Path) -> dict:
     process.wait()
     killed_at_s = time.perf_counter() - begin
     stored = _completed_shots(work / "results")
+    finished = {p.parent.name for p in (work / "results").glob("*/batches/*/records.json")}
     # Snakemake's lock outlives a SIGKILL, as after a wall time: unlock, then run again.
     subprocess.run([*_command(work, path), "--unlock"], capture_output=True, text=True, env=_environment())
     begin = time.perf_counter()
@@ -164,8 +165,12 @@ def run_dataset_resume(quick: bool, folder: Path) -> dict:
         return {"error": (completed.stderr.strip().splitlines() or ["snakemake rerun failed"])[-1]}
     result = _outcome(work, config, rerun_s)
     labels = result.pop("labels")
+    records = [json.loads(p.read_text()) for p in (work / "results").glob("*/batches/*/records.json")
+               if p.parent.name not in finished]  # the batches the rerun ran (the others finished before the kill)
+    rerun_rendered = sum(r["rendered"] for r in records)
     result.update(killed_at_s=killed_at_s, stored_before_rerun=stored, total_shots=total,
-                  rerun_renders_only_missing=result["rendered"] == total - stored,
+                  batches_finished_before_kill=len(finished), rerun_rendered=rerun_rendered,
+                  rerun_renders_only_missing=rerun_rendered == total - stored,
                   labels_equal_uninterrupted=labels == _LAST_LABELS["dataset"] if "dataset" in _LAST_LABELS else None)
     return {"command": ["snakemake", "--configfile", str(DATASET_CONFIG), "(SIGKILL), then again"], "result": result}
 
@@ -205,7 +210,7 @@ def dataset_rows(name: str, record: dict) -> str:
             f"{r['collated_bytes_per_shot'] / 1024:.1f} KiB/shot collated; load {r['load_average_1min']:.1f}")
     if name == "dataset_resume":
         text += (f"; killed at {r['killed_at_s']:.0f} s with {r['stored_before_rerun']} shots stored, rerun rendered "
-                 f"{r['rendered']} (only the missing: {r['rerun_renders_only_missing']}), labels equal: "
+                 f"{r['rerun_rendered']} (only the missing: {r['rerun_renders_only_missing']}), labels equal: "
                  f"{r['labels_equal_uninterrupted']}")
     if name == "dataset_1024":
         text += f"; {r['render_shots_per_s']:.2f} shots/s rendering (2 jobs)"
