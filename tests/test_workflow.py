@@ -340,7 +340,7 @@ def test_shipped_configs_are_valid(path, tmp_path):
         stand_in.chmod(0o755)
         config["reference"]["c_binary"] = str(stand_in)
     validate_config(config, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", path.parent)
-    extra_points = 1
+    extra_points = (config["sweep"].get("draws") or {}).get("count", 1)
     for values in config["sweep"]["extra"].values():
         extra_points *= len(axis_values(values))
     axes = config["sweep"]
