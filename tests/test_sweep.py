@@ -137,9 +137,9 @@ def test_batches_follow_the_value_order_and_pair_with_their_references():
 
 
 def test_collation_holds_one_shard_at_a_time(tmp_path):
-    """Collating 160 points of 256 x 256 (42 MB of images) never holds more than one shard of images (a
-    64 of the 160 here: nbsim.sweep.store.SHARD_BYTES), its encoded copy and the small per-point
-    tables, and every point lands at its own coordinate."""
+    """Collating 160 points of 256 x 256 (42 MB of images) never holds more than one shard of images (64 of
+    the 160 here: nbsim.sweep.store.SHARD_BYTES), the same images as read from a batch store, the shard's
+    encoded copy and the small per-point tables, and every point lands at its own coordinate."""
     size, batches, per_batch = 256, 4, 40
     records, stores = write_synthetic_batches(tmp_path, batches, per_batch, size, "phi")
     rows = point_rows(records, [])
@@ -152,7 +152,7 @@ def test_collation_holds_one_shard_at_a_time(tmp_path):
     image_bytes = size * size * 4
     shard_bytes = images_per_shard(batches * per_batch, image_bytes) * image_bytes
     assert shard_bytes <= SHARD_BYTES and shard_bytes < batches * per_batch * image_bytes / 2
-    assert peak - baseline < 2 * shard_bytes + 8 * image_bytes, f"collation peaked at {(peak - baseline) / 1e6:.1f} MB"
+    assert peak - baseline < 3 * shard_bytes + 8 * image_bytes, f"collation peaked at {(peak - baseline) / 1e6:.1f} MB"
     dataset = read_store(tmp_path / "sweep.zarr")
     series = dataset["image_n256"].squeeze()
     assert series.dims == ("phi", "slow_n256", "fast_n256") and series.shape[0] == batches * per_batch

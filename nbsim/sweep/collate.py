@@ -4,7 +4,9 @@ The collated store has one dimension per sweep axis (size, dtype, device, compil
 by name, `phi` for `-phi`), every metric as a variable over them, and the images of each detector size
 as `image_n<size>` over the other axes plus `slow_n<size>`, `fast_n<size>`, one chunk per point: a
 rotation series reads as one (phi, slow, fast) array after `.squeeze()`, and `.sel(...)` of one point
-reads one chunk. It is built point by point, so memory holds one image at a time however large the sweep.
+reads one chunk. Images are copied one shard at a time (nbsim.sweep.store.SHARD_BYTES, 16 MiB), so memory
+holds about one shard of images however large the sweep. With draws, labels (nbsim.sweep.labels) are
+coordinates along `draw`.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
                          label: str = "collate") -> None:
     """The collated store (see the module's docstring); `stores` maps a batch name to its store. The rows
     are gridded over the axes by pandas and xarray (a DataFrame indexed by the axes, as a Dataset: sorted
-    coordinates, NaN where no point is); the images are then copied one point at a time."""
+    coordinates, NaN where no point is); the images are then copied one shard at a time."""
     grid = xr.Dataset.from_dataframe(pd.DataFrame(rows).set_index(axes))
     attributes = {"description": "nbsim sweep: one entry per point; images per detector size", "axes": axes}
     with AtomicStore(output, attributes) as store:
@@ -169,7 +171,7 @@ def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Datase
                  stores: dict[str, Path], label: str) -> list:
     """Each size's images as `image_n<size>` (float32; with a detector stage also `detector_image_n<size>`,
     16-bit ADU), sharded along the last axis and written one shard at a time (each shard file written once),
-    reading one image at a time from the batch stores; returns the arrays."""
+    each shard's images read from a batch store in one read; returns the arrays."""
     other_axes = tuple(a for a in axes if a != "size")
     indexes = {axis: grid.indexes[axis] for axis in other_axes}
     ok = [row for row in rows if row["status"] == "ok"]
@@ -199,9 +201,15 @@ def _copy_kind(target, rows: list[dict[str, Any]], kind: str, other_axes: tuple[
         first = block * per_shard
         stop = min(first + per_shard, target.shape[len(other_axes) - 1])
         data = np.full((stop - first, *target.shape[-2:]), target.fill_value, dtype=target.dtype)
+        by_batch: dict[str, list[tuple[tuple[int, ...], dict]]] = {}
         for where, row in members:
-            if row["batch"] not in arrays:
-                arrays[row["batch"]] = open_store_array(stores[row["batch"]], kind)
-            data[where[-1] - first] = arrays[row["batch"]][row["index"]]
-            progress.advance()
+            by_batch.setdefault(row["batch"], []).append((where, row))
+        for batch, placed in by_batch.items():
+            if batch not in arrays:
+                arrays[batch] = open_store_array(stores[batch], kind)
+            low, high = min(r["index"] for _, r in placed), max(r["index"] for _, r in placed)
+            read = arrays[batch][low:high + 1]  # one read of the batch's images in this block
+            for where, row in placed:
+                data[where[-1] - first] = read[row["index"] - low]
+                progress.advance()
         target[(*outer, slice(first, stop))] = data
