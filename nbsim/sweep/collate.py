@@ -1,13 +1,15 @@
 """Collate a scenario's batches: timing and correlation tables and one xarray-readable store.
 
 The collated store has one dimension per sweep axis (size, dtype, device, compile, then each extra axis
-by name, `phi` for `-phi`) and every variable spans them all: each metric, and `image` over the axes plus
-`slow` and `fast`, one chunk per point. Images smaller than the sweep's largest size fill the first
-rows and columns of theirs, the rest NaN. `slow` and `fast` are pixel indices; `slow_mm` and `fast_mm`
-the pixel centres' distances from the detector's first corner along them, in mm, when every point has
-the same pixel size (`pixel_mm`, a variable over the axes, says each point's). A rotation series reads
-as one (phi, slow, fast) array after `.squeeze()`, and `.sel(...)` of one point reads one chunk. It is
-built point by point, so memory holds one image at a time however large the sweep.
+by name, `phi` for `-phi`, `draw` for draws) and every variable spans them all: each metric, and `image`
+(with a detector stage also `detector_image`) over the axes plus `slow` and `fast`, one chunk per point.
+Images smaller than the sweep's largest size fill the first rows and columns of theirs, the rest NaN (0 in
+`detector_image`). `slow` and `fast` are pixel indices; `slow_mm` and `fast_mm` the pixel centres'
+distances from the detector's first corner along them, in mm, when every point has the same pixel size
+(`pixel_mm`, a variable over the axes, says each point's). A rotation series reads as one (phi, slow, fast)
+array after `.squeeze()`, and `.sel(...)` of one point reads one chunk. Images are copied one shard at a
+time (nbsim.sweep.store.SHARD_BYTES, 16 MiB), so memory holds about one shard of images however large the
+sweep. With draws, labels (nbsim.sweep.labels) are coordinates along `draw`.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import pandas as pd
 import xarray as xr
 
 from .progress import Progress
-from .store import AtomicStore, open_store_array, read_json
+from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
 
 TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference", "reference_median_s",
-                  "speedup", "peak_rss_mb", "threads", "compile_cache", "host", "slurm_job_id")
+                  "speedup", "peak_rss_mb", "threads", "compile_cache", "bytes_per_image", "host", "slurm_job_id")
 REFERENCE_NAMES = {"nbsim-float64-cpu": "nbsim float64 on the CPU", "c": "the C nanoBragg"}
 """How tables and plots name each kind of reference: without a C binary the speedup is over nbsim's
 own float64 image, not over nanoBragg."""
@@ -37,6 +39,8 @@ def reference_label(rows: list[dict[str, Any]]) -> str:
     return " / ".join(REFERENCE_NAMES.get(kind, kind) for kind in kinds) or "the reference"
 CORRELATION_COLUMNS = ("correlation", "max_abs_error", "max_rel_error", "sum_ratio", "finite")
 _BATCH_IDENTITY = ("host", "cpu", "slurm_job_id", "versions", "process_startup_s", "batch")
+LABEL_PREFIX = "label:"
+"""Rows carry a point's labels (nbsim.sweep.labels) under this prefix, apart from its axes and metrics."""
 
 
 def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list[dict[str, Any]]:
@@ -58,14 +62,17 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
                                    "status": point["status"], "batch": record["batch"], "index": point["index"],
                                    "reference": reference_kind, "reference_median_s": reference_s}
             row.update({key: timing[key] for key in TIMING_COLUMNS if key in timing})
+            row["bytes_per_image"] = record.get("bytes_per_image")
+            row["detector"] = DETECTOR_IMAGE in point.get("images", ())
+            row.update({LABEL_PREFIX + key: value for key, value in (point.get("labels") or {}).items()})
             if timing.get("warm_median_s") and reference_s:
                 row["speedup"] = reference_s / timing["warm_median_s"]
             if point["status"] != "ok":
                 row["reason"] = point.get("reason")
             row.update(point.get("comparison") or {})
             row["pixel_mm"] = ((point.get("config") or {}).get("detector") or {}).get("pixel_size_mm")
-            row["attributes"] = json.dumps({**identity, **{k: v for k, v in point.items() if k != "axes"}},
-                                           default=str)
+            row["attributes"] = json.dumps({**identity, **{k: v for k, v in point.items()
+                                                           if k not in ("axes", "labels")}}, default=str)
             rows.append(row)
     return rows
 
@@ -94,11 +101,34 @@ def write_tables(rows: list[dict[str, Any]], axes: list[str], csv_path: Path, md
             stream.write("| " + " | ".join(_format(row.get(c)) for c in header) + " |\n")
 
 
+def label_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The label columns of the rows, in first-seen order (without their prefix)."""
+    return [key[len(LABEL_PREFIX):] for key in dict.fromkeys(k for row in rows for k in row)
+            if key.startswith(LABEL_PREFIX)]
+
+
+def write_labels(rows: list[dict[str, Any]], csv_path: Path) -> None:
+    """`tables/labels.csv`: one row per rendered point, its name, batch and index, and every label."""
+    labels = label_columns(rows)
+    with open(csv_path, "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(["point", "batch", "index", *labels])
+        for row in rows:
+            if row["status"] == "ok":
+                writer.writerow([row["point"], row["batch"], row["index"],
+                                 *(_format_exact(row.get(LABEL_PREFIX + label)) for label in labels)])
+
+
+def _format_exact(value: Any) -> str:
+    """Labels keep every digit (repr), so a drawn value read back is the value rendered."""
+    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
 def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], axes: list[str], output: Path,
                          label: str = "collate") -> None:
     """The collated store (see the module's docstring); `stores` maps a batch name to its store. The rows
     are gridded over the axes by pandas and xarray (a DataFrame indexed by the axes, as a Dataset: sorted
-    coordinates, NaN where no point is); the images are then copied one point at a time."""
+    coordinates, NaN where no point is); the images are then copied one shard at a time."""
     grid = xr.Dataset.from_dataframe(pd.DataFrame(rows).set_index(axes))
     attributes = {"description": "nbsim sweep: one entry per point, every variable over the sweep axes", "axes": axes}
     with AtomicStore(output, attributes) as store:
@@ -117,25 +147,81 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
         store.variable("pixel_mm", tuple(axes), shape, np.float64, data=pixel_mm)
         for dimension in ("slow", "fast"):
             store.coordinate(dimension, list(range(largest)))
+        coordinates = _write_labels(store, rows, grid, axes, shape)
         sizes_mm = set(pixel_mm[np.isfinite(pixel_mm)].tolist())
-        images = store.variable("image", (*axes, "slow", "fast"), (*shape, largest, largest), np.float32,
-                                chunks=(*(1 for _ in axes), largest, largest))
         if len(sizes_mm) == 1:
             centres_mm = ((np.arange(largest) + 0.5) * sizes_mm.pop()).tolist()
             for dimension in ("slow", "fast"):
                 store.coordinate(f"{dimension}_mm", centres_mm, dimension=dimension)
-            images.attrs["coordinates"] = "slow_mm fast_mm"
-        indexes = {axis: grid.indexes[axis] for axis in axes}
-        ok = [row for row in rows if row["status"] == "ok"]
-        progress = Progress(len(ok), label)
-        by_batch: dict[str, list[dict]] = {}
-        for row in ok:
-            by_batch.setdefault(row["batch"], []).append(row)
-        for batch, members in by_batch.items():
-            stored = open_store_array(stores[batch], "image")
-            for row in members:
-                size = row["size"]
-                where = (*(indexes[axis].get_loc(row[axis]) for axis in axes), slice(0, size), slice(0, size))
-                images[where] = np.asarray(stored[row["index"]], dtype=np.float32)
-                progress.advance()
+            coordinates += ["slow_mm", "fast_mm"]
+        for image in _copy_images(store, rows, grid, axes, stores, largest, label):
+            image.attrs["coordinates"] = " ".join(coordinates)
         store.commit()
+
+
+def _write_labels(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Dataset, axes: list[str],
+                  shape: tuple[int, ...]) -> list[str]:
+    """Each numeric label: a coordinate along `draw` where it has one value per draw (drawn values, seeds,
+    the A matrix, λ, ... of a dataset), else a variable over every axis. Returns the coordinates' names
+    (the images name them in their CF `coordinates` attribute, so xarray reads them as coordinates)."""
+    coordinates = []
+    for label in label_columns(rows):
+        column = LABEL_PREFIX + label
+        if column not in grid or grid[column].dtype.kind not in "iuf" or label in axes:
+            continue
+        per_draw = {}
+        if "draw" in axes:
+            for row in rows:
+                per_draw.setdefault(row["draw"], set()).add(row.get(column))
+        if per_draw and all(len(values) == 1 for values in per_draw.values()):
+            draws = grid["draw"].values.tolist()
+            store.coordinate(label, [next(iter(per_draw[d])) for d in draws], dimension="draw")
+            coordinates.append(label)
+        else:
+            store.variable(label, tuple(axes), shape, np.float64, data=grid[column].values.astype(np.float64))
+    return coordinates
+
+
+def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Dataset, axes: list[str],
+                 stores: dict[str, Path], largest: int, label: str) -> list:
+    """`image` (float32; with a detector stage also `detector_image`, 16-bit ADU) over the axes plus `slow`
+    and `fast` (`largest` pixels each), sharded along the last axis and written one shard at a time (each
+    shard file written once), each shard's images read from a batch store in one read; returns the arrays."""
+    indexes = {axis: grid.indexes[axis] for axis in axes}
+    ok = [row for row in rows if row["status"] == "ok"]
+    kinds = {"image": np.float32, **({DETECTOR_IMAGE: np.uint16} if any(row.get("detector") for row in ok) else {})}
+    progress = Progress(len(ok) * len(kinds), label)
+    shape = (*(grid.sizes[a] for a in axes), largest, largest)
+    targets = []
+    for kind, dtype in kinds.items():
+        target = store.image_variable(kind, (*axes, "slow", "fast"), shape, dtype, shard_axis=len(axes) - 1)
+        _copy_kind(target, ok, kind, axes, indexes, stores, progress)
+        targets.append(target)
+    return targets
+
+
+def _copy_kind(target, rows: list[dict[str, Any]], kind: str, axes: list[str], indexes: dict,
+               stores: dict[str, Path], progress: Progress) -> None:
+    per_shard = target.shards[len(axes) - 1]
+    blocks: dict[tuple, list[tuple[tuple[int, ...], dict]]] = {}
+    for row in rows:
+        where = tuple(indexes[axis].get_loc(row[axis]) for axis in axes)
+        blocks.setdefault((*where[:-1], where[-1] // per_shard), []).append((where, row))
+    arrays: dict[str, Any] = {}
+    for (*outer, block), members in blocks.items():
+        first = block * per_shard
+        stop = min(first + per_shard, target.shape[len(axes) - 1])
+        data = np.full((stop - first, *target.shape[-2:]), target.fill_value, dtype=target.dtype)
+        by_batch: dict[str, list[tuple[tuple[int, ...], dict]]] = {}
+        for where, row in members:
+            by_batch.setdefault(row["batch"], []).append((where, row))
+        for batch, placed in by_batch.items():
+            if batch not in arrays:
+                arrays[batch] = open_store_array(stores[batch], kind)
+            low, high = min(r["index"] for _, r in placed), max(r["index"] for _, r in placed)
+            read = arrays[batch][low:high + 1]  # one read of the batch's images in this block
+            for where, row in placed:
+                size = row["size"]
+                data[where[-1] - first, :size, :size] = read[row["index"] - low]
+                progress.advance()
+        target[(*outer, slice(first, stop))] = data
