@@ -45,7 +45,7 @@ _flags((PATH,), "-mat", "-hkl", "-sourcefile", "-mask", "-img", "-dump", "-stol"
 _flags((INT, INT, INT, INT), "-roi")
 _flags((INT, INT), "-printout_pixel")
 _flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile", "-column")
-_flags((PATH,), "-model", "-p1_out")
+_flags((PATH,), "-model", "-p1_out", "-panelfile")
 _VARIABLE = ("-cell", "-misset")
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
@@ -67,7 +67,17 @@ CONFLICTS = (
     {"-fluence", "-flux"},
     {"-hkl", "-model"},
 )
-NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out", "-cbffile", "-nxmxfile")
+NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out", "-cbffile", "-nxmxfile",
+              "-panelfile")
+SINGLE_PANEL_ONLY = ("-distance", "-close_distance", "-Xbeam", "-Ybeam", "-Xclose", "-Yclose", "-ORGX", "-ORGY",
+                     "-twotheta", "-detector_rotx", "-detector_roty", "-detector_rotz", "-fdet_vector",
+                     "-sdet_vector", "-odet_vector", "-pix0_vector", "-pivot", "-detpixels", "-detpixels_f",
+                     "-detpixels_x", "-detpixels_s", "-detpixels_y", "-detsize", "-detsize_f", "-detsize_s",
+                     "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel")
+"""Flags that place, shape or select pixels of the one panel: refused with -panelfile."""
+SINGLE_PANEL_FILES = ("-intfile", "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-pgmscale",
+                      "-cbffile")
+"""Image files of one panel (SMV, PGM, miniCBF): refused with -panelfile (-floatfile and -nxmxfile hold panels)."""
 NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol", "-4stol", "-Q", "-stolout",
              "-dump", "-coherent", "-printout", "-noprogress", "-progress")
 
