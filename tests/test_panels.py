@@ -96,3 +96,128 @@ def test_each_tilted_panel_equals_its_single_panel_custom_render(tmp_path):
         panel = stacked[index, :geometry.pixels_s, :geometry.pixels_f]
         assert alone.shape == panel.shape
         torch.testing.assert_close(panel, alone, rtol=1e-9, atol=1e-12 * float(alone.max()))
+
+
+def test_floatfile_stacks_the_panels_and_nxmx_has_one_module_per_panel(tmp_path, monkeypatch):
+    """-floatfile holds each panel's slow x fast pixels in the file's order; the NXmx file read back with the
+    nxmx reader places every module's pixels where the panel's are (frame-free: distance from the sample and
+    angle from the beam) and holds each panel's counts in its data slab."""
+    nxmx = pytest.importorskip("nxmx")
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    argv = CRYSTAL + ["-panelfile", _write(tmp_path, _tilted_panels()), "-floatfile", "float.bin",
+                      "-nxmxfile", "image.nxs", "-dtype", "float64", "-compile", "off", "-scale", "3"]
+    assert main(argv) == 0
+    config, _ = parse(argv)
+    image = Renderer(resolve(config), dtype=torch.float64, compile="off")().numpy()
+    geometries = panel_geometries(config.detector)
+    stacked = np.fromfile("float.bin", dtype=np.float32)
+    expected = np.concatenate([image[i, :g.pixels_s, :g.pixels_f].ravel() for i, g in enumerate(geometries)])
+    np.testing.assert_array_equal(stacked, expected.astype(np.float32))
+    with h5py.File("image.nxs") as handle:
+        entry = nxmx.NXmx(handle).entries[0]
+        detector = entry.instruments[0].detectors[0]
+        data = entry.data[0][entry.data[0].signal]
+        assert data.shape == (1, 3, 36, 48)
+        assert len(detector.modules) == 3
+        for index, (module, g) in enumerate(zip(detector.modules, geometries, strict=True)):
+            np.testing.assert_array_equal(module.data_origin, [index, 0, 0])
+            np.testing.assert_array_equal(module.data_size, [1, g.pixels_s, g.pixels_f])
+            chain = nxmx.get_dependency_chain(module.fast_pixel_direction)
+            placement = nxmx.get_cumulative_transformation(chain[1:])[0]
+            fast = placement[:3, :3] @ module.fast_pixel_direction.vector
+            slow = placement[:3, :3] @ module.slow_pixel_direction.vector
+            pixel_mm = module.fast_pixel_direction[()].to("mm").magnitude[0]
+            assert pixel_mm == pytest.approx(g.pixel_size_m * 1000.0)
+            for f, s in ((0.5, 0.5), (g.pixels_f - 0.5, 1.5)):
+                ours = (g.pix0_m.numpy() + (f * g.fdet.numpy() + s * g.sdet.numpy()) * g.pixel_size_m) * 1000.0
+                theirs = placement[:3, 3] + (f * fast + s * slow) * pixel_mm
+                assert np.linalg.norm(theirs) == pytest.approx(np.linalg.norm(ours), rel=1e-12)
+                assert theirs[2] / np.linalg.norm(theirs) == pytest.approx(
+                    ours @ g.beam.numpy() / np.linalg.norm(ours), rel=1e-12)
+            counts = data[0, index]
+            panel = image[index, :g.pixels_s, :g.pixels_f]
+            expected_counts = np.floor(np.clip(panel.astype(np.float32).astype(np.float64) * 3 + 40, 0, 65535) + 0.5)
+            np.testing.assert_array_equal(counts[:g.pixels_s, :g.pixels_f], expected_counts)
+            assert not counts[g.pixels_s:].any() and not counts[:, g.pixels_f:].any()
+
+
+GEOM = """clen = 0.08
+res = 10000
+p0/min_fs = 0
+p0/max_fs = 31
+p0/min_ss = 0
+p0/max_ss = 15
+p0/fs = +1.0x +0.0y
+p0/ss = +0.0x +1.0y
+p0/corner_x = -16
+p0/corner_y = -16
+p1/min_fs = 0
+p1/max_fs = 31
+p1/min_ss = 16
+p1/max_ss = 31
+p1/fs = +1.0x +0.0y
+p1/ss = +0.0x +1.0y
+p1/corner_x = -16
+p1/corner_y = 0
+"""
+
+
+def test_a_crystfel_geometry_is_read_into_the_lab_frame(tmp_path):
+    """CrystFEL's (x, y, z) (beam along z, y up) is nbsim's (z, y, -x); corners, clen and res in metres."""
+    path = tmp_path / "two.geom"
+    path.write_text(GEOM)
+    config, _ = parse(CRYSTAL + ["-panelfile", str(path)])
+    first, second = config.detector.panels
+    assert (first.name, first.pixels_f, first.pixels_s) == ("p0", 32, 16)
+    assert first.pixel_size_mm == pytest.approx(0.1)
+    assert first.fdet_vector == pytest.approx((0.0, 0.0, -1.0)) and first.sdet_vector == pytest.approx((0, 1, 0))
+    assert first.pix0_mm == pytest.approx((80.0, -1.6, 1.6))
+    assert second.pix0_mm == pytest.approx((80.0, 0.0, 1.6))
+    assert _render(CRYSTAL + ["-panelfile", str(path)]).shape == (2, 16, 32)
+
+
+GOOD = dict(name="a", pixels=[8, 8], pixel_mm=0.1, fdet=[0, 0, 1], sdet=[0, -1, 0], pix0_mm=[50, 0.4, -0.4])
+
+
+@pytest.mark.parametrize("panels, message", [
+    ([{k: v for k, v in GOOD.items() if k != "pixel_mm"}], "panel 'a': missing pixel_mm"),
+    ([{**GOOD, "colour": 1}], "panel 'a': unknown key(s) colour"),
+    ([{**GOOD, "pixels": [0, 8]}], "panel 'a': no pixels (0 x 8"),
+    ([{**GOOD, "pixels": [8]}], "panel 'a': pixels must be two integers"),
+    ([{**GOOD, "fdet": [0, 0, 0]}], "panel 'a': fdet has zero length"),
+    ([{**GOOD, "sdet": [0, 0, 2]}], "panel 'a': fdet and sdet are parallel"),
+    ([{**GOOD, "odet": [-1, 0, 0]}], "panel 'a': odet must point away from the sample"),
+    ([{**GOOD, "pix0_mm": [50, "x", 0]}], "panel 'a': pix0_mm must be a finite number"),
+    ([GOOD, {**GOOD, "name": "b", "pix0_mm": [60, 0.5, -0.5]}], "panel 'b' overlaps panel 'a'"),
+    ([GOOD, {**GOOD, "name": "a", "pix0_mm": [50, 1.2, -0.4]}], "panel 'a': two panels have this name"),
+])
+def test_bad_panel_files_are_one_line_errors_and_write_nothing(panels, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, panels)
+    assert main(CRYSTAL + ["-panelfile", path, "-nxmxfile", "image.nxs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nbsim: error: {path}: {message}") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]
+
+
+def test_touching_panels_are_not_overlapping_and_a_rejected_geom_is_one_line(tmp_path, capsys):
+    neighbour = {**GOOD, "name": "b", "pix0_mm": [50, 0.4, 0.4]}
+    config, _ = parse(CRYSTAL + ["-panelfile", _write(tmp_path, [GOOD, neighbour])])
+    assert len(config.detector.panels) == 2
+    bad = tmp_path / "bad.geom"
+    bad.write_text(GEOM.replace("p1/fs = +1.0x +0.0y", "p1/fs = sideways"))
+    assert main(CRYSTAL + ["-panelfile", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nbsim: error: {bad}: CrystFEL geometry rejected by cfelpyutils") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", [["-intfile", "x.img"], ["-noisefile", "x.img"], ["-cbffile", "x.cbf"],
+                                  ["-distance", "90"], ["-roi", "0", "3", "0", "3"], ["-detpixels", "64"]])
+def test_single_panel_flags_and_files_are_refused_with_a_panel_file(flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(CRYSTAL + ["-panelfile", _write(tmp_path, [GOOD]), *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nbsim: error: {flag[0]} ") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]

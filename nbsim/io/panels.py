@@ -5,6 +5,7 @@ cfelpyutils (`load_crystfel_geometry`), both checked for degenerate and overlapp
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +93,9 @@ def _read_geom(path: str) -> tuple[PanelConfig, ...]:
     """A CrystFEL geometry's panels in nbsim's lab frame: pixel size 1/res, the fs and ss directions
     (normalised: nbsim's pixels are square), the first pixel's corner at (corner_x, corner_y)/res and
     clen + coffset along the beam. A clen read from the data (an HDF5 path) has no value here: refused."""
-    from cfelpyutils.geometry import load_crystfel_geometry
+    with warnings.catch_warnings():  # its mypy_extensions.TypedDict warns on import; nothing for the user
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from cfelpyutils.geometry import load_crystfel_geometry
 
     try:
         geometry = load_crystfel_geometry(path)
