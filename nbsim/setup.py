@@ -161,6 +161,11 @@ class Setup:
         return self.geometry.pixels_s, self.geometry.pixels_f
 
     @property
+    def pixel_count(self) -> int:
+        """The detector's pixels (every panel's, without the padding)."""
+        return sum(g.pixels_s * g.pixels_f for g in self.panels or (self.geometry,))
+
+    @property
     def roi_is_whole_detector(self) -> bool:
         return self.panels is not None or self.roi == (0, self.shape[1] - 1, 0, self.shape[0] - 1)
 
