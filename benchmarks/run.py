@@ -13,7 +13,8 @@ image in at most a second; `first_image` times the first image of an uncached st
 `-compile auto` against `off` and `on` (and `auto` once the cache holds it). The script prints tables,
 says which targets each figure meets, and writes everything as JSON. The sweep workloads
 (`rotation_series`, `collate_10k`) are described in benchmarks/sweep_workloads.py, `cli_answers` in
-benchmarks/answers.py.
+benchmarks/answers.py, `panels_4x2048` (shots per second of a 4-panel detector) in
+benchmarks/panel_workloads.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
@@ -35,11 +36,13 @@ from pathlib import Path
 from answers import ANSWER_WORKLOADS
 from format_workloads import FORMAT_WORKLOADS
 from model_workloads import MODEL_WORKLOADS
+from panel_workloads import PANEL_WORKLOADS
 from sweep_workloads import SWEEP_WORKLOADS
 
 from nbsim import workloads
 
-TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS}
+TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS,
+                   **PANEL_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent
