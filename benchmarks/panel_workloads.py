@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
