@@ -6,15 +6,24 @@ strictly, into the configuration; the large tables (-hkl, -mask) stay paths, rea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 
-from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
+from ..config import (
+    BeamConfig,
+    CrystalConfig,
+    DetectorConfig,
+    DetectorResponseConfig,
+    SimulationConfig,
+    StructureFactorConfig,
+    check_cell,
+)
 from ..errors import NbsimError
 from ..io.text import read_mosflm_matrix, read_source_file
 from ..modes import Compile
-from .flags import NBSIM_ONLY, NO_EFFECT, SINGLE_PANEL_FILES, SINGLE_PANEL_ONLY, validate
+from .flags import DETECTOR_FLAGS, NBSIM_ONLY, NO_EFFECT, SINGLE_PANEL_FILES, SINGLE_PANEL_ONLY, validate
 from .rules import CState, run_nanobragg_rules
 
 
@@ -78,6 +87,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         notes.append("-pix0_vector selects the custom convention; as in nanoBragg its value is then recomputed "
                      "from the beam centre and pivot")
     seed = state["seed"] if state["seed"] is not None else int(time.time())
+    config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], seed))
     run = RunOptions(
         floatfile=state["floatfile"], intfile=state["intfile"],
         pgmfile=state["pgmfile"] if state["write_pgm"] else None,
@@ -99,6 +109,30 @@ def _check_panel_flags(argv: list[str]) -> None:
         if flag in SINGLE_PANEL_FILES:
             raise NbsimError(f"{flag} writes one panel; a multi-panel detector (-panelfile) is written by "
                              "-nxmxfile (NXmx, one module per panel) or -floatfile (the panels stacked)")
+        if flag in DETECTOR_FLAGS:
+            raise NbsimError(f"{flag} changes only the -noisefile image, which holds one panel: not available "
+                             "with -panelfile")
+
+
+def _response(argv: list[str], options: dict[str, str], adc: float, seed: int) -> DetectorResponseConfig:
+    """The detector's settings: -seed, -adc and nbsim's detector flags (docs/detector.md)."""
+    if options.get("-psf", "none") != "none" and not float(options.get("-psf_fwhm", 0.0)) > 0:
+        raise NbsimError(f"-psf {options['-psf']} needs -psf_fwhm (the width in um, above 0)")
+    if float(options.get("-hot_pixels", 0.0)) + float(options.get("-dead_pixels", 0.0)) > 1:
+        raise NbsimError("-hot_pixels and -dead_pixels together must not exceed 1")
+    defaults = DetectorResponseConfig()
+    return DetectorResponseConfig(
+        generator=options.get("-noise_generator", defaults.generator), noise_seed=seed,
+        poisson="-nopoisson" not in argv, flicker_fraction=float(options.get("-flicker", 0.0)),
+        calibration_fraction=float(options.get("-calibration", 0.0)),
+        calibration_seed=int(options.get("-calibration_seed", defaults.calibration_seed)),
+        psf=options.get("-psf", defaults.psf), psf_fwhm_um=float(options.get("-psf_fwhm", 0.0)),
+        gain_adu_per_photon=float(options.get("-gain", defaults.gain_adu_per_photon)), adc_offset_adu=adc,
+        readout_noise_adu=float(options.get("-readout_noise", 0.0)),
+        beamstop_radius_mm=float(options.get("-beamstop", 0.0)),
+        hot_pixel_fraction=float(options.get("-hot_pixels", 0.0)),
+        dead_pixel_fraction=float(options.get("-dead_pixels", 0.0)),
+        defect_seed=int(options.get("-defect_seed", defaults.defect_seed)))
 
 
 def _config_from_state(state: CState) -> SimulationConfig:
