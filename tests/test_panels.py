@@ -221,3 +221,42 @@ def test_single_panel_flags_and_files_are_refused_with_a_panel_file(flag, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith(f"nbsim: error: {flag[0]} ") and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]
+
+
+@pytest.mark.slow
+def test_a_sweep_keeps_the_panels(tmp_path):
+    """A -panelfile scenario through the Snakemake workflow: the batch store's images are (point, panel, slow,
+    fast), the collated store's `image_n<size>` has a `panel_n<size>` dimension, the padding is zero and the
+    panels are the renderer's; the float64 reference compares panel for panel."""
+    import subprocess
+
+    import xarray as xr
+
+    from nbsim.sweep.store import read_store
+    from tests.conftest import own_cache_env, snakemake_command
+
+    panels = [GOOD, {**GOOD, "name": "b", "pixels": [6, 10], "pix0_mm": [50, 0.4, 0.4]}]
+    panel_file = _write(tmp_path, panels)
+    crystal = ["-cell", "60", "70", "80", "90", "95", "90", "-default_F", "100", "-N", "4", "-lambda", "1.1",
+               "-oversample", "1"]
+    config = {"results": "results", "compile_cache": "results/compile-cache",
+              "scenarios": {"panels": {"args": [*crystal, "-panelfile", "panels.yaml"]}},
+              "sweep": {"sizes": [8], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"],
+                        "extra": {"fudge": [1.0, 2.0]}},
+              "resources": {"mem_mb": 1000, "runtime_min": 5}, "timing": {"warmup": 0, "repeats": 1, "threads": 1},
+              "reference": {"compile": False}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([*snakemake_command(tmp_path), "--cores", "2", "--resources=timing_slot=2"],
+                            capture_output=True, text=True, timeout=900, env=own_cache_env(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    batches = sorted((tmp_path / "results" / "panels").rglob("*.zarr"))
+    point_store = next(path for path in batches if "float32" in path.parent.name)
+    assert read_store(point_store)["image"].dims == ("point", "panel", "slow", "fast")
+    collated = xr.open_zarr(tmp_path / "results" / "panels" / "sweep.zarr")
+    images = collated["image_n8"].squeeze()
+    assert images.dims == ("fudge", "panel_n8", "slow_n8", "fast_n8") and images.shape == (2, 2, 10, 8)
+    config, _ = parse([*crystal, "-panelfile", panel_file, "-fudge", "2"])
+    expected = Renderer(resolve(config), dtype=torch.float32, compile="off")().numpy()
+    np.testing.assert_allclose(images.sel(fudge=2.0).values, expected, rtol=1e-6)
+    assert not images.sel(fudge=2.0).values[1, :, 6:].any()
+    assert float(collated["correlation"].min()) > 0.9999

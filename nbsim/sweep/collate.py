@@ -2,7 +2,8 @@
 
 The collated store has one dimension per sweep axis (size, dtype, device, compile, then each extra axis
 by name, `phi` for `-phi`), every metric as a variable over them, and the images of each detector size
-as `image_n<size>` over the other axes plus `slow_n<size>`, `fast_n<size>`, one chunk per point: a
+as `image_n<size>` over the other axes plus `slow_n<size>`, `fast_n<size>` (and first `panel_n<size>` for a
+-panelfile scenario, panels padded to the largest), one chunk per point: a
 rotation series reads as one (phi, slow, fast) array after `.squeeze()`, and `.sel(...)` of one point
 reads one chunk. It is built point by point, so memory holds one image at a time however large the sweep.
 """
@@ -177,12 +178,14 @@ def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Datase
     progress = Progress(len(ok) * len(kinds), label)
     targets = []
     for size in grid["size"].values.tolist():
-        image_shape = (*(grid.sizes[a] for a in other_axes), size, size)
+        sized = [row for row in ok if row["size"] == size]
         for kind, dtype in kinds.items():
-            target = store.image_variable(f"{kind}_n{size}", (*other_axes, f"slow_n{size}", f"fast_n{size}"),
-                                          image_shape, dtype, shard_axis=len(other_axes) - 1)
-            _copy_kind(target, [row for row in ok if row["size"] == size], kind, other_axes, indexes, stores,
-                       progress)
+            pixels = open_store_array(stores[sized[0]["batch"]], kind).shape[1:] if sized else (size, size)
+            dimensions = (f"panel_n{size}", f"slow_n{size}", f"fast_n{size}")[-len(pixels):]
+            target = store.image_variable(f"{kind}_n{size}", (*other_axes, *dimensions),
+                                          (*(grid.sizes[a] for a in other_axes), *pixels), dtype,
+                                          shard_axis=len(other_axes) - 1)
+            _copy_kind(target, sized, kind, other_axes, indexes, stores, progress)
             targets.append(target)
     return targets
 
@@ -198,7 +201,7 @@ def _copy_kind(target, rows: list[dict[str, Any]], kind: str, other_axes: tuple[
     for (*outer, block), members in blocks.items():
         first = block * per_shard
         stop = min(first + per_shard, target.shape[len(other_axes) - 1])
-        data = np.full((stop - first, *target.shape[-2:]), target.fill_value, dtype=target.dtype)
+        data = np.full((stop - first, *target.shape[len(other_axes):]), target.fill_value, dtype=target.dtype)
         for where, row in members:
             if row["batch"] not in arrays:
                 arrays[row["batch"]] = open_store_array(stores[row["batch"]], kind)
