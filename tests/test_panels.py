@@ -260,3 +260,20 @@ def test_a_sweep_keeps_the_panels(tmp_path):
     np.testing.assert_allclose(images.sel(fudge=2.0).values, expected, rtol=1e-6)
     assert not images.sel(fudge=2.0).values[1, :, 6:].any()
     assert float(collated["correlation"].min()) > 0.9999
+
+
+def test_panels_change_no_kernel_structure_and_survive_a_point_spec(tmp_path):
+    """One, two or three panels of any sizes render with the single panel's kernel structure (no compile per
+    panel count), and the panels travel through the sweep's JSON codec unchanged."""
+    import json
+
+    from nbsim.config import SimulationConfig
+    from nbsim.kernel.structure import structure_of
+    from nbsim.sweep.spec import dataclass_from_dict, dataclass_to_dict
+
+    single = parse(CRYSTAL)[0]
+    for count in (1, 2, 3):
+        config = parse(CRYSTAL + ["-panelfile", _write(tmp_path, _tilted_panels()[:count])])[0]
+        assert structure_of(config) == structure_of(single)
+        restored = dataclass_from_dict(SimulationConfig, json.loads(json.dumps(dataclass_to_dict(config))))
+        assert repr(restored) == repr(config)
