@@ -212,7 +212,10 @@ class Renderer:
         return (time.perf_counter() - started) * rows / probe_rows * passes
 
     def trace(self, row: int, col: int) -> tuple[float, Trace]:
-        """Value and last-step trace of one pixel (for -printout_pixel)."""
+        """Value and last-step trace of one pixel (for -printout_pixel); of a multi-panel setup, trace a
+        panel's pixel with `renderer.panels[i].trace`."""
+        if self.panels:
+            raise NbsimError("a multi-panel renderer traces a pixel of one panel: use renderer.panels[i].trace")
         return self._ordered(row, col, OrderedOptions(**self._ordered_flags()))
 
     def _ordered_flags(self) -> dict[str, bool]:
