@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import DetectorConfig, scalar_value
+from ..config import DetectorConfig, PanelConfig, scalar_value
 from ..detector import direct_beam_px
 from ..errors import NbsimError
 from ..geometry import DetectorGeometry
@@ -98,9 +98,14 @@ def _first_maximum(image: torch.Tensor) -> tuple[int, int]:
     return slow, int(torch.argmax(image[slow]))
 
 
-def panel_images(image: np.ndarray, setup: Setup) -> list[np.ndarray]:
+def panel_images(image: np.ndarray, panels: tuple[PanelConfig, ...]) -> list[np.ndarray]:
     """Each panel's (slow, fast) pixels of a multi-panel (panels, slow, fast) image, the padding cut off."""
-    return [np.ascontiguousarray(image[index, :g.pixels_s, :g.pixels_f]) for index, g in enumerate(setup.panels)]
+    return [np.ascontiguousarray(image[index, :p.pixels_s, :p.pixels_f]) for index, p in enumerate(panels)]
+
+
+def stacked_panels(image: np.ndarray, panels: tuple[PanelConfig, ...]) -> np.ndarray:
+    """What -floatfile holds for a multi-panel image: the panels one after another, each slow x fast."""
+    return np.concatenate([panel.reshape(-1) for panel in panel_images(image, panels)])
 
 
 def panel_statistics(panels: list[np.ndarray], setup: Setup) -> tuple[ImageStatistics, int]:

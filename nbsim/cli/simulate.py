@@ -32,6 +32,7 @@ from .products import (
     pgm_image,
     refuse_tilted_mini_cbf,
     smv_fields,
+    stacked_panels,
     statistics,
 )
 
@@ -97,10 +98,10 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
     """A multi-panel detector's files: -floatfile (the panels one after another, each slow x fast, in the panel
     file's order) and -nxmxfile (one NXdetector_module per panel); -p1_out. The one-panel formats are
     refused when the arguments are parsed."""
-    panels = panel_images(image, setup)
+    panels = panel_images(image, setup.config.detector.panels)
     stats, brightest = panel_statistics(panels, setup)
     if run.floatfile:
-        stacked = np.concatenate([panel.reshape(-1) for panel in panels])
+        stacked = stacked_panels(image, setup.config.detector.panels)
         print(f"writing {run.floatfile} as {stacked.size} 4-byte floats ({len(panels)} panels stacked)")
         write_float_image(run.floatfile, stacked)
     print(f"max_I = {stats.max_I:g}  at {stats.max_position_m[0]:g} {stats.max_position_m[1]:g} "
