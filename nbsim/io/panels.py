@@ -159,7 +159,7 @@ def check_panels(panels: tuple[PanelConfig, ...], path: str) -> None:
     frames = [_Frame(p) for p in panels]
     for a, frame_a in zip(panels, frames, strict=True):
         for b, frame_b in zip(panels, frames, strict=True):
-            if a is not b and frame_a.crossed_by(frame_b.edge_centres()):
+            if a is not b and frame_a.may_meet(frame_b) and frame_a.crossed_by(frame_b.edge_centres()):
                 raise InputFileError(path, f"panel {b.name!r} overlaps panel {a.name!r} as seen from the sample")
 
 
@@ -172,6 +172,28 @@ class _Frame:
         self.fast, self.slow = f / np.linalg.norm(f), s / np.linalg.norm(s)
         self.pixel_m = p.pixel_size_mm / 1000.0
         self.counts = (p.pixels_f, p.pixels_s)
+        self.cone_ = self.cone()
+
+    def cone(self) -> tuple[np.ndarray, float]:
+        """The unit direction of the panel's centre from the sample, and an angle (radians) bounding the panel
+        as seen from the sample: the largest to a corner (a spherical cap under 90 degrees holds the corners'
+        convex hull), else pi."""
+        extent_f, extent_s = (n * self.pixel_m for n in self.counts)
+        corners = np.array([self.pix0 + f * self.fast + s * self.slow
+                            for f in (0.0, extent_f) for s in (0.0, extent_s)])
+        corners /= np.linalg.norm(corners, axis=1, keepdims=True)
+        centre = corners.sum(axis=0)
+        length = float(np.linalg.norm(centre))
+        if length < 1e-9:
+            return corners[0], math.pi
+        centre /= length
+        radius = float(np.arccos(np.clip(corners @ centre, -1.0, 1.0)).max())
+        return centre, radius if radius < math.pi / 2 else math.pi
+
+    def may_meet(self, other: _Frame) -> bool:
+        """Whether the two panels' cones overlap (else no ray from the sample crosses both)."""
+        (centre, radius), (other_centre, other_radius) = self.cone_, other.cone_
+        return float(np.arccos(np.clip(centre @ other_centre, -1.0, 1.0))) < radius + other_radius + 1e-9
 
     def edge_centres(self) -> np.ndarray:
         """(N, 3) centres of the panel's edge pixels."""
