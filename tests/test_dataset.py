@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import json
 import math
 import subprocess
@@ -87,6 +88,19 @@ def test_random_orientations_are_uniform_on_so3():
     # Uniform on SO(3): each column is uniform on the sphere (mean 0, second moment 1/3 per component).
     assert np.abs(rotations.mean(axis=0)).max() < 0.05
     assert np.abs((rotations ** 2).mean(axis=0) - 1 / 3).max() < 0.03
+
+
+def test_a_point_renders_what_its_arguments_say(tmp_path):
+    """The draw's seed and orientation are applied as options (one parse for draws of options alone); its
+    argv (what the C binary and the records get) parses to the same configuration."""
+    from nbsim.nanobragg import config_from_args
+
+    config = dataset_config()
+    for point in plan.sweep_points(config)[:3]:
+        spec = plan.point_spec(config, point, tmp_path, {})
+        assert "-misset" in spec.argv and "-mosaic_seed" in spec.argv
+        parsed = config_from_args(spec.argv).with_options(**dict(point.options))
+        assert parsed == dataclasses.replace(spec.config, response=parsed.response)
 
 
 def test_drawn_values_change_no_kernel_structure(tmp_path):
@@ -191,7 +205,7 @@ def test_a_batch_killed_mid_way_resumes_with_only_the_missing_points(tmp_path):
     done = 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
-        if (store / "entry" / "zarr.json").is_file():
+        if (store / "done" / "zarr.json").is_file():
             done = int(completed_points(store).sum())
             if done >= 3:
                 break
