@@ -109,6 +109,23 @@ class BeamConfig:
 
 
 @dataclass(frozen=True)
+class PanelConfig:
+    """One flat panel of a multi-panel detector, in nanoBragg's lab frame (the terms of the C's custom
+    convention: -fdet_vector, -sdet_vector, -odet_vector and the first pixel's outer corner)."""
+
+    name: str
+    pixels_f: int
+    pixels_s: int
+    pixel_size_mm: float
+    fdet_vector: Vector3
+    sdet_vector: Vector3
+    odet_vector: Vector3 | None
+    """None: the unit vector along fdet × sdet."""
+    pix0_mm: Vector3
+    """The outer corner of the panel's first pixel, mm."""
+
+
+@dataclass(frozen=True)
 class DetectorConfig:
     """Detector size, placement, orientation, sensor and sampling."""
 
@@ -151,6 +168,10 @@ class DetectorConfig:
     roi: tuple[int, int, int, int] | None = None
     """xmin, xmax, ymin, ymax in pixels, inclusive, as nanoBragg's -roi."""
     mask_file: str | None = None
+    panels: tuple[PanelConfig, ...] | None = None
+    """A multi-panel detector (-panelfile), rendered in place of the one panel the fields above place."""
+    panel_file: str | None = None
+    """The file `panels` were read from (for messages)."""
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,18 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
     if pivot == "beam":
         pix0 = -fbeam * fdet - sbeam * sdet + distance * beam
 
+    return _placed(fdet, sdet, odet, pix0, beam, polar, spindle, vertical, ratio, pixels_f, pixels_s, pixel,
+                   detsize_f, detsize_s, requested_distance, (beam_x, beam_y, close_x, close_y),
+                   float(twotheta.detach()), twotheta_axis, pivot, convention)
+
+
+def _placed(fdet, sdet, odet, pix0, beam, polar, spindle, vertical, ratio, pixels_f: int, pixels_s: int,
+            pixel: float, detsize_f: float, detsize_s: float, requested_distance: float,
+            centres: tuple[float, float, float, float], twotheta_rad: float, twotheta_axis, pivot: str,
+            convention: str) -> DetectorGeometry:
+    """The geometry of a placed panel: the beam centre, close point and distances recomputed from its
+    final frame and pix0, as nanoBragg recomputes and prints them."""
+    beam_x, beam_y, close_x, close_y = centres
     fclose_t = -dot(pix0, fdet)
     sclose_t = -dot(pix0, sdet)
     close_distance = dot(pix0, odet)
@@ -170,5 +182,48 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
         fbeam_m=float(dot(fdet, beam_hit).detach()), sbeam_m=float(dot(sdet, beam_hit).detach()),
         fclose_m=float(fclose_t.detach()), sclose_m=float(sclose_t.detach()),
         orgx_px=float(fclose_t.detach()) / pixel + 0.5, orgy_px=float(sclose_t.detach()) / pixel + 0.5,
-        dials_origin_mm=dials_origin, twotheta_rad=float(twotheta.detach()),
+        dials_origin_mm=dials_origin, twotheta_rad=twotheta_rad,
         twotheta_axis=twotheta_axis, pivot=pivot, convention=convention)
+
+
+def panel_geometries(config: DetectorConfig) -> tuple[DetectorGeometry, ...]:
+    """Each panel of a multi-panel detector (config.panels) as a detector of its own: its axes, pixel size
+    and first pixel's corner as given (fdet, sdet normalised; odet normalised, or the unit fdet × sdet), the
+    beam, polarization and spindle of `config`'s convention. Its beam centre, close point and distance are
+    those the C derives for the panel, so each panel is the C's custom-convention render with those
+    vectors and the pix0 that -Xbeam/-Ybeam/-distance place (docs/formats.md)."""
+    main = build_geometry(config)
+    placed = []
+    for panel in config.panels or ():
+        pixel = _m(panel.pixel_size_mm)
+        fdet, sdet = unit(_vec(panel.fdet_vector)), unit(_vec(panel.sdet_vector))
+        odet = unit(cross(fdet, sdet) if panel.odet_vector is None else _vec(panel.odet_vector))
+        pix0 = _vec(panel.pix0_mm) / 1000.0
+        ratio = dot(main.beam, odet)
+        if scalar_value(ratio) == 0.0:
+            ratio = torch.full_like(ratio, 2.2250738585072014e-308)
+        beam_hit = dot(pix0, odet) / ratio * main.beam - pix0
+        beam_x, beam_y = float(dot(fdet, beam_hit)), float(dot(sdet, beam_hit))
+        placed.append(_placed(fdet, sdet, odet, pix0, main.beam, main.polar, main.spindle, main.vertical, ratio,
+                              panel.pixels_f, panel.pixels_s, pixel, pixel * panel.pixels_f, pixel * panel.pixels_s,
+                              float(dot(pix0, odet) / ratio), (beam_x, beam_y, -float(dot(pix0, fdet)),
+                                                               -float(dot(pix0, sdet))),
+                              0.0, main.twotheta_axis, "beam", "custom"))
+    return tuple(placed)
+
+
+def single_panel_flags(panel: DetectorGeometry) -> list[str]:
+    """The nanoBragg flags that render `panel` (one of `panel_geometries`) as a detector of its own: its
+    vectors in the custom convention, its size, and its place as -Xbeam/-Ybeam/-distance along the beam
+    (the C recomputes -pix0_vector under either pivot). Exact for axes at right angles to each other and
+    to the normal, and a panel facing the beam."""
+
+    def numbers(values) -> list[str]:
+        return [repr(float(v)) for v in values]
+
+    return ["-fdet_vector", *numbers(panel.fdet), "-sdet_vector", *numbers(panel.sdet),
+            "-odet_vector", *numbers(panel.odet), "-beam_vector", *numbers(panel.beam),
+            "-polar_vector", *numbers(panel.polar), "-spindle_axis", *numbers(panel.spindle),
+            "-detpixels_f", str(panel.pixels_f), "-detpixels_s", str(panel.pixels_s),
+            "-pixel", repr(panel.pixel_size_m * 1000.0), "-Xbeam", repr(panel.beam_x_m * 1000.0),
+            "-Ybeam", repr(panel.beam_y_m * 1000.0), "-distance", repr(float(panel.distance_m) * 1000.0)]

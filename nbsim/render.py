@@ -93,6 +93,13 @@ class Renderer:
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
         self.warnings: list[str] = []
         """What the renders found that nanoBragg warns about (each once)."""
+        self.panels = [Renderer(panel, self.device, dtype, compile, tile_elements, reference_threads, self.cache)
+                       for panel in setup.panel_setups()]
+        """A multi-panel setup's panels, each rendered as a single-panel setup of its own with the same
+        kernel (one structure: no compile per panel or per number of panels), sharing this renderer's
+        decision and `loads`."""
+        for panel in self.panels:
+            panel.loads = self.loads
 
     @property
     def mode(self) -> Mode:
@@ -106,6 +113,8 @@ class Renderer:
         when no caller has."""
         if self.decision is None:
             self.decision = self.plan.decide(self.eager_estimate_s())
+        for panel in self.panels:
+            panel.decision = self.decision
         return self.decision
 
     def build_missing_in_background(self) -> bool:
@@ -127,9 +136,10 @@ class Renderer:
         return PixelTerms.values_per_pixel(*self.counts)
 
     def __call__(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The (slow, fast) image: zero outside the ROI and on masked pixels.
+        """The (slow, fast) image: zero outside the ROI and on masked pixels. A multi-panel setup's image is
+        (panels, slow, fast): panel i's pixels in [i, :its slow, :its fast], zero-padded to the largest.
 
-        `out`, a (slow, fast) tensor of the renderer's device and dtype, is filled and returned instead
+        `out`, a tensor of that shape and the renderer's device and dtype, is filled and returned instead
         of a new tensor (repeated renders then reuse one buffer).
         """
         setup = self.setup
@@ -140,6 +150,8 @@ class Renderer:
                              f"not {'x'.join(map(str, out.shape))} {out.dtype} on {out.device}")
         image = out if out is not None else torch.empty(setup.shape, device=self.device, dtype=self.dtype)
         self.settle()
+        if self.panels:
+            return self._render_panels(image)
         if not setup.roi_is_whole_detector:
             image.zero_()
         region = image[ymin:ymax + 1, xmin:xmax + 1]
@@ -171,8 +183,24 @@ class Renderer:
             region.mul_(torch.as_tensor(self.mask, device=self.device, dtype=self.dtype))
         return image
 
+    def _render_panels(self, image: torch.Tensor) -> torch.Tensor:
+        """Each panel into its slice of the (panels, slow, fast) image, the padding zeroed."""
+        if any(panel.setup.shape != image.shape[1:] for panel in self.panels):
+            image.zero_()
+        for panel, config, view in zip(self.panels, self.setup.config.detector.panels, image, strict=True):
+            region = view[:panel.setup.shape[0], :panel.setup.shape[1]]
+            if region.is_contiguous():
+                panel(out=region)
+            else:
+                region.copy_(panel())
+            for line in panel.warnings:
+                self._warn_once(f"panel {config.name}: {line}")
+        return image
+
     def eager_estimate_s(self) -> float:
         """Seconds an eager render of the image would take, extrapolated from an eager probe of its first rows."""
+        if self.panels:
+            return sum(panel.eager_estimate_s() for panel in self.panels)
         _, _, ymin, ymax = self.setup.roi
         rows = ymax + 1 - ymin
         probe_rows = max(1, min(rows, PROBE_PIXEL_STEPS // max(1, len(self.cols) * self.steps_per_pixel)))
@@ -184,7 +212,10 @@ class Renderer:
         return (time.perf_counter() - started) * rows / probe_rows * passes
 
     def trace(self, row: int, col: int) -> tuple[float, Trace]:
-        """Value and last-step trace of one pixel (for -printout_pixel)."""
+        """Value and last-step trace of one pixel (for -printout_pixel); of a multi-panel setup, trace a
+        panel's pixel with `renderer.panels[i].trace`."""
+        if self.panels:
+            raise NbsimError("a multi-panel renderer traces a pixel of one panel: use renderer.panels[i].trace")
         return self._ordered(row, col, OrderedOptions(**self._ordered_flags()))
 
     def _ordered_flags(self) -> dict[str, bool]:

@@ -9,6 +9,7 @@ without resolving it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from .config import (
     scalar_value,
 )
 from .errors import InputFileError, NbsimError
-from .geometry import DetectorGeometry, build_geometry
+from .geometry import DetectorGeometry, build_geometry, panel_geometries
 from .io.inputs import read_input_files
 from .io.structure_files import ReflectionTable, model_reflections
 from .rng import Ran1
@@ -104,6 +105,17 @@ def sampling_distance_m(geometry: DetectorGeometry) -> float:
                                                          rel_tol=1e-12) else distance_m
 
 
+def detector_panels(detector: DetectorConfig) -> tuple[DetectorGeometry, ...]:
+    """The detector's panels: those of -panelfile, else the one panel the detector flags place."""
+    return panel_geometries(detector) if detector.panels else (build_geometry(detector),)
+
+
+def finest_sampling(panels: tuple[DetectorGeometry, ...]) -> DetectorGeometry:
+    """The panel with the smallest reciprocal pixel (∝ distance / pixel size): the automatic -oversample of
+    a multi-panel detector is this panel's, one for all panels (every pixel then has the same steps)."""
+    return min(panels, key=lambda g: abs(sampling_distance_m(g)) / g.pixel_size_m)
+
+
 def requested_oversample(detector: DetectorConfig) -> int | None:
     """The -oversample given, or None where nanoBragg chooses it (not given, or not positive)."""
     return detector.oversample if detector.oversample and detector.oversample > 0 else None
@@ -146,17 +158,32 @@ class Setup:
     warnings: list[str] = field(default_factory=list)
     p1_table: ReflectionTable | None = None
     """The P1 table the grid was built from (None without -hkl or -model)."""
+    panels: tuple[DetectorGeometry, ...] | None = None
+    """The panels of a multi-panel detector (-panelfile), else None; `geometry` is then the first panel's."""
     ran1_table: tuple[int, ...] = ()
     """ran1's state after the misset and mosaic draws (Ran1.table): nanoBragg's noise continues it when
     its seed is positive."""
 
     @property
-    def shape(self) -> tuple[int, int]:
+    def shape(self) -> tuple[int, ...]:
+        """The image's shape: (slow, fast), or (panels, slow, fast) padded to the largest panel."""
+        if self.panels is not None:
+            return (len(self.panels), max(g.pixels_s for g in self.panels), max(g.pixels_f for g in self.panels))
         return self.geometry.pixels_s, self.geometry.pixels_f
 
     @property
+    def pixel_count(self) -> int:
+        """The detector's pixels (every panel's, without the padding)."""
+        return sum(g.pixels_s * g.pixels_f for g in self.panels or (self.geometry,))
+
+    @property
     def roi_is_whole_detector(self) -> bool:
-        return self.roi == (0, self.shape[1] - 1, 0, self.shape[0] - 1)
+        return self.panels is not None or self.roi == (0, self.shape[1] - 1, 0, self.shape[0] - 1)
+
+    def panel_setups(self) -> list[Setup]:
+        """Each panel of a multi-panel setup as a single-panel setup of its own (the whole panel its ROI)."""
+        return [dataclasses.replace(self, geometry=g, panels=None, roi=(0, g.pixels_f - 1, 0, g.pixels_s - 1))
+                for g in self.panels or ()]
 
     @property
     def photon_scale(self) -> float:
@@ -170,7 +197,8 @@ def resolve(config: SimulationConfig) -> Setup:
     files = read_input_files(config)
     generator = Ran1()
     warnings: list[str] = []
-    geometry = build_geometry(config.detector)
+    panels = detector_panels(config.detector)
+    geometry = panels[0]
     lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator)
     n_cells = crystal_mod.cell_counts(config.crystal, lattice)
     phi = crystal_mod.phi_sampling(config.crystal)
@@ -182,8 +210,9 @@ def resolve(config: SimulationConfig) -> Setup:
         first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
     sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
 
-    advice = oversample_advice(lattice, n_cells, config.beam.wavelength_A, sampling_distance_m(geometry),
-                               geometry.pixel_size_m)
+    sampling = finest_sampling(panels)
+    advice = oversample_advice(lattice, n_cells, config.beam.wavelength_A, sampling_distance_m(sampling),
+                               sampling.pixel_size_m)
     oversample = requested_oversample(config.detector) or advice.recommended
     if oversample < advice.recommended:
         warnings.append(f"maximum dimension of sample is {advice.crystal_size_m * 1e10:g} A but reciprocal pixel "
@@ -192,8 +221,8 @@ def resolve(config: SimulationConfig) -> Setup:
     warnings += crystal_mod.default_warnings(config.crystal)
     p1_table = files.hkl
     if config.structure.model_file:
-        p1_table = model_reflections(config.structure.model_file,
-                                        model_d_min_A(geometry, config.detector, sources, lattice))
+        p1_table = model_reflections(config.structure.model_file, min(
+            model_d_min_A(panel, config.detector, sources, lattice) for panel in panels))
     warnings += structure_factor_warnings(config, p1_table)
     grid = None if p1_table is None else build_grid(p1_table.reflections, config.structure.default_F)
     lookup = lookup_of(config.structure, lambda: n_cells)
@@ -214,7 +243,7 @@ def resolve(config: SimulationConfig) -> Setup:
                  sensor=sensor_layers(config.detector),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
                  first_evaluation_cells_A=first_cells, warnings=warnings, p1_table=p1_table,
-                 ran1_table=generator.table())
+                 ran1_table=generator.table(), panels=panels if config.detector.panels else None)
 
 
 def p1_reflections(config: SimulationConfig) -> np.ndarray | None:

@@ -124,7 +124,7 @@ def timed_render(config: SimulationConfig, device: torch.device, dtype: torch.dt
         cold_s=cold, warm_median_s=statistics.median(times) if times else None,
         warm_min_s=min(times, default=None), warm_max_s=max(times, default=None),
         warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=dtype_name(dtype),
-        compile=compile, mode=renderer.mode.value, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
+        compile=compile, mode=renderer.mode.value, pixels=setup.pixel_count, steps=setup.steps,
         peak_rss_mb=peak_rss_mb(),
         threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),

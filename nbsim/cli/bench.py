@@ -22,6 +22,7 @@ from ..io.images import write_float_image
 from ..modes import Compile
 from ..nanobragg import config_from_args
 from ..timing import correlation, run_c_reference, time_nbsim
+from .products import stacked_panels
 
 
 class _ArgumentError(Exception):
@@ -68,11 +69,14 @@ def main(argv: list[str]) -> int:
     compile_setting = Compile.of(options.compile)
     if compile_setting is not Compile.OFF:
         configure_compile_cache()
-    image, result = time_nbsim(config_from_args(nanobragg_args), device, resolve_dtype(options.dtype),
-                               compile_setting,
-                               options.warmup, options.repeats)
+    config = config_from_args(nanobragg_args)
+    panels = config.detector.panels
+    if panels and options.c_binary:
+        raise NbsimError("bench: the C renders one panel, not a -panelfile detector; drop --c-binary")
+    image, result = time_nbsim(config, device, resolve_dtype(options.dtype), compile_setting, options.warmup,
+                               options.repeats)
     if options.floatfile:
-        write_float_image(options.floatfile, image)
+        write_float_image(options.floatfile, stacked_panels(image, panels) if panels else image)
     print(f"nbsim {result.device} {result.dtype} compile={options.compile} ({result.mode}, kernel cache "
           f"{result.compile_cache}): cold {result.cold_s:.3f} s, "
           f"warm median {result.warm_median_s:.4f} s (min {result.warm_min_s:.4f}, max {result.warm_max_s:.4f}) "

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import DetectorConfig, scalar_value
+from ..config import DetectorConfig, PanelConfig, scalar_value
 from ..detector import direct_beam_px
 from ..errors import NbsimError
 from ..geometry import DetectorGeometry
-from ..io.detector_images import ExperimentRecord
+from ..io.detector_images import DetectorModule, ExperimentRecord
 from ..io.images import format_g
 from ..io.structure_files import table_provenance
 from ..setup import Setup
@@ -96,6 +96,38 @@ def _first_maximum(image: torch.Tensor) -> tuple[int, int]:
     row_maxima = image.amax(dim=1)
     slow = int(torch.argmax(row_maxima))
     return slow, int(torch.argmax(image[slow]))
+
+
+def panel_images(image: np.ndarray, panels: tuple[PanelConfig, ...]) -> list[np.ndarray]:
+    """Each panel's (slow, fast) pixels of a multi-panel (panels, slow, fast) image, the padding cut off."""
+    return [np.ascontiguousarray(image[index, :p.pixels_s, :p.pixels_f]) for index, p in enumerate(panels)]
+
+
+def stacked_panels(image: np.ndarray, panels: tuple[PanelConfig, ...]) -> np.ndarray:
+    """What -floatfile holds for a multi-panel image: the panels one after another, each slow x fast."""
+    return np.concatenate([panel.reshape(-1) for panel in panel_images(image, panels)])
+
+
+def panel_statistics(panels: list[np.ndarray], setup: Setup) -> tuple[ImageStatistics, int]:
+    """nanoBragg's summary over every panel's pixels, and the panel holding the brightest (its position is
+    in that panel's frame)."""
+    each = [statistics(image, panel) for image, panel in zip(panels, setup.panel_setups(), strict=True)]
+    counts = [image.size for image in panels]
+    total = sum(n for n in counts)
+    mean = sum(s.mean * max(n, 1) for s, n in zip(each, counts, strict=True)) / total
+    squares = sum(s.rms ** 2 * max(n - 1, 1) for s, n in zip(each, counts, strict=True))
+    brightest = max(range(len(each)), key=lambda index: each[index].max_I)
+    rmsd = math.sqrt(max(squares - total * mean * mean, 0.0) / max(total - 1, 1))
+    return ImageStatistics(max_I=each[brightest].max_I, max_position_m=each[brightest].max_position_m, mean=mean,
+                           rms=math.sqrt(squares / max(total - 1, 1)), rmsd=rmsd), brightest
+
+
+def panel_counts(panels: list[np.ndarray], setup: Setup, scale: float, adc: float) -> np.ndarray:
+    """The integer image of each panel, as a (panels, slow, fast) array zero-padded like the float image."""
+    counts = np.zeros(setup.shape, dtype=np.uint16)
+    for index, (image, panel) in enumerate(zip(panels, setup.panel_setups(), strict=True)):
+        counts[index, :image.shape[0], :image.shape[1]] = integer_image(image, panel, scale, adc)
+    return counts
 
 
 def integer_image(image: np.ndarray, setup: Setup, scale: float, adc: float) -> np.ndarray:
@@ -187,7 +219,10 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
         notes=(f"convention {g.convention} pivot {g.pivot}",
                f"seeds: mosaic {crystal.mosaic_seed} misset {crystal.misset_seed} noise {noise_seed}",
                f"mosaic domains {setup.mosaic.count} phi steps {setup.phi.steps}",
-               *_table_notes(setup)))
+               *_table_notes(setup)),
+        modules=tuple(DetectorModule(panel.name, p.pixel_size_m, p.pixels_f, p.pixels_s, _plain(p.pix0_m),
+                                     _plain(p.fdet), _plain(p.sdet))
+                      for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)))
 
 
 def _table_notes(setup: Setup) -> tuple[str, ...]:

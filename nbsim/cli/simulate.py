@@ -28,9 +28,13 @@ from ..vectors import DEGREES_PER_RADIAN
 from .products import (
     experiment_record,
     integer_image,
+    panel_counts,
+    panel_images,
+    panel_statistics,
     pgm_image,
     refuse_tilted_mini_cbf,
     smv_fields,
+    stacked_panels,
     statistics,
 )
 
@@ -58,6 +62,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     _report_compile_decision(renderer)
     caveat = "; eager and compiled float32 images differ by up to 1e-4 of the maximum, docs/kernels.md"
     print(f"  kernel: {renderer.mode.value} ({run.dtype} on {device}{caveat if run.dtype == 'float32' else ''})")
+    if setup.panels is not None:
+        return _write_panels(image, setup, run, started)
     stats = statistics(image, setup)
     wavelength_A = float(config.beam.wavelength_A)
     fields = smv_fields(setup.geometry, setup, wavelength_A)
@@ -89,6 +95,30 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     if run.wants_counts:
         seed = run.seed if run.noisefile else None
         _write_processing_images(run, counts, experiment_record(setup, seed), started)
+    if run.p1_table_file and setup.p1_table is not None:
+        print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
+        write_hkl(run.p1_table_file, setup.p1_table.reflections)
+    return 0
+
+
+def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: datetime.datetime) -> int:
+    """A multi-panel detector's files: -floatfile (the panels one after another, each slow x fast, in the panel
+    file's order) and -nxmxfile (one NXdetector_module per panel); -p1_out. The one-panel formats are
+    refused when the arguments are parsed."""
+    panels = panel_images(image, setup.config.detector.panels)
+    stats, brightest = panel_statistics(panels, setup)
+    if run.floatfile:
+        stacked = stacked_panels(image, setup.config.detector.panels)
+        print(f"writing {run.floatfile} as {stacked.size} 4-byte floats ({len(panels)} panels stacked)")
+        write_float_image(run.floatfile, stacked)
+    print(f"max_I = {stats.max_I:g}  at {stats.max_position_m[0]:g} {stats.max_position_m[1]:g} "
+          f"on panel {setup.config.detector.panels[brightest].name}")
+    print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
+    scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
+    print(f"intfile_scale = {scale:g}")
+    if run.nxmxfile:
+        _write_processing_images(run, panel_counts(panels, setup, scale, run.adc), experiment_record(setup, None),
+                                 started)
     if run.p1_table_file and setup.p1_table is not None:
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
@@ -184,6 +214,10 @@ def describe(setup: Setup) -> list[str]:
         f"  {setup.oversample}x{setup.oversample} pixel oversample steps",
         f"  {setup.steps} steps per pixel",
     ]
+    for panel, p in zip(config.detector.panels or (), setup.panels or (), strict=True):
+        vectors = " ".join(f"{name}= " + " ".join(f"{float(v):g}" for v in vector) for name, vector in
+                           (("pix0", p.pix0_m), ("fdet", p.fdet), ("sdet", p.sdet), ("odet", p.odet)))
+        lines.append(f"  panel {panel.name}: {p.pixels_f}x{p.pixels_s} pixels of {p.pixel_size_m:g} m, {vectors}")
     return lines
 
 

@@ -10,6 +10,7 @@ against the polarization axis' component across it, y = z × x. For MOSFLM, McSt
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,20 @@ from .atomic import atomic_write_with
 MINI_CBF_CONVENTION = "GENERIC_MINI"
 COUNT_CUTOFF = 65535
 """The largest count (the SMV images' 16-bit limit); saturated pixels hold it."""
+
+
+@dataclass(frozen=True)
+class DetectorModule:
+    """One panel of a multi-panel detector: nbsim's lab frame, unit vectors, metres."""
+
+    name: str
+    pixel_size_m: float
+    pixels_fast: int
+    pixels_slow: int
+    origin_m: tuple[float, float, float]
+    """The outer corner of the panel's first pixel."""
+    fast_axis: tuple[float, float, float]
+    slow_axis: tuple[float, float, float]
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,8 @@ class ExperimentRecord:
     """MOSFLM's A matrix at φ = 0: rows a*, b*, c* (Å⁻¹, nbsim's lab frame; not scaled by λ)."""
     notes: tuple[str, ...]
     """Ground truth for the header's comments: seeds, convention, pivot."""
+    modules: tuple[DetectorModule, ...] = ()
+    """The panels of a multi-panel detector (empty: the one panel the fields above describe)."""
 
 
 def _unit(vector: np.ndarray, what: str) -> np.ndarray:
@@ -134,11 +151,39 @@ def _axis(group, name: str, values, kind: str, vector, depends_on: str, units: s
                           "offset": np.zeros(3), "offset_units": "mm", "units": units, "depends_on": depends_on})
 
 
+def _module(detector, module: DetectorModule, panel: int | None, before_twotheta) -> None:
+    """One NXdetector_module: its data slab (`panel`: its index in a multi-panel frame, else None), the offset
+    of its first pixel's corner and its pixel directions."""
+    group = detector.create_group(module.name if panel is None else _group_name(module.name, panel))
+    group.attrs["NX_class"] = "NXdetector_module"
+    slab = (module.pixels_slow, module.pixels_fast)
+    group["data_origin"] = np.array([0, 0] if panel is None else [panel, 0, 0], dtype=np.int64)
+    group["data_size"] = np.array(slab if panel is None else (1, *slab), dtype=np.int64)
+    origin_mm = before_twotheta(module.origin_m) * 1000.0
+    pixel_mm = module.pixel_size_m * 1000.0
+    distance_mm = float(np.linalg.norm(origin_mm))
+    path = group.name
+    direction = origin_mm / distance_mm if distance_mm else (0.0, 0.0, 1.0)
+    _axis(group, "module_offset", distance_mm, "translation", direction,
+          "/entry/instrument/detector/transformations/two_theta", "mm")
+    _axis(group, "fast_pixel_direction", pixel_mm, "translation", before_twotheta(module.fast_axis),
+          f"{path}/module_offset", "mm")
+    _axis(group, "slow_pixel_direction", pixel_mm, "translation", before_twotheta(module.slow_axis),
+          f"{path}/module_offset", "mm")
+
+
+def _group_name(name: str, index: int) -> str:
+    """A panel's module group: module_<index>_<its name, letters, digits and _ only>."""
+    return f"module_{index}_" + re.sub(r"\W", "_", name)
+
+
 def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.ndarray, record: ExperimentRecord,
                start_time: datetime.datetime, end_time: datetime.datetime) -> None:
     """An NXmx file: the (slow, fast) counts of each frame (taken one at a time) and its ω, the detector placed
     by a two-theta axis and its module's offset and pixel directions (the detector rotations are folded into
-    those), the beam, and the sample's ω axis and orientation, in the McStas frame."""
+    those), the beam, and the sample's ω axis and orientation, in the McStas frame. A multi-panel record's
+    frames are (panels, slow, fast), zero-padded to the largest panel, and each panel is an NXdetector_module
+    named after it whose data_origin (panel, 0, 0) and data_size (1, slow, fast) cut it out."""
     import h5py
 
     r = record
@@ -149,8 +194,10 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
     def before_twotheta(vector) -> np.ndarray:
         return _rotate(to_mcstas @ np.asarray(vector, dtype=np.float64), twotheta_axis, -twotheta_rad)
 
-    origin_mm = before_twotheta(r.origin_m) * 1000.0
-    pixel_mm = r.pixel_size_m * 1000.0
+    modules = r.modules or (DetectorModule("module", r.pixel_size_m, r.pixels_fast, r.pixels_slow, r.origin_m,
+                                           r.fast_axis, r.slow_axis),)
+    frame_shape = ((r.pixels_slow, r.pixels_fast) if not r.modules else
+                   (len(modules), max(m.pixels_slow for m in modules), max(m.pixels_fast for m in modules)))
     a_matrix = np.array(r.a_matrix_per_A, dtype=np.float64)
 
     def write(temporary: Path) -> None:
@@ -182,12 +229,6 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             detector["sensor_material"] = "Si"
             detector["sensor_thickness"] = r.sensor_thickness_m * 1000.0
             detector["sensor_thickness"].attrs["units"] = "mm"
-            detector["distance"] = r.distance_m * 1000.0
-            detector["distance"].attrs["units"] = "mm"
-            detector["beam_center_x"] = r.beam_fast_px
-            detector["beam_center_x"].attrs["units"] = "pixel"
-            detector["beam_center_y"] = r.beam_slow_px
-            detector["beam_center_y"].attrs["units"] = "pixel"
             detector["count_time"] = r.exposure_s
             detector["count_time"].attrs["units"] = "s"
             detector["saturation_value"] = COUNT_CUTOFF
@@ -195,18 +236,14 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             placement = detector.create_group("transformations")
             placement.attrs["NX_class"] = "NXtransformations"
             _axis(placement, "two_theta", r.twotheta_deg, "rotation", twotheta_axis, ".", "deg")
-            module = detector.create_group("module")
-            module.attrs["NX_class"] = "NXdetector_module"
-            module["data_origin"] = np.array([0, 0], dtype=np.int64)
-            module["data_size"] = np.array([r.pixels_slow, r.pixels_fast], dtype=np.int64)
-            distance_mm = float(np.linalg.norm(origin_mm))
-            _axis(module, "module_offset", distance_mm, "translation",
-                  origin_mm / distance_mm if distance_mm else (0.0, 0.0, 1.0),
-                  "/entry/instrument/detector/transformations/two_theta", "mm")
-            _axis(module, "fast_pixel_direction", pixel_mm, "translation", before_twotheta(r.fast_axis),
-                  "/entry/instrument/detector/module/module_offset", "mm")
-            _axis(module, "slow_pixel_direction", pixel_mm, "translation", before_twotheta(r.slow_axis),
-                  "/entry/instrument/detector/module/module_offset", "mm")
+            for index, module in enumerate(modules):
+                _module(detector, module, index if r.modules else None, before_twotheta)
+            if not r.modules:
+                for name, value, units in (("distance", r.distance_m * 1000.0, "mm"),
+                                           ("beam_center_x", r.beam_fast_px, "pixel"),
+                                           ("beam_center_y", r.beam_slow_px, "pixel")):
+                    detector[name] = value
+                    detector[name].attrs["units"] = units
 
             sample = entry.create_group("sample")
             sample.attrs["NX_class"] = "NXsample"
@@ -225,7 +262,7 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
 
             data = entry.create_group("data")
             data.attrs.update({"NX_class": "NXdata", "signal": "data"})
-            shape = (len(omega_deg), r.pixels_slow, r.pixels_fast)
+            shape = (len(omega_deg), *frame_shape)
             counts = data.create_dataset("data", shape=shape, dtype=np.int32, chunks=(1, *shape[1:]),
                                          compression="gzip", compression_opts=1)
             written = 0

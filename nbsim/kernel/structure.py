@@ -14,9 +14,16 @@ import functools
 from ..beam import source_count
 from ..config import DetectorConfig, SimulationConfig
 from ..crystal import build_lattice, cell_counts, mosaic_domain_count, phi_sampling
-from ..geometry import build_geometry
 from ..rng import Ran1
-from ..setup import lookup_of, oversample_advice, requested_oversample, sampling_distance_m, sensor_layers
+from ..setup import (
+    detector_panels,
+    finest_sampling,
+    lookup_of,
+    oversample_advice,
+    requested_oversample,
+    sampling_distance_m,
+    sensor_layers,
+)
 from .inputs import kernel_options
 from .stages import Structure
 
@@ -26,10 +33,10 @@ def structure_of(config: SimulationConfig) -> Structure:
     phi steps × sensor layers × sub-pixels == 1).
 
     The cell counts and the automatic oversample need the lattice and the detector distance after pivots:
-    they come from `crystal.build_lattice` and `geometry.build_geometry` (float64 3×3 CPU tensors, about a
-    millisecond together) rather than from a second copy of their arithmetic, and only where a decision
-    needs them: the lookup with -hkl and neither -interpolate nor -nointerpolate, the oversample where it
-    is automatic and every other count is 1."""
+    they come from `crystal.build_lattice` and the detector's geometry (`setup.detector_panels`, float64 3×3
+    CPU tensors, about a millisecond together) rather than from a second copy of their arithmetic, and only
+    where a decision needs them: the lookup with -hkl and neither -interpolate nor -nointerpolate, the
+    oversample where it is automatic and every other count is 1."""
     crystal, detector, wavelength_A = config.crystal, config.detector, config.beam.wavelength_A
     lattice = functools.cache(lambda: build_lattice(crystal, wavelength_A, Ran1()))
     n_cells = functools.cache(lambda: cell_counts(crystal, lattice()))
@@ -41,10 +48,10 @@ def structure_of(config: SimulationConfig) -> Structure:
 
 
 def _distance_and_pixel_m(detector: DetectorConfig) -> tuple[float, float]:
-    """The detector's `sampling_distance_m` and pixel size: remembered for a detector configuration of
-    plain values (the points of a sweep mostly share one, and building its geometry would otherwise be
-    most of `structure_of`'s cost), computed afresh for one holding tensors, which hash by identity and
-    may change in place (an optimiser's step)."""
+    """The `sampling_distance_m` and pixel size of the detector's finest-sampled panel: remembered for a
+    detector configuration of plain values (the points of a sweep mostly share one, and building its
+    geometry would otherwise be most of `structure_of`'s cost), computed afresh for one holding tensors,
+    which hash by identity and may change in place (an optimiser's step)."""
     values = [getattr(detector, field.name) for field in dataclasses.fields(detector)]
     if any(hasattr(item, "detach") for value in values for item in (value if isinstance(value, tuple) else (value,))):
         return _geometry_distance_and_pixel_m(detector)
@@ -52,7 +59,7 @@ def _distance_and_pixel_m(detector: DetectorConfig) -> tuple[float, float]:
 
 
 def _geometry_distance_and_pixel_m(detector: DetectorConfig) -> tuple[float, float]:
-    geometry = build_geometry(detector)
+    geometry = finest_sampling(detector_panels(detector))
     return sampling_distance_m(geometry), geometry.pixel_size_m
 
 

@@ -24,7 +24,7 @@ from ..config import (
 from ..errors import NbsimError
 from ..io.text import read_mosflm_matrix, read_source_file
 from ..modes import Compile
-from .flags import DETECTOR_FLAGS, NBSIM_ONLY, NO_EFFECT, validate
+from .flags import DETECTOR_FLAGS, NBSIM_ONLY, NO_EFFECT, SINGLE_PANEL_FILES, SINGLE_PANEL_ONLY, validate
 from .rules import CState, run_nanobragg_rules
 
 
@@ -70,6 +70,14 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         raise NbsimError("-p1_out writes the table of -hkl or -model: give one of them")
     config = _config_from_state(state).with_options(column=nbsim_options.get("-column"),
                                                     model_file=nbsim_options.get("-model"))
+    panel_file = nbsim_options.get("-panelfile")
+    if panel_file:
+        _check_panel_flags(argv)
+        from ..io.panels import read_panel_file  # numpy: only where a panel file is given
+
+        config = config.with_options(panels=read_panel_file(panel_file), panel_file=panel_file)
+        state["write_pgm"] = state["calculate_noise"] = False
+        state["intfile"] = None
     config = _with_cell_from_file(config)
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
@@ -98,6 +106,20 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run
+
+
+def _check_panel_flags(argv: list[str]) -> None:
+    """With -panelfile, refuse the flags that place or select pixels of one panel, and its one-panel files."""
+    for flag in argv:
+        if flag in SINGLE_PANEL_ONLY:
+            raise NbsimError(f"{flag} places or selects pixels of a single panel; with -panelfile every panel's "
+                             "place and size come from the panel file")
+        if flag in SINGLE_PANEL_FILES:
+            raise NbsimError(f"{flag} writes one panel; a multi-panel detector (-panelfile) is written by "
+                             "-nxmxfile (NXmx, one module per panel) or -floatfile (the panels stacked)")
+        if flag in DETECTOR_FLAGS:
+            raise NbsimError(f"{flag} changes only the -noisefile image, which holds one panel: not available "
+                             "with -panelfile")
 
 
 def _response(argv: list[str], options: dict[str, str], adc: float, seed: int | None) -> DetectorResponseConfig:

@@ -150,6 +150,8 @@ _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-m
 _add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
 _add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
 _add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
+_add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
+     "(docs/formats.md)", "one panel")
 _add(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own "
      "(its noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg")
 _add(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)")
@@ -199,6 +201,15 @@ CONFLICTS = (
 )
 NBSIM_ONLY = tuple(n for f in TABLE if f.group in (NBSIM, RESPONSE) for n in f.names)
 NO_EFFECT = tuple(n for f in TABLE if f.group == IGNORED for n in f.names)
+SINGLE_PANEL_ONLY = ("-distance", "-close_distance", "-Xbeam", "-Ybeam", "-Xclose", "-Yclose", "-ORGX", "-ORGY",
+                     "-twotheta", "-detector_rotx", "-detector_roty", "-detector_rotz", "-fdet_vector",
+                     "-sdet_vector", "-odet_vector", "-pix0_vector", "-pivot", "-detpixels", "-detpixels_f",
+                     "-detpixels_x", "-detpixels_s", "-detpixels_y", "-detsize", "-detsize_f", "-detsize_s",
+                     "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel")
+"""Flags that place, shape or select pixels of the one panel: refused with -panelfile."""
+SINGLE_PANEL_FILES = ("-intfile", "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-pgmscale",
+                      "-cbffile")
+"""Image files of one panel (SMV, PGM, miniCBF): refused with -panelfile (-floatfile and -nxmxfile hold panels)."""
 DETECTOR_FLAGS = tuple(n for f in TABLE if f.group == RESPONSE for n in f.names)
 """nbsim's detector effects (docs/detector.md): they change only the -noisefile image."""
 

@@ -7,7 +7,9 @@ Images smaller than the sweep's largest size fill the first rows and columns of 
 `detector_image`). `slow` and `fast` are pixel indices; `slow_mm` and `fast_mm` the pixel centres'
 distances from the detector's first corner along them, in mm, when every point has the same pixel size
 (`pixel_mm`, a variable over the axes, says each point's). A rotation series reads as one (phi, slow, fast)
-array after `.squeeze()`, and `.sel(...)` of one point reads one chunk. Images are copied one shard at a
+array after `.squeeze()`, and `.sel(...)` of one point reads one chunk. A -panelfile scenario's images
+have a `panel` dimension before `slow` and `fast` (panels zero-padded to the largest; no `slow_mm`, `fast_mm`:
+each panel has its own pixels). Images are copied one shard at a
 time (nbsim.sweep.store.SHARD_BYTES, 16 MiB), so memory holds about one shard of images however large the
 sweep. With draws, labels (nbsim.sweep.labels) are coordinates along `draw`.
 """
@@ -24,6 +26,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from ..errors import NbsimError
 from .progress import Progress
 from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
 
@@ -142,19 +145,19 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
             values = grid[name].values if name in grid else np.full(shape, None)
             text = np.vectorize(lambda v: "" if pd.isna(v) else str(v), otypes=[object])(values)
             store.variable(name, tuple(axes), shape, str, data=text)
-        largest = int(max(grid["size"].values))
+        pixels = _image_shape(rows, stores)
         pixel_mm = grid["pixel_mm"].values.astype(np.float64) if "pixel_mm" in grid else np.full(shape, np.nan)
         store.variable("pixel_mm", tuple(axes), shape, np.float64, data=pixel_mm)
-        for dimension in ("slow", "fast"):
-            store.coordinate(dimension, list(range(largest)))
+        for dimension, count in zip(IMAGE_DIMENSIONS[-len(pixels):], pixels, strict=True):
+            store.coordinate(dimension, list(range(count)))
         coordinates = _write_labels(store, rows, grid, axes, shape)
         sizes_mm = set(pixel_mm[np.isfinite(pixel_mm)].tolist())
-        if len(sizes_mm) == 1:
-            centres_mm = ((np.arange(largest) + 0.5) * sizes_mm.pop()).tolist()
-            for dimension in ("slow", "fast"):
-                store.coordinate(f"{dimension}_mm", centres_mm, dimension=dimension)
+        if len(sizes_mm) == 1 and len(pixels) == 2:
+            for dimension, count in zip(("slow", "fast"), pixels, strict=True):
+                store.coordinate(f"{dimension}_mm", ((np.arange(count) + 0.5) * next(iter(sizes_mm))).tolist(),
+                                 dimension=dimension)
             coordinates += ["slow_mm", "fast_mm"]
-        for image in _copy_images(store, rows, grid, axes, stores, largest, label):
+        for image in _copy_images(store, rows, grid, axes, stores, pixels, label):
             image.attrs["coordinates"] = " ".join(coordinates)
         store.commit()
 
@@ -182,19 +185,38 @@ def _write_labels(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Datas
     return coordinates
 
 
+IMAGE_DIMENSIONS = ("panel", "slow", "fast")
+
+
+def _image_shape(rows: list[dict[str, Any]], stores: dict[str, Path]) -> tuple[int, ...]:
+    """The collated image's trailing shape: the largest (slow, fast), or (panel, slow, fast), of the batch
+    stores' images (each store's metadata read once)."""
+    shapes = [open_store_array(stores[batch], "image").shape[1:]
+              for batch in dict.fromkeys(row["batch"] for row in rows if row["status"] == "ok")]
+    if not shapes:
+        largest = int(max(row["size"] for row in rows))
+        return (largest, largest)
+    if len({len(shape) for shape in shapes}) != 1:
+        raise NbsimError("a scenario's points mix multi-panel (-panelfile) and single-panel images: give the "
+                         "panel files their own scenario")
+    return tuple(int(max(sizes)) for sizes in zip(*shapes, strict=True))
+
+
 def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Dataset, axes: list[str],
-                 stores: dict[str, Path], largest: int, label: str) -> list:
-    """`image` (float32; with a detector stage also `detector_image`, 16-bit ADU) over the axes plus `slow`
-    and `fast` (`largest` pixels each), sharded along the last axis and written one shard at a time (each
-    shard file written once), each shard's images read from a batch store in one read; returns the arrays."""
+                 stores: dict[str, Path], pixels: tuple[int, ...], label: str) -> list:
+    """`image` (float32; with a detector stage also `detector_image`, 16-bit ADU) over the axes plus the
+    image's own dimensions (`pixels`: slow, fast or panel, slow, fast), sharded along the last axis and
+    written one shard at a time (each shard file written once), each shard's images read from a batch store
+    in one read; returns the arrays."""
     indexes = {axis: grid.indexes[axis] for axis in axes}
     ok = [row for row in rows if row["status"] == "ok"]
     kinds = {"image": np.float32, **({DETECTOR_IMAGE: np.uint16} if any(row.get("detector") for row in ok) else {})}
     progress = Progress(len(ok) * len(kinds), label)
-    shape = (*(grid.sizes[a] for a in axes), largest, largest)
+    shape = (*(grid.sizes[a] for a in axes), *pixels)
     targets = []
     for kind, dtype in kinds.items():
-        target = store.image_variable(kind, (*axes, "slow", "fast"), shape, dtype, shard_axis=len(axes) - 1)
+        target = store.image_variable(kind, (*axes, *IMAGE_DIMENSIONS[-len(pixels):]), shape, dtype,
+                                      shard_axis=len(axes) - 1)
         _copy_kind(target, ok, kind, axes, indexes, stores, progress)
         targets.append(target)
     return targets
@@ -211,7 +233,7 @@ def _copy_kind(target, rows: list[dict[str, Any]], kind: str, axes: list[str], i
     for (*outer, block), members in blocks.items():
         first = block * per_shard
         stop = min(first + per_shard, target.shape[len(axes) - 1])
-        data = np.full((stop - first, *target.shape[-2:]), target.fill_value, dtype=target.dtype)
+        data = np.full((stop - first, *target.shape[len(axes):]), target.fill_value, dtype=target.dtype)
         by_batch: dict[str, list[tuple[tuple[int, ...], dict]]] = {}
         for where, row in members:
             by_batch.setdefault(row["batch"], []).append((where, row))
@@ -221,7 +243,7 @@ def _copy_kind(target, rows: list[dict[str, Any]], kind: str, axes: list[str], i
             low, high = min(r["index"] for _, r in placed), max(r["index"] for _, r in placed)
             read = arrays[batch][low:high + 1]  # one read of the batch's images in this block
             for where, row in placed:
-                size = row["size"]
-                data[where[-1] - first, :size, :size] = read[row["index"] - low]
+                image = read[row["index"] - low]
+                data[(where[-1] - first, *(slice(0, n) for n in image.shape))] = image
                 progress.advance()
         target[(*outer, slice(first, stop))] = data

@@ -119,7 +119,7 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
         "repeats": job.repeats, "threads": job.threads, "process_startup_s": startup_s, **_job_identity()}
     images = {"image": np.float64 if job.is_reference and not job.c_binary else np.float32,
               **({DETECTOR_IMAGE: np.uint16} if job.detector else {})}
-    output = BatchStore(store, job_digest(job.to_dict()), [p.name for p in job.points], job.points[0].size,
+    output = BatchStore(store, job_digest(job.to_dict()), [p.name for p in job.points], job.points[0].image_shape,
                         images, {"scenario": job.scenario, "batch": job.batch})
     entries = output.entries()
     done = sum(entry is not None for entry in entries)
@@ -253,7 +253,7 @@ def _c_references(job: BatchJob, output: BatchStore, entries: list[dict | None])
         entries[index] = {**point.to_dict(), "index": index, "status": "ok", "binary": job.c_binary,
                           "timed_s": time.perf_counter() - begin,
                           "timing": {"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s}}
-        output.write(index, {"image": image.reshape(point.size, point.size)}, entries[index])
+        output.write(index, {"image": image.reshape(point.image_shape)}, entries[index])
         progress.advance()
     return []
 

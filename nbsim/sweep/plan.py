@@ -295,13 +295,16 @@ def _absolute_args(args: str | tuple, base: Path) -> tuple[str, ...]:
 
 
 def point_argv(config: dict, point: Point, base: Path, draw_arguments: bool = True) -> tuple[str, ...]:
-    """A point's nanoBragg arguments: its scenario's, its size, its flag axes and drawn flags (file values
-    absolute), then (`draw_arguments`) its draw's seed and orientation arguments."""
+    """A point's nanoBragg arguments: its scenario's, its size (not for a -panelfile scenario: the panel file
+    sizes its panels), its flag axes and drawn flags (file values absolute), then (`draw_arguments`) its
+    draw's seed and orientation arguments."""
     from ..nanobragg.flags import absolute_file_arguments
 
     flags = [text for name, value in point.flags for text in (name, str(value))]
-    return (*scenario_args(config, point.scenario, base), "-detpixels", str(point.size),
-            *absolute_file_arguments(flags, base), *(point.draw_arguments if draw_arguments else ()))
+    scenario = scenario_args(config, point.scenario, base)
+    size = () if "-panelfile" in scenario else ("-detpixels", str(point.size))
+    return (*scenario, *size, *absolute_file_arguments(flags, base),
+            *(point.draw_arguments if draw_arguments else ()))
 
 
 def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:

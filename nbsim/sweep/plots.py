@@ -102,7 +102,8 @@ def _previews(rows: list[dict], stores: dict[str, Path], axes: list[str], path: 
     for axis in grid.ravel():
         axis.axis("off")
     for axis, row in zip(grid.ravel(), chosen, strict=False):
-        image = block_max(np.asarray(open_store_array(stores[row["batch"]], "image")[row["index"]], dtype=np.float64))
+        image = np.asarray(open_store_array(stores[row["batch"]], "image")[row["index"]], dtype=np.float64)
+        image = block_max(np.concatenate(list(image), axis=1) if image.ndim == 3 else image)  # panels side by side
         positive = image[image > 0]
         low, high = (np.percentile(positive, [50, 99.9]) if positive.size else (1.0, 10.0))
         shown = axis.imshow(np.clip(image, low, None), cmap="gray_r", interpolation="nearest",

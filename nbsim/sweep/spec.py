@@ -139,7 +139,7 @@ class PointSpec:
     reference: str
     """The name of the reference point its image is compared with (`n128-phi_12.5`)."""
     size: int
-    """Detector pixels per side."""
+    """Detector pixels per side (a label only for a -panelfile scenario, whose file sizes its panels)."""
     axes: Mapping[str, Any]
     """Its coordinate on every axis of the collated store."""
     config: SimulationConfig
@@ -150,6 +150,14 @@ class PointSpec:
     """The kernel job whose ahead-of-time kernels it loads; None when it renders without one."""
     labels: Mapping[str, Any] = field(default_factory=dict)
     """Its draw's labels: index, drawn values and seeds (nbsim.sweep.labels.drawn_labels); {} without one."""
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """Its image's shape: (size, size), or (panels, slow, fast) padded to the largest panel."""
+        panels = self.config.detector.panels
+        if not panels:
+            return self.size, self.size
+        return len(panels), max(p.pixels_s for p in panels), max(p.pixels_f for p in panels)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclass_to_dict(self)

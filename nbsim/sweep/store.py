@@ -116,10 +116,12 @@ def job_digest(job: dict) -> str:
 
 
 class BatchStore:
-    """A batch's images (`<name> (point, slow, fast)` per image kind) and its points' entries, written point
-    by point and resumable (see the module's docstring)."""
+    """A batch's images (`<name> (point, slow, fast)` per image kind, `(point, panel, slow, fast)` for a
+    multi-panel detector, padded to its largest panel) and its points' entries, written point by point and
+    resumable (see the module's docstring)."""
 
-    def __init__(self, path: Path, digest: str, points: list[str], size: int, images: dict[str, Any],
+    def __init__(self, path: Path, digest: str, points: list[str], image_shape: tuple[int, ...],
+                 images: dict[str, Any],
                  attributes: dict[str, Any]):
         import zarr
 
@@ -133,7 +135,7 @@ class BatchStore:
             if group.attrs.get("job") != digest or {*self.images, "done"} - members:
                 raise ValueError("another job's store")
         except (FileNotFoundError, ValueError, KeyError, zarr.errors.GroupNotFoundError):
-            group = self._create(digest, points, size, attributes)
+            group = self._create(digest, points, image_shape, attributes)
         self.group = group
         self._done = group["done"]
         self._arrays = {name: group[name] for name in self.images}
@@ -142,7 +144,7 @@ class BatchStore:
         self._log = self.path / ENTRY_LOG
         self._cut_torn_line()
 
-    def _create(self, digest: str, points: list[str], size: int, attributes: dict[str, Any]):
+    def _create(self, digest: str, points: list[str], image_shape: tuple[int, ...], attributes: dict[str, Any]):
         import zarr
 
         shutil.rmtree(self.path, ignore_errors=True)
@@ -153,7 +155,8 @@ class BatchStore:
         names[...] = np.asarray(points, dtype=str)
         for name, dtype in self.images.items():
             fill = np.nan if np.dtype(dtype).kind == "f" else 0
-            _create_image_array(group, name, ("point", "slow", "fast"), (len(points), size, size), dtype, fill, 0,
+            dimensions = ("point", "panel", "slow", "fast")[-1 - len(image_shape):]
+            _create_image_array(group, name, dimensions, (len(points), *image_shape), dtype, fill, 0,
                                 BATCH_SHARD_IMAGES)
         group.create_array("done", shape=(len(points),), dtype=np.uint8, chunks=(len(points),),
                            dimension_names=["point"], fill_value=0)

@@ -211,6 +211,8 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
     def build(point: Point) -> None:
         simulation = point_config(config, point, base)
         check_response(simulation.response)
+        if simulation.detector.panels:
+            _check_panel_scenario(config, c_reference)
         hkl_file = simulation.structure.hkl_file
         if c_reference and (simulation.structure.model_file or (hkl_file and hkl_format(hkl_file) != "text")):
             raise NbsimError("reference.c_binary: nanoBragg reads only h k l F text tables, not an MTZ, mmCIF or "
@@ -226,6 +228,19 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
             build(point)
         except NbsimError as error:
             raise NbsimError(_blame(build, point, error)) from None
+
+
+def _check_panel_scenario(config: dict, c_reference: bool) -> None:
+    """A -panelfile scenario: its panel file sizes the detector (one sweep size, a label), the C renders one
+    panel (no C reference) and the detector stage one image (no sweep.detector)."""
+    if len(axis_values(config["sweep"]["sizes"])) > 1:
+        raise NbsimError("sweep.sizes: -panelfile sizes every panel from its file; give one size (it only names "
+                         "the points)")
+    if c_reference:
+        raise NbsimError("reference.c_binary: the C renders one panel, not a -panelfile detector; drop it for "
+                         "nbsim's float64 reference")
+    if config["sweep"].get("detector") is not None:
+        raise NbsimError("sweep.detector: the detector stage takes one panel, not a -panelfile detector")
 
 
 def _blame(build: Callable[[Point], None], point: Point, error: NbsimError) -> str:

@@ -1,0 +1,279 @@
+"""Multi-panel detectors (-panelfile): panels that tile one flat detector give its image pixel for pixel; each
+panel of a tilted, shifted detector equals the single-panel custom-convention render the C would be given
+for it (geometry.single_panel_flags); the outputs keep the panels; bad panel files are one-line errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from nbsim.cli import main
+from nbsim.geometry import panel_geometries, single_panel_flags
+from nbsim.nanobragg import parse
+from nbsim.render import Renderer
+from nbsim.setup import resolve
+
+CRYSTAL = ["-cell", "60", "70", "80", "90", "95", "90", "-default_F", "100", "-N", "4", "-lambda", "1.1",
+           "-misset", "10", "20", "5", "-oversample", "2", "-mosaic", "0.3", "-mosaic_domains", "2"]
+
+
+def _panel(name, pixels, pixel_mm, fdet, sdet, pix0_mm, odet=None) -> dict:
+    entry = {"name": name, "pixels": list(pixels), "pixel_mm": pixel_mm, "fdet": list(fdet), "sdet": list(sdet),
+             "pix0_mm": list(pix0_mm)}
+    if odet is not None:
+        entry["odet"] = list(odet)
+    return entry
+
+
+def _write(tmp_path, panels: list[dict], name: str = "panels.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"panels": panels}))
+    return str(path)
+
+
+def _render(argv: list[str]) -> torch.Tensor:
+    config, _ = parse(argv)
+    return Renderer(resolve(config), dtype=torch.float64, compile="off")()
+
+
+def test_panels_tiling_one_flat_detector_give_its_image(tmp_path):
+    """Four panels of unequal sizes cutting a 96 x 80 custom-convention detector (so the stack is padded)."""
+    pixel_mm, (fast, slow) = 0.1, (96, 80)
+    single = _render(CRYSTAL + ["-fdet_vector", "0", "0", "1", "-sdet_vector", "0", "-1", "0", "-odet_vector", "1",
+                                "0", "0", "-beam_vector", "1", "0", "0", "-detpixels_f", str(fast), "-detpixels_s",
+                                str(slow), "-pixel", str(pixel_mm), "-Xbeam", "3.1", "-Ybeam", "4.2", "-distance",
+                                "60"])
+    corner = np.array([60.0, 4.2, -3.1])
+    cuts_f, cuts_s = (0, 40, fast), (0, 30, slow)
+    panels, where = [], []
+    for j in range(2):
+        for i in range(2):
+            f0, s0 = cuts_f[i], cuts_s[j]
+            pix0 = corner + pixel_mm * np.array([0.0, -s0, f0])
+            panels.append(_panel(f"q{j}{i}", (cuts_f[i + 1] - f0, cuts_s[j + 1] - s0), pixel_mm, (0, 0, 1),
+                                 (0, -1, 0), pix0.tolist()))
+            where.append((s0, cuts_s[j + 1], f0, cuts_f[i + 1]))
+    stacked = _render(CRYSTAL + ["-panelfile", _write(tmp_path, panels)])
+    assert stacked.shape == (4, 50, 56)
+    for index, (s0, s1, f0, f1) in enumerate(where):
+        panel = stacked[index]
+        torch.testing.assert_close(panel[:s1 - s0, :f1 - f0], single[s0:s1, f0:f1], rtol=1e-10,
+                                   atol=1e-14 * float(single.max()))
+        assert not panel[s1 - s0:].any() and not panel[:, f1 - f0:].any()
+
+
+def _tilted_panels() -> list[dict]:
+    """Three panels: tilted about different axes, shifted, of different sizes and pixel sizes."""
+    def rotated(vector, turns):
+        v = np.array(vector, dtype=float)
+        for axis, angle_deg in turns:
+            k, a = np.array(axis, dtype=float), math.radians(angle_deg)
+            v = v * math.cos(a) + np.cross(k, v) * math.sin(a) + k * (k @ v) * (1 - math.cos(a))
+        return v.tolist()
+
+    tilt, roll = [((0, 1, 0), 25), ((0, 0, 1), -10)], [((1, 0, 0), 30), ((0, 1, 0), -8)]
+    return [
+        _panel("flat", (40, 32), 0.1, (0, 0, 1), (0, -1, 0), (80.0, 1.6, -2.0)),
+        _panel("tilted", (48, 24), 0.12, rotated((0, 0, 1), tilt), rotated((0, -1, 0), tilt), (75.0, 6.0, 3.0)),
+        _panel("rolled", (24, 36), 0.09, rotated((0, 0, -1), roll), rotated((0, 1, 0), roll), (78.0, -5.0, 2.5),
+               odet=rotated((1, 0, 0), roll)),
+    ]
+
+
+def test_each_tilted_panel_equals_its_single_panel_custom_render(tmp_path):
+    """Each panel equals the render of nanoBragg's flags for that panel alone (what the C is checked with in
+    benchmarks/panels_vs_c.py): a pix0 recomputed by the C from -Xbeam/-Ybeam/-distance."""
+    beam = ["-beam_vector", "0.999", "0.03", "-0.02"]
+    argv = CRYSTAL + beam + ["-panelfile", _write(tmp_path, _tilted_panels())]
+    config, _ = parse(argv)
+    stacked = Renderer(resolve(config), dtype=torch.float64, compile="off")()
+    for index, geometry in enumerate(panel_geometries(config.detector)):
+        alone = _render(CRYSTAL + single_panel_flags(geometry))
+        panel = stacked[index, :geometry.pixels_s, :geometry.pixels_f]
+        assert alone.shape == panel.shape
+        torch.testing.assert_close(panel, alone, rtol=1e-9, atol=1e-12 * float(alone.max()))
+
+
+def test_floatfile_stacks_the_panels_and_nxmx_has_one_module_per_panel(tmp_path, monkeypatch):
+    """-floatfile holds each panel's slow x fast pixels in the file's order; the NXmx file read back with the
+    nxmx reader places every module's pixels where the panel's are (frame-free: distance from the sample and
+    angle from the beam) and holds each panel's counts in its data slab."""
+    nxmx = pytest.importorskip("nxmx")
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    argv = CRYSTAL + ["-panelfile", _write(tmp_path, _tilted_panels()), "-floatfile", "float.bin",
+                      "-nxmxfile", "image.nxs", "-dtype", "float64", "-compile", "off", "-scale", "3"]
+    assert main(argv) == 0
+    config, _ = parse(argv)
+    image = Renderer(resolve(config), dtype=torch.float64, compile="off")().numpy()
+    geometries = panel_geometries(config.detector)
+    stacked = np.fromfile("float.bin", dtype=np.float32)
+    expected = np.concatenate([image[i, :g.pixels_s, :g.pixels_f].ravel() for i, g in enumerate(geometries)])
+    np.testing.assert_array_equal(stacked, expected.astype(np.float32))
+    with h5py.File("image.nxs") as handle:
+        entry = nxmx.NXmx(handle).entries[0]
+        detector = entry.instruments[0].detectors[0]
+        data = entry.data[0][entry.data[0].signal]
+        assert data.shape == (1, 3, 36, 48)
+        assert len(detector.modules) == 3
+        for index, (module, g) in enumerate(zip(detector.modules, geometries, strict=True)):
+            np.testing.assert_array_equal(module.data_origin, [index, 0, 0])
+            np.testing.assert_array_equal(module.data_size, [1, g.pixels_s, g.pixels_f])
+            chain = nxmx.get_dependency_chain(module.fast_pixel_direction)
+            placement = nxmx.get_cumulative_transformation(chain[1:])[0]
+            fast = placement[:3, :3] @ module.fast_pixel_direction.vector
+            slow = placement[:3, :3] @ module.slow_pixel_direction.vector
+            pixel_mm = module.fast_pixel_direction[()].to("mm").magnitude[0]
+            assert pixel_mm == pytest.approx(g.pixel_size_m * 1000.0)
+            for f, s in ((0.5, 0.5), (g.pixels_f - 0.5, 1.5)):
+                ours = (g.pix0_m.numpy() + (f * g.fdet.numpy() + s * g.sdet.numpy()) * g.pixel_size_m) * 1000.0
+                theirs = placement[:3, 3] + (f * fast + s * slow) * pixel_mm
+                assert np.linalg.norm(theirs) == pytest.approx(np.linalg.norm(ours), rel=1e-12)
+                assert theirs[2] / np.linalg.norm(theirs) == pytest.approx(
+                    ours @ g.beam.numpy() / np.linalg.norm(ours), rel=1e-12)
+            counts = data[0, index]
+            panel = image[index, :g.pixels_s, :g.pixels_f]
+            expected_counts = np.floor(np.clip(panel.astype(np.float32).astype(np.float64) * 3 + 40, 0, 65535) + 0.5)
+            np.testing.assert_array_equal(counts[:g.pixels_s, :g.pixels_f], expected_counts)
+            assert not counts[g.pixels_s:].any() and not counts[:, g.pixels_f:].any()
+
+
+GEOM = """clen = 0.08
+res = 10000
+p0/min_fs = 0
+p0/max_fs = 31
+p0/min_ss = 0
+p0/max_ss = 15
+p0/fs = +1.0x +0.0y
+p0/ss = +0.0x +1.0y
+p0/corner_x = -16
+p0/corner_y = -16
+p1/min_fs = 0
+p1/max_fs = 31
+p1/min_ss = 16
+p1/max_ss = 31
+p1/fs = +1.0x +0.0y
+p1/ss = +0.0x +1.0y
+p1/corner_x = -16
+p1/corner_y = 0
+"""
+
+
+def test_a_crystfel_geometry_is_read_into_the_lab_frame(tmp_path):
+    """CrystFEL's (x, y, z) (beam along z, y up) is nbsim's (z, y, -x); corners, clen and res in metres."""
+    path = tmp_path / "two.geom"
+    path.write_text(GEOM)
+    config, _ = parse(CRYSTAL + ["-panelfile", str(path)])
+    first, second = config.detector.panels
+    assert (first.name, first.pixels_f, first.pixels_s) == ("p0", 32, 16)
+    assert first.pixel_size_mm == pytest.approx(0.1)
+    assert first.fdet_vector == pytest.approx((0.0, 0.0, -1.0)) and first.sdet_vector == pytest.approx((0, 1, 0))
+    assert first.pix0_mm == pytest.approx((80.0, -1.6, 1.6))
+    assert second.pix0_mm == pytest.approx((80.0, 0.0, 1.6))
+    assert _render(CRYSTAL + ["-panelfile", str(path)]).shape == (2, 16, 32)
+
+
+GOOD = dict(name="a", pixels=[8, 8], pixel_mm=0.1, fdet=[0, 0, 1], sdet=[0, -1, 0], pix0_mm=[50, 0.4, -0.4])
+
+
+@pytest.mark.parametrize("panels, message", [
+    ([{k: v for k, v in GOOD.items() if k != "pixel_mm"}], "panel 'a': missing pixel_mm"),
+    ([{**GOOD, "colour": 1}], "panel 'a': unknown key(s) colour"),
+    ([{**GOOD, "pixels": [0, 8]}], "panel 'a': no pixels (0 x 8"),
+    ([{**GOOD, "pixels": [8]}], "panel 'a': pixels must be two integers"),
+    ([{**GOOD, "fdet": [0, 0, 0]}], "panel 'a': fdet has zero length"),
+    ([{**GOOD, "sdet": [0, 0, 2]}], "panel 'a': fdet and sdet are parallel"),
+    ([{**GOOD, "odet": [-1, 0, 0]}], "panel 'a': odet must point away from the sample"),
+    ([{**GOOD, "pix0_mm": [50, "x", 0]}], "panel 'a': pix0_mm must be a finite number"),
+    ([GOOD, {**GOOD, "name": "b", "pix0_mm": [60, 0.5, -0.5]}], "panel 'b' overlaps panel 'a'"),
+    ([GOOD, {**GOOD, "name": "a", "pix0_mm": [50, 1.2, -0.4]}], "panel 'a': two panels have this name"),
+])
+def test_bad_panel_files_are_one_line_errors_and_write_nothing(panels, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, panels)
+    assert main(CRYSTAL + ["-panelfile", path, "-nxmxfile", "image.nxs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nbsim: error: {path}: {message}") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]
+
+
+def test_touching_panels_are_not_overlapping_and_a_rejected_geom_is_one_line(tmp_path, capsys):
+    neighbour = {**GOOD, "name": "b", "pix0_mm": [50, 0.4, 0.4]}
+    config, _ = parse(CRYSTAL + ["-panelfile", _write(tmp_path, [GOOD, neighbour])])
+    assert len(config.detector.panels) == 2
+    bad = tmp_path / "bad.geom"
+    bad.write_text(GEOM.replace("p1/fs = +1.0x +0.0y", "p1/fs = sideways"))
+    assert main(CRYSTAL + ["-panelfile", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nbsim: error: {bad}: CrystFEL geometry rejected by cfelpyutils") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", [["-intfile", "x.img"], ["-noisefile", "x.img"], ["-cbffile", "x.cbf"],
+                                  ["-distance", "90"], ["-roi", "0", "3", "0", "3"], ["-detpixels", "64"]])
+def test_single_panel_flags_and_files_are_refused_with_a_panel_file(flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(CRYSTAL + ["-panelfile", _write(tmp_path, [GOOD]), *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nbsim: error: {flag[0]} ") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]
+
+
+@pytest.mark.slow
+def test_a_sweep_keeps_the_panels(tmp_path):
+    """A -panelfile scenario through the Snakemake workflow: the batch store's images are (point, panel, slow,
+    fast), the collated store's `image` has a `panel` dimension, the padding is zero and the
+    panels are the renderer's; the float64 reference compares panel for panel."""
+    import subprocess
+
+    import xarray as xr
+
+    from nbsim.sweep.store import read_store
+    from tests.conftest import own_cache_env, snakemake_command
+
+    panels = [GOOD, {**GOOD, "name": "b", "pixels": [6, 10], "pix0_mm": [50, 0.4, 0.4]}]
+    panel_file = _write(tmp_path, panels)
+    crystal = ["-cell", "60", "70", "80", "90", "95", "90", "-default_F", "100", "-N", "4", "-lambda", "1.1",
+               "-oversample", "1"]
+    config = {"results": "results", "compile_cache": "results/compile-cache",
+              "scenarios": {"panels": {"args": [*crystal, "-panelfile", "panels.yaml"]}},
+              "sweep": {"sizes": [8], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"],
+                        "extra": {"fudge": [1.0, 2.0]}},
+              "resources": {"mem_mb": 1000, "runtime_min": 5}, "timing": {"warmup": 0, "repeats": 1, "threads": 1},
+              "reference": {"compile": False}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([*snakemake_command(tmp_path), "--cores", "2", "--resources=timing_slot=2"],
+                            capture_output=True, text=True, timeout=900, env=own_cache_env(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    batches = sorted((tmp_path / "results" / "panels").rglob("*.zarr"))
+    point_store = next(path for path in batches if "float32" in path.parent.name)
+    assert read_store(point_store)["image"].dims == ("point", "panel", "slow", "fast")
+    collated = xr.open_zarr(tmp_path / "results" / "panels" / "sweep.zarr")
+    images = collated["image"].squeeze()
+    assert images.dims == ("fudge", "panel", "slow", "fast") and images.shape == (2, 2, 10, 8)
+    config, _ = parse([*crystal, "-panelfile", panel_file, "-fudge", "2"])
+    expected = Renderer(resolve(config), dtype=torch.float32, compile="off")().numpy()
+    np.testing.assert_allclose(images.sel(fudge=2.0).values, expected, rtol=1e-6)
+    assert not images.sel(fudge=2.0).values[1, :, 6:].any()
+    assert float(collated["correlation"].min()) > 0.9999
+
+
+def test_panels_change_no_kernel_structure_and_survive_a_point_spec(tmp_path):
+    """One, two or three panels of any sizes render with the single panel's kernel structure (no compile per
+    panel count), and the panels travel through the sweep's JSON codec unchanged."""
+    import json
+
+    from nbsim.config import SimulationConfig
+    from nbsim.kernel.structure import structure_of
+    from nbsim.sweep.spec import dataclass_from_dict, dataclass_to_dict
+
+    single = parse(CRYSTAL)[0]
+    for count in (1, 2, 3):
+        config = parse(CRYSTAL + ["-panelfile", _write(tmp_path, _tilted_panels()[:count])])[0]
+        assert structure_of(config) == structure_of(single)
+        restored = dataclass_from_dict(SimulationConfig, json.loads(json.dumps(dataclass_to_dict(config))))
+        assert repr(restored) == repr(config)
