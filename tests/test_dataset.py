@@ -271,7 +271,7 @@ def test_a_collated_dataset_reads_as_labels_and_images(tmp_path):
 def test_a_batch_store_of_100_images_is_at_most_20_files(tmp_path):
     from nbsim.sweep.store import BatchStore
 
-    store = BatchStore(tmp_path / "images.zarr", "job", [f"p{i}" for i in range(100)], 16,
+    store = BatchStore(tmp_path / "images.zarr", "job", [f"p{i}" for i in range(100)], (16, 16),
                        {"image": np.float32, "detector_image": np.uint16}, {})
     for index in range(100):
         store.write(index, {"image": np.full((16, 16), index, np.float32),

@@ -15,7 +15,7 @@ from nbsim.nanobragg import config_from_args
 
 ARGS = ("-default_F 100 -cell 100 100 100 90 90 90 -N 10 -lambda 1.0 -distance 200 -pixel 0.4 -mosaic 0.5 "
         "-mosaic_dom 3 -phi 0 -osc 0.5 -phisteps 2 -oversample 2 -detpixels 32 -divergence 1 -divsteps 2 "
-        "-square_div -detector_thick 100 -detector_thicksteps 2 -detector_abs 50").split()
+        "-square_div -detector_thick 100 -detector_thicksteps 2 -detector_abs 50 -dtype float32").split()
 
 
 def test_show_resolves_a_command_without_rendering(tmp_path, monkeypatch, capsys):
