@@ -18,7 +18,15 @@ import torch
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
-from .config import CRYSTAL_SHAPES, DetectorConfig, Scalar, SimulationConfig, StructureFactorConfig, scalar_value
+from .config import (
+    CRYSTAL_SHAPES,
+    DetectorConfig,
+    Scalar,
+    SimulationConfig,
+    StructureFactorConfig,
+    check_spectrum,
+    scalar_value,
+)
 from .errors import InputFileError, NbsimError
 from .geometry import DetectorGeometry, build_geometry
 from .io.inputs import read_input_files
@@ -262,6 +270,7 @@ def _validate(config: SimulationConfig) -> None:
     wavelength = scalar_value(config.beam.wavelength_A)
     if not (wavelength > 0 and math.isfinite(wavelength)):
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
+    check_spectrum(config.beam)
     if config.crystal.shape not in CRYSTAL_SHAPES:
         raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
     if config.structure.hkl_file is None and config.structure.model_file is None and config.structure.default_F == 0.0:

@@ -45,7 +45,7 @@ _flags((PATH,), "-mat", "-hkl", "-sourcefile", "-mask", "-img", "-dump", "-stol"
 _flags((INT, INT, INT, INT), "-roi")
 _flags((INT, INT), "-printout_pixel")
 _flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile", "-column")
-_flags((PATH,), "-model", "-p1_out")
+_flags((PATH,), "-model", "-p1_out", "-spectrumfile")
 _VARIABLE = ("-cell", "-misset")
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
@@ -56,6 +56,7 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
                         "-osc", "-phistep"}
+WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (
     {"-interpolate", "-nointerpolate"},
     {"-square_xtal", "-round_xtal", "-gauss_xtal", "-tophat_spots", "-binary_spots"},
@@ -63,11 +64,14 @@ CONFLICTS = (
     {"-nonoise", "-noisefile", "-noiseimage"},
     {"-nopgm", "-pgmfile", "-pgmimage", "-pgmscale"},
     {"-nopolar", "-polar"},
-    {"-lambda", "-wave", "-wavelength", "-energy"},
+    set(WAVELENGTH_FLAGS),
     {"-fluence", "-flux"},
     {"-hkl", "-model"},
+    {"-spectrumfile", "-sourcefile"},
+    {"-spectrumfile", "-dispersion"},
 )
-NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out", "-cbffile", "-nxmxfile")
+NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out", "-cbffile", "-nxmxfile",
+              "-spectrumfile")
 NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol", "-4stol", "-Q", "-stolout",
              "-dump", "-coherent", "-printout", "-noprogress", "-progress")
 
