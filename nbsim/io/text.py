@@ -131,8 +131,8 @@ def read_spectrum_file(path: str | Path) -> tuple[tuple[float, float], ...]:
         header_allowed = False
         if len(tokens) != 2:
             unit = "energy (eV)" if in_eV else "wavelength (A)"
-            raise InputFileError(str(path), f"expected 2 numbers, {unit} and weight, found {len(tokens)} "
-                                            f"fields", line_number)
+            raise InputFileError(str(path), f"expected 2 numbers, {unit} and weight, found {len(tokens)}",
+                                 line_number)
         value, weight = (parse_number(t, path, line_number) for t in tokens)
         if value <= 0:
             what = f"energy {value:g} eV" if in_eV else f"wavelength {value:g} A"

@@ -1,0 +1,131 @@
+"""Weighted spectra (-spectrumfile): the file, the image against nanoBragg's sources, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nbsim.cli import main
+from nbsim.config import spectrum_mean_wavelength_A
+from nbsim.errors import InputFileError, NbsimError
+from nbsim.io.text import HC_EV_A, read_spectrum_file
+from nbsim.kernel.structure import structure_of
+from nbsim.nanobragg import parse
+from nbsim.render import simulate
+
+BASE = ("-default_F 100 -cell 60 60 60 90 90 90 -N 6 -distance 80 -detpixels 40 -pixel 0.4 -oversample 1 "
+        "-mosaic 0.3 -mosaic_dom 2 -mosaic_seed 5 -misset 5 10 15").split()
+WAVELENGTHS_A = (1.0, 1.03, 1.07)
+
+
+def _file(folder: Path, name: str, text: str) -> str:
+    path = folder / name
+    path.write_text(text)
+    return str(path)
+
+
+def _spectrum(folder: Path, weights: tuple[float, ...], name: str = "spectrum.txt") -> str:
+    return _file(folder, name, "".join(f"{lam} {w}\n" for lam, w in zip(WAVELENGTHS_A, weights, strict=True)))
+
+
+def _render(argv: list[str]) -> torch.Tensor:
+    return simulate(parse(argv)[0], dtype=torch.float64, compile="off")
+
+
+def test_reader_takes_wavelengths_energies_headers_and_comments(tmp_path):
+    plain = _file(tmp_path, "a.txt", "# wavelength_A weight\n1.0 1\n\n1.1, 0.5  # comment\n")
+    assert read_spectrum_file(plain) == ((1.0, 1.0), (1.1, 0.5))
+    energies = _file(tmp_path, "b.txt", "# a SASE shot\n# energy_eV weight\n9000 1\n9100 0\n")
+    assert read_spectrum_file(energies) == ((HC_EV_A / 9000, 1.0), (HC_EV_A / 9100, 0.0))
+    bare_header = _file(tmp_path, "c.txt", "energy_eV weight\n12398.42 2\n")
+    assert read_spectrum_file(bare_header) == ((1.0, 2.0),)
+
+
+def test_nominal_wavelength_is_the_weighted_mean_unless_lambda_is_given(tmp_path):
+    path = _spectrum(tmp_path, (1.0, 2.0, 1.0))
+    config = parse(BASE + ["-spectrumfile", path])[0]
+    assert config.beam.spectrum == tuple(zip(WAVELENGTHS_A, (1.0, 2.0, 1.0), strict=True))
+    assert config.beam.wavelength_A == pytest.approx(spectrum_mean_wavelength_A(config.beam.spectrum))
+    assert parse(BASE + ["-spectrumfile", path, "-lambda", "1.2"])[0].beam.wavelength_A == 1.2
+
+
+def test_new_channel_counts_and_weights_keep_the_kernel_structure(tmp_path):
+    """Channels are sources, a run-time count, and weights are values: one compiled kernel serves all."""
+    structures = {structure_of(parse(BASE + ["-spectrumfile", path, "-lambda", "1"])[0])
+                  for path in (_spectrum(tmp_path, (1, 1, 1), "a.txt"), _spectrum(tmp_path, (0.2, 3, 1), "b.txt"),
+                               _file(tmp_path, "c.txt", "1.0 1\n1.1 2\n"))}
+    assert structures == {structure_of(parse(BASE + ["-lambda", "1"])[0])}
+
+
+def test_one_channel_is_nanobraggs_image(tmp_path):
+    spectrum = _file(tmp_path, "one.txt", "1.05 0.3\n")
+    assert torch.equal(_render(BASE + ["-spectrumfile", spectrum]), _render(BASE + ["-lambda", "1.05"]))
+
+
+def test_equal_weights_are_nanobraggs_sources(tmp_path):
+    """Equal weights render what nanoBragg renders for the same sources (-sourcefile along the beam), water
+    background and polarization included."""
+    extra = ["-water", "200", "-polar", "0.9", "-lambda", "1.02"]
+    sources = _file(tmp_path, "sources.txt", "".join(f"-10 0 0 1 {lam * 1e-10}\n" for lam in WAVELENGTHS_A))
+    spectrum = _spectrum(tmp_path, (2.0, 2.0, 2.0))
+    assert torch.equal(_render(BASE + extra + ["-spectrumfile", spectrum]),
+                       _render(BASE + extra + ["-sourcefile", sources]))
+
+
+@pytest.mark.parametrize("divergence", [[], ["-hdivrange", "0.3", "-hdivsteps", "3"]], ids=["beam", "divergence"])
+def test_unequal_weights_are_the_weighted_sum_of_single_wavelength_images(tmp_path, divergence):
+    weights = (0.5, 3.0, 1.25)
+    image = _render(BASE + divergence + ["-spectrumfile", _spectrum(tmp_path, weights)])
+    expected = sum(w * _render(BASE + divergence + ["-lambda", str(lam)])
+                   for lam, w in zip(WAVELENGTHS_A, weights, strict=True)) / sum(weights)
+    assert image.max() > 0
+    assert torch.max(torch.abs(image - expected)) <= 1e-6 * expected.max()
+    assert not torch.allclose(image, _render(BASE + divergence + ["-spectrumfile", _spectrum(tmp_path, (1, 1, 1))]))
+
+
+def test_config_checks_a_spectrum_given_without_a_file():
+    config = parse(BASE)[0]
+    for spectrum, message in [((), "no channels"), (((1.0, -1.0),), "must not be negative"),
+                              (((0.0, 1.0),), "must be positive"), (((1.0, 0.0),), "sum to 0")]:
+        with pytest.raises(NbsimError, match=message):
+            simulate(config.with_options(spectrum=spectrum), dtype=torch.float64, compile="off")
+
+
+BAD_FILES = {
+    "negative weight": ("1.0 1\n1.1 -0.5\n", "bad.txt:2: weight -0.5 must not be negative"),
+    "zero sum": ("1.0 0\n1.1 0\n", "bad.txt: the weights sum to 0"),
+    "zero wavelength": ("1.0 1\n0 1\n", "bad.txt:2: wavelength 0 A must be positive"),
+    "negative energy": ("# energy_eV weight\n-9000 1\n", "bad.txt:2: energy -9000 eV must be positive"),
+    "empty": ("# nothing here\n\n", "bad.txt: no spectrum channels in file"),
+    "unparsable": ("1.0 1\n1.1 heavy\n", "bad.txt:2: 'heavy' is not a number"),
+    "one column": ("1.0\n", "bad.txt:1: expected 2 numbers, wavelength (A) and weight, found 1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_bad_spectrum_file_is_one_line_exit_2_nothing_written(name, tmp_path, capsys, monkeypatch):
+    text, expected = BAD_FILES[name]
+    path = _file(tmp_path, "bad.txt", text)
+    with pytest.raises(InputFileError):
+        read_spectrum_file(path)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    status = main(BASE + ["-spectrumfile", path, "-compile", "off", "-floatfile", "f.bin", "-nxmxfile", "f.h5"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.strip().splitlines() == [f"nbsim: error: {tmp_path / expected}"]
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["-sourcefile", "S"], "conflicting options -sourcefile and -spectrumfile"),
+    (["-dispersion", "1"], "conflicting options -dispersion and -spectrumfile"),
+])
+def test_spectrum_conflicts_with_other_wavelength_sources(tmp_path, capsys, flags, message):
+    flags = [str(tmp_path / "s.txt") if value == "S" else value for value in flags]
+    _file(tmp_path, "s.txt", "-10 0 0 1 1e-10\n")
+    assert main(BASE + ["-spectrumfile", _spectrum(tmp_path, (1, 1, 1)), *flags]) == 2
+    assert message in capsys.readouterr().err
