@@ -129,3 +129,17 @@ def test_spectrum_conflicts_with_other_wavelength_sources(tmp_path, capsys, flag
     _file(tmp_path, "s.txt", "-10 0 0 1 1e-10\n")
     assert main(BASE + ["-spectrumfile", _spectrum(tmp_path, (1, 1, 1)), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_nxmx_holds_the_wavelengths_and_their_weights(tmp_path, monkeypatch):
+    h5py = pytest.importorskip("h5py")
+    nxmx = pytest.importorskip("nxmx")
+    monkeypatch.chdir(tmp_path)
+    weights = (1.0, 2.0, 1.0)
+    assert main(BASE + ["-spectrumfile", _spectrum(tmp_path, weights), "-compile", "off", "-nonoise",
+                        "-nxmxfile", "image.nxs"]) == 0
+    with h5py.File(tmp_path / "image.nxs") as handle:
+        beam = nxmx.NXmx(handle).entries[0].instruments[0].beams[0]
+        assert beam.incident_wavelength.to("angstrom").magnitude.tolist() == list(WAVELENGTHS_A)
+        stored = handle["/entry/instrument/beam/incident_wavelength_weights"][()]
+    assert stored.tolist() == pytest.approx([w / sum(weights) for w in weights], rel=1e-15)

@@ -198,7 +198,8 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
         notes=(f"convention {g.convention} pivot {g.pivot}",
                f"seeds: mosaic {crystal.mosaic_seed} misset {crystal.misset_seed} noise {noise_seed}",
                f"mosaic domains {setup.mosaic.count} phi steps {setup.phi.steps}",
-               *_table_notes(setup)))
+               *_table_notes(setup)),
+        spectrum=beam.spectrum)
 
 
 def _table_notes(setup: Setup) -> tuple[str, ...]:
