@@ -143,3 +143,23 @@ def test_nxmx_holds_the_wavelengths_and_their_weights(tmp_path, monkeypatch):
         assert beam.incident_wavelength.to("angstrom").magnitude.tolist() == list(WAVELENGTHS_A)
         stored = handle["/entry/instrument/beam/incident_wavelength_weights"][()]
     assert stored.tolist() == pytest.approx([w / sum(weights) for w in weights], rel=1e-15)
+
+
+def test_a_sweep_axis_of_spectrum_files_plans_and_records_each_spectrum(tmp_path):
+    from nbsim.sweep.plan import point_spec, sweep_points
+    from nbsim.sweep.spec import PointSpec
+    from nbsim.sweep.validate import validate_config
+
+    from .conftest import REPO_ROOT
+    from .test_sweep import config_with
+
+    files = [_spectrum(tmp_path, (1, 1, 1), "flat.txt"), _spectrum(tmp_path, (0.1, 1, 5), "tilted.txt")]
+    config = config_with({"-spectrumfile": files})
+    validate_config(config, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", tmp_path)
+    points = sweep_points(config)
+    specs = [point_spec(config, point, tmp_path, {point: "kernel"}) for point in points]
+    assert [spec.config.beam.spectrum for spec in specs] == [read_spectrum_file(path) for path in files]
+    assert [PointSpec.from_dict(spec.to_dict()) for spec in specs] == specs
+    bad = config_with({"-spectrumfile": [files[0], _file(tmp_path, "bad.txt", "1.0 -1\n")]})
+    with pytest.raises(NbsimError, match="bad.txt:1: weight -1 must not be negative"):
+        validate_config(bad, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", tmp_path)
