@@ -163,3 +163,20 @@ def test_a_sweep_axis_of_spectrum_files_plans_and_records_each_spectrum(tmp_path
     bad = config_with({"-spectrumfile": [files[0], _file(tmp_path, "bad.txt", "1.0 -1\n")]})
     with pytest.raises(NbsimError, match="bad.txt:1: weight -1 must not be negative"):
         validate_config(bad, REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml", tmp_path)
+
+
+def test_sase_spectrum_is_seeded_spiky_and_normalised():
+    from nbsim.spectra import sase_spectrum
+
+    spectrum = sase_spectrum(1.3, 0.5, 100, seed=7)
+    assert spectrum == sase_spectrum(1.3, 0.5, 100, seed=7)
+    assert spectrum != sase_spectrum(1.3, 0.5, 100, seed=8)
+    wavelengths, weights = zip(*spectrum, strict=True)
+    assert len(spectrum) == 100 and sum(weights) == pytest.approx(1.0, rel=1e-12) and min(weights) >= 0
+    assert wavelengths[0] < 1.3 < wavelengths[-1]
+    assert abs(wavelengths[-1] - wavelengths[0] - 3 * 1.3 * 0.005) < 1e-12
+    peaks = sum(1 for i in range(1, 99) if weights[i - 1] < weights[i] > weights[i + 1])
+    assert 2 <= peaks <= 10
+    assert sase_spectrum(1.3, 0.5, 1, seed=7) == ((1.3, 1.0),)
+    with pytest.raises(NbsimError, match="bandwidth"):
+        sase_spectrum(1.3, 0.0, 100, seed=7)
