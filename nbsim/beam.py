@@ -51,7 +51,7 @@ def auto_steps(range_: float | None, step: float | None, steps: int | None) -> S
 class Sources:
     """Incident unit vectors (N, 3), wavelengths in Å (N,), each source's intensity weight relative to the
     mean (N,): 1 but with a spectrum, and what nanoBragg prints about them (`weights`: the -sourcefile
-    column, which nanoBragg ignores)."""
+    column, which nanoBragg ignores, else each source's share of the intensity)."""
 
     incident: torch.Tensor
     wavelength_A: torch.Tensor
@@ -104,9 +104,9 @@ def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: t
                 wavelength_list.append(wavelength)
         positions = torch.stack(positions_list)
         wavelength_A = torch.stack(wavelength_list)
-        weights = np.full(len(positions_list), 1.0 / max(len(positions_list), 1))
         channel_weights = torch.tensor([weight for _, weight in channels], dtype=torch.float64)
         relative = (channel_weights * (len(channels) / channel_weights.sum())).repeat(divergence_points)
+        weights = (relative / len(relative)).numpy()
     incident = -unit(positions)
     return Sources(incident=incident, wavelength_A=wavelength_A, positions_m=positions.detach().numpy(),
                    weights=weights, divergence_points=divergence_points, dispersion=dispersion,
