@@ -31,7 +31,7 @@ from .modes import Compile, Mode
 from .nanobragg import parse
 from .nanobragg.flags import WAVELENGTH_FLAGS, absolute_file_arguments
 from .render import Renderer
-from .setup import resolve
+from .setup import Setup, resolve
 
 
 @dataclass
@@ -39,9 +39,10 @@ class BenchResult:
     """Timings (seconds) of one simulation, with what is needed to compare and reproduce them."""
 
     cold_s: float
-    warm_median_s: float
-    warm_min_s: float
-    warm_max_s: float
+    warm_median_s: float | None
+    """None with no repeats (a point rendered once, its cold call)."""
+    warm_min_s: float | None
+    warm_max_s: float | None
     warm_times_s: list[float]
     repeats: int
     warmup: int
@@ -83,7 +84,24 @@ def _synchronize(device: torch.device) -> None:
 def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile,
                warmup: int, repeats: int,
                output_dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, BenchResult]:
-    """Cold call (setup, compile or cache load, first render) then warm renders; returns the image too.
+    """Cold call (setup, compile or cache load, first render) then warm renders (none with `repeats` 0);
+    returns the image too (as `output_dtype` on the CPU)."""
+    timed = timed_render(config, device, dtype, compile, warmup, repeats)
+    return timed.image.detach().to("cpu", output_dtype).numpy(), timed.result
+
+
+@dataclass
+class TimedRender:
+    """`timed_render`'s set-up, image (on its device, in its dtype) and timings."""
+
+    setup: Setup
+    image: torch.Tensor
+    result: BenchResult
+
+
+def timed_render(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile,
+                 warmup: int, repeats: int) -> TimedRender:
+    """`time_nbsim`, keeping the set-up and the image tensor (for a stage after rendering: the detector).
 
     Warm renders reuse one output buffer, as a caller rendering repeatedly would.
     """
@@ -106,7 +124,8 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
         _synchronize(device)
         times.append(time.perf_counter() - begin)
     result = BenchResult(
-        cold_s=cold, warm_median_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times),
+        cold_s=cold, warm_median_s=statistics.median(times) if times else None,
+        warm_min_s=min(times, default=None), warm_max_s=max(times, default=None),
         warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=dtype_name(dtype),
         compile=compile, mode=renderer.mode.value, pixels=setup.shape[0] * setup.shape[1], steps=setup.steps,
         peak_rss_mb=peak_rss_mb(),
@@ -114,7 +133,7 @@ def time_nbsim(config: SimulationConfig, device: torch.device, dtype: torch.dtyp
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
-    return image.detach().to("cpu", output_dtype).numpy(), result
+    return TimedRender(setup, image, result)
 
 
 def _inductor_graphs() -> tuple[int, int]:

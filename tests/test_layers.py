@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nbsim.geometry", "nbsim.crystal", "nbsim.beam", "nbsim.structure_factors", "nbsim.setup",
      "nbsim.spectra"),
     ("nbsim.kernel",),
-    ("nbsim.render",),
+    ("nbsim.render", "nbsim.detector"),
     ("nbsim.timing",),
     ("nbsim.sweep",),
     ("nbsim.cli",),

@@ -23,7 +23,7 @@ from nbsim.nanobragg import parse
 from nbsim.sweep.collate import point_rows, write_collated_store
 from nbsim.sweep.plan import axis_values, plan_sweep, point_argv, point_config, point_spec, sweep_points
 from nbsim.sweep.spec import PointSpec, dataclass_from_dict, dataclass_to_dict, field_types
-from nbsim.sweep.store import read_store
+from nbsim.sweep.store import SHARD_BYTES, images_per_shard, read_store
 from nbsim.sweep.validate import validate_config
 
 from .conftest import REPO_ROOT, SEED_ARGS
@@ -136,9 +136,10 @@ def test_batches_follow_the_value_order_and_pair_with_their_references():
                          for dtype in ("float32", "float64")}
 
 
-def test_collation_holds_one_image_at_a_time(tmp_path):
-    """Collating 160 points of 256 x 256 (42 MB of images) never holds more than a few images (and the
-    small per-point tables), and every point lands at its own coordinate."""
+def test_collation_holds_one_shard_at_a_time(tmp_path):
+    """Collating 160 points of 256 x 256 (42 MB of images) never holds more than one shard of images (a
+    quarter of them here; at most nbsim.sweep.store.SHARD_BYTES), its encoded copy and the small per-point
+    tables, and every point lands at its own coordinate."""
     size, batches, per_batch = 256, 4, 40
     records, stores = write_synthetic_batches(tmp_path, batches, per_batch, size, "phi")
     rows = point_rows(records, [])
@@ -149,7 +150,9 @@ def test_collation_holds_one_image_at_a_time(tmp_path):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     image_bytes = size * size * 4
-    assert peak - baseline < 8 * image_bytes, f"collation peaked at {(peak - baseline) / 1e6:.1f} MB"
+    shard_bytes = images_per_shard(batches * per_batch, image_bytes) * image_bytes
+    assert shard_bytes <= SHARD_BYTES and shard_bytes < batches * per_batch * image_bytes / 3
+    assert peak - baseline < 2 * shard_bytes + 8 * image_bytes, f"collation peaked at {(peak - baseline) / 1e6:.1f} MB"
     dataset = read_store(tmp_path / "sweep.zarr")
     series = dataset["image_n256"].squeeze()
     assert series.dims == ("phi", "slow_n256", "fast_n256") and series.shape[0] == batches * per_batch

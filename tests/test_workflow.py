@@ -362,3 +362,39 @@ def test_example_sweep_plans_every_point(tmp_path):
     # 3 spreads x 2 sizes x 2 dtypes share one kernel per dtype and structure: spread 0 leaves one mosaic
     # domain (one step per pixel), 0.2 and 0.5 ten (many steps); the float64 references reuse float64's.
     assert plan["kernel"] == 4
+
+
+DATASET = {
+    "results": "results",
+    "compile_cache": "results/compile-cache",
+    "scenarios": {"data": {"args": ["-default_F", "100", "-cell", "70", "80", "90", "75", "85", "95", "-N", "5",
+                                    "-oversample", "1", "-mosaic_domains", "3", "-distance", "60"]}},
+    "sweep": {"sizes": [32], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"], "batch_size": 3,
+              "draws": {"count": 5, "seed": 7, "values": {"-misset": "random",
+                                                          "mosaic_spread_deg": {"uniform": [0.05, 0.5]},
+                                                          "-N": {"integers": [3, 8]}}}},
+    "resources": {"mem_mb": 1000, "runtime_min": 5},
+    "timing": {"warmup": 0, "repeats": 0, "threads": 1},
+    "reference": False,
+}
+
+
+def test_dataset_sweep_has_labels_and_no_references(tmp_path):
+    """A dataset (draws, reference: false): no reference jobs or correlation tables; labels in
+    tables/labels.csv and as coordinates of sweep.zarr; a second run executes nothing."""
+    import nbsim.sweep
+
+    write_config(tmp_path, DATASET)
+    result = snakemake(tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = tmp_path / "results" / "data"
+    assert not (results / "references").exists() and not (results / "tables" / "correlation.csv").exists()
+    labels = list(csv.DictReader((results / "tables" / "labels.csv").open()))
+    assert [int(row["draw"]) for row in labels] == list(range(5))
+    dataset = nbsim.sweep.open_dataset(results / "sweep.zarr")
+    assert dataset["image_n32"].squeeze().dims == ("draw", "slow_n32", "fast_n32")
+    assert [int(v) for v in dataset["N"].values] == [int(row["N"]) for row in labels]
+    timing = list(csv.DictReader((results / "tables" / "timing.csv").open()))
+    assert all(float(row["bytes_per_image"]) > 0 for row in timing)
+    again = snakemake(tmp_path)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

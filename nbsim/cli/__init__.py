@@ -30,6 +30,10 @@ nbsim renders the image nanoBragg renders for the same options and writes the sa
 (-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given), and, for
 processing software (DIALS, XDS, CrystFEL), -cbffile F (miniCBF) and -nxmxfile F (NeXus NXmx HDF5): the
 noise image's counts (the -intfile image's under -nonoise) with the geometry in the header (docs/formats.md).
+-noisefile is nanoBragg's noise image, bit for bit, unless detector effects are asked for (docs/detector.md):
+-noise_generator nanobragg|philox, -nopoisson, -flicker F, -calibration F [-calibration_seed N],
+-psf gaussian|fiber -psf_fwhm UM, -gain ADU_PER_PHOTON, -readout_noise ADU, -beamstop RADIUS_MM,
+-hot_pixels F, -dead_pixels F [-defect_seed N] (F: a fraction from 0 to 1).
 Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
 Options: """
 

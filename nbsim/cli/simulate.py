@@ -12,6 +12,7 @@ import torch
 from .. import __version__
 from ..cache import configure_compile_cache
 from ..config import SimulationConfig
+from ..detector import detector_image, layout_of
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.detector_images import ExperimentRecord, write_mini_cbf, write_nxmx
@@ -25,7 +26,6 @@ from ..vectors import DEGREES_PER_RADIAN
 from .products import (
     experiment_record,
     integer_image,
-    noise_image,
     pgm_image,
     refuse_tilted_mini_cbf,
     smv_fields,
@@ -74,8 +74,9 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"writing {run.pgmfile} as 1-byte integers")
         write_pgm(run.pgmfile, pgm_image(image, setup, pgm_scale), pgm_scale)
     if run.noisefile:
-        counts, overloads, photons = noise_image(image, setup, run.adc, run.seed)
-        print(f"{photons:.0f} photons on noise image ({overloads} overloads)")
+        detected = detector_image(torch.from_numpy(image), config.response, layout_of(setup))
+        counts = detected.adu.numpy().astype(np.uint16)
+        print(f"{detected.total_photons:.0f} photons on noise image ({detected.overloads} overloads)")
         print(f"writing {run.noisefile} as 2-byte integers")
         write_smv(run.noisefile, counts, fields)
     if run.wants_counts:

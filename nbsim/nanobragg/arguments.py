@@ -6,6 +6,7 @@ read here, strictly, into the configuration; the large tables (-hkl, -mask) stay
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from ..config import (
     BeamConfig,
     CrystalConfig,
     DetectorConfig,
+    DetectorResponseConfig,
     SimulationConfig,
     StructureFactorConfig,
     check_cell,
@@ -80,6 +82,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         notes.append("-pix0_vector selects the custom convention; as in nanoBragg its value is then recomputed "
                      "from the beam centre and pivot")
     seed = state["seed"] if state["seed"] is not None else int(time.time())
+    config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], seed))
     run = RunOptions(
         floatfile=state["floatfile"], intfile=state["intfile"],
         pgmfile=state["pgmfile"] if state["write_pgm"] else None,
@@ -90,6 +93,27 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         dtype=nbsim_options.get("-dtype", "float32"), compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run
+
+
+def _response(argv: list[str], options: dict[str, str], adc: float, seed: int) -> DetectorResponseConfig:
+    """The detector's settings: -seed, -adc and nbsim's detector flags (docs/detector.md)."""
+    if options.get("-psf", "none") != "none" and not float(options.get("-psf_fwhm", 0.0)) > 0:
+        raise NbsimError(f"-psf {options['-psf']} needs -psf_fwhm (the width in um, above 0)")
+    if float(options.get("-hot_pixels", 0.0)) + float(options.get("-dead_pixels", 0.0)) > 1:
+        raise NbsimError("-hot_pixels and -dead_pixels together must not exceed 1")
+    defaults = DetectorResponseConfig()
+    return DetectorResponseConfig(
+        generator=options.get("-noise_generator", defaults.generator), noise_seed=seed,
+        poisson="-nopoisson" not in argv, flicker_fraction=float(options.get("-flicker", 0.0)),
+        calibration_fraction=float(options.get("-calibration", 0.0)),
+        calibration_seed=int(options.get("-calibration_seed", defaults.calibration_seed)),
+        psf=options.get("-psf", defaults.psf), psf_fwhm_um=float(options.get("-psf_fwhm", 0.0)),
+        gain_adu_per_photon=float(options.get("-gain", defaults.gain_adu_per_photon)), adc_offset_adu=adc,
+        readout_noise_adu=float(options.get("-readout_noise", 0.0)),
+        beamstop_radius_mm=float(options.get("-beamstop", 0.0)),
+        hot_pixel_fraction=float(options.get("-hot_pixels", 0.0)),
+        dead_pixel_fraction=float(options.get("-dead_pixels", 0.0)),
+        defect_seed=int(options.get("-defect_seed", defaults.defect_seed)))
 
 
 def _config_from_state(state: CState) -> SimulationConfig:

@@ -46,6 +46,14 @@ _flags((INT, INT, INT, INT), "-roi")
 _flags((INT, INT), "-printout_pixel")
 _flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile", "-column")
 _flags((PATH,), "-model", "-p1_out", "-spectrumfile")
+_flags((NUM,), "-flicker", "-calibration", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop", "-hot_pixels",
+       "-dead_pixels")
+_flags((INT,), "-calibration_seed", "-defect_seed")
+_flags((WORD,), "-noise_generator", "-psf")
+_flags((), "-nopoisson")
+DETECTOR_FLAGS = ("-noise_generator", "-nopoisson", "-flicker", "-calibration", "-calibration_seed", "-psf",
+                  "-psf_fwhm", "-gain", "-readout_noise", "-beamstop", "-hot_pixels", "-dead_pixels", "-defect_seed")
+"""nbsim's detector effects (docs/detector.md): they change only the -noisefile image."""
 _VARIABLE = ("-cell", "-misset")
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
@@ -55,7 +63,8 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
-                        "-osc", "-phistep"}
+                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop"}
+MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (
     {"-interpolate", "-nointerpolate"},
@@ -71,7 +80,7 @@ CONFLICTS = (
     {"-spectrumfile", "-dispersion"},
 )
 NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out", "-cbffile", "-nxmxfile",
-              "-spectrumfile")
+              "-spectrumfile", *DETECTOR_FLAGS)
 NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol", "-4stol", "-Q", "-stolout",
              "-dump", "-coherent", "-printout", "-noprogress", "-progress")
 
@@ -111,6 +120,8 @@ def validate(argv: list[str]) -> None:
                 raise NbsimError(f"{flag} must be positive (got {values[0]})")
             if flag in MUST_NOT_BE_NEGATIVE and number < 0:
                 raise NbsimError(f"{flag} must not be negative (got {values[0]})")
+            if flag in MUST_BE_FRACTION and not 0 <= number <= 1:
+                raise NbsimError(f"{flag} must be a fraction between 0 and 1 (got {values[0]})")
         i += 1 + len(kinds)
     flags = {a for a in argv if a in FLAGS or a in _VARIABLE}
     for group in CONFLICTS:
@@ -128,7 +139,8 @@ def _check_value(flag: str, kind: str, value: str) -> None:
         raise NbsimError(f"{flag} expects a file name, got '{value}'")
     if kind == WORD:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
-                   "-compile": ("auto", "on", "off")}.get(flag)
+                   "-compile": ("auto", "on", "off"), "-noise_generator": ("nanobragg", "philox"),
+                   "-psf": ("none", "gaussian", "fiber")}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):
                 raise NbsimError(f"{flag} expects an attenuation depth in um or 'inf', got '{value}'")

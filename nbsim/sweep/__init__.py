@@ -9,5 +9,19 @@
 * `store` — JSON records and zarr stores, written atomically;
 * `collate` — tables and the collated store, built point by point;
 * `plots` — speedup, warm time and previews;
-* `progress` — a job's log (`logging`) and its progress: points done / total and rate.
+* `progress` — a job's log (`logging`) and its progress: points done / total and rate;
+* `draws`, `labels` — random draws as an axis (`sweep.draws`) and a dataset's labels;
+* `dataset` — reading a collated sweep for training: `open_dataset` and `SweepImages` (a PyTorch Dataset),
+  also reachable as `nbsim.sweep.open_dataset` and `nbsim.sweep.SweepImages` (imported on first use: the
+  package stays torch-free for the Snakefile).
 """
+
+_DATASET = ("open_dataset", "SweepImages")
+
+
+def __getattr__(name: str):
+    if name in _DATASET:
+        from . import dataset
+
+        return getattr(dataset, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,16 +20,23 @@ import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import NbsimError
 from ..io.structure_files import table_provenance
+from ..modes import Compile
 from .plan import KernelJob
 from .progress import Progress
 from .spec import BatchJob
-from .store import AtomicStore, open_store_array, write_json
+from .store import DETECTOR_IMAGE, BatchStore, job_digest, open_store_array, write_json
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import SimulationConfig
+    from ..timing import BenchResult
 
 IMAGE_DIMENSIONS = ("point", "slow", "fast")
 log = logging.getLogger(__name__)
@@ -96,85 +103,132 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
 
 
 def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: Path | None = None) -> dict:
-    """Render and time a batch's points, one after another, into one store (dimension `point`) and one
-    records JSON. Point batches compare each image with the same point of `reference_store`; reference
-    batches (`reference_store` None) render in float64 with nbsim or run `job.c_binary`."""
+    """Render and time a batch's points, one after another, into one store (`nbsim.sweep.store.BatchStore`:
+    each point's images and entry written as it finishes, so a rerun after a kill renders only the points
+    it lacks) and, once all are done, one records JSON. Point batches compare each image with the same
+    point of `reference_store` (if any); reference batches (`job.is_reference`) render in float64 with nbsim
+    or run `job.c_binary`."""
     from .. import timing  # noqa: F401  (torch and the renderer: part of the process's start-up)
 
     startup_s = process_startup_s()
     started = time.perf_counter()
     _use_job_resources(job.compile_cache, job.threads)
     record: dict[str, Any] = {
-        "scenario": job.scenario, "batch": job.batch, "kind": "points" if reference_store else "reference",
+        "scenario": job.scenario, "batch": job.batch, "kind": "reference" if job.is_reference else "points",
         "dtype": job.dtype, "device": job.device, "compile": job.compile, "warmup": job.warmup,
         "repeats": job.repeats, "threads": job.threads, "process_startup_s": startup_s, **_job_identity()}
-    size = job.points[0].size
-    shape = (len(job.points), size, size)
-    log.info("%s %s: %d points, %s .. %s; process start-up %.2f s", job.scenario, job.batch, len(job.points),
-             job.points[0].name, job.points[-1].name, startup_s)
-    with AtomicStore(store, {"scenario": job.scenario, "batch": job.batch}) as output:
-        output.coordinate("point", [p.name for p in job.points])
-        for axis in job.points[0].axes:
-            output.coordinate(axis, [p.axes[axis] for p in job.points], dimension="point")
-        reference_kind = "c" if job.c_binary else "nbsim-float64-cpu"
-        images = output.variable("image", IMAGE_DIMENSIONS, shape, np.float64 if reference_store is None and
-                                 not job.c_binary else np.float32, chunks=(1, size, size))
-        if reference_store is None and job.c_binary:
-            points, loads = _c_references(job, images)
-        else:
-            points, loads = _nbsim_points(job, images, reference_store)
-        record.update(status=points[0]["status"], kernel_loads=loads, points=points,
-                      reference=reference_kind if reference_store is None else None)
-        record.update(wall_s=time.perf_counter() - started, timed_s=sum(p.get("timed_s", 0.0) for p in points))
-        output.group.attrs["batch"] = {k: v for k, v in record.items() if k != "points"}
-        output.commit()
+    images = {"image": np.float64 if job.is_reference and not job.c_binary else np.float32,
+              **({DETECTOR_IMAGE: np.uint16} if job.detector else {})}
+    output = BatchStore(store, job_digest(job.to_dict()), [p.name for p in job.points], job.points[0].size,
+                        images, {"scenario": job.scenario, "batch": job.batch})
+    entries = output.entries()
+    done = sum(entry is not None for entry in entries)
+    log.info("%s %s: %d points, %s .. %s; %d already in its store; process start-up %.2f s", job.scenario,
+             job.batch, len(job.points), job.points[0].name, job.points[-1].name, done, startup_s)
+    if job.is_reference and job.c_binary:
+        loads = _c_references(job, output, entries)
+    else:
+        loads = _nbsim_points(job, output, entries, reference_store)
+    files = [p for p in Path(store).rglob("*") if p.is_file()]
+    store_bytes = sum(p.stat().st_size for p in files)
+    record.update(status=entries[0]["status"], kernel_loads=loads, points=entries, rendered=len(entries) - done,
+                  resumed=done, reference=("c" if job.c_binary else "nbsim-float64-cpu") if job.is_reference else None,
+                  store_files=len(files), store_bytes=store_bytes, bytes_per_image=store_bytes / len(entries))
+    record.update(wall_s=time.perf_counter() - started, timed_s=sum(p.get("timed_s", 0.0) for p in entries))
+    output.finish({"batch": {k: v for k, v in record.items() if k != "points"}})
     write_json(records_path, record)
     loads = [(load["kernel"], round(load["load_s"], 3), load["cache"]) for load in record["kernel_loads"]]
-    log.info("%s %s: done in %.2f s, %.2f s of it timing points; kernel loads (kernel, seconds, cache) %s",
-             job.scenario, job.batch, record["wall_s"], record["timed_s"], loads)
+    log.info("%s %s: done in %.2f s (%d points rendered, %d resumed), %.2f s of it timing points; kernel loads "
+             "(kernel, seconds, cache) %s", job.scenario, job.batch, record["wall_s"], record["rendered"], done,
+             record["timed_s"], loads)
     return record
 
 
-def _nbsim_points(job: BatchJob, images, reference_store: Path | None) -> tuple[list[dict], list[dict]]:
+def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
+                  reference_store: Path | None) -> list[dict]:
+    """Render the points without an entry, writing each (images, then entry) as it finishes."""
     from ..devices import resolve_device, resolve_dtype
     from ..timing import time_nbsim
+    from .labels import rendered_labels
 
     try:
         device = resolve_device(job.device)
     except NbsimError as error:
         if job.on_unavailable_device != "skip":
             raise
-        return [{**point.to_dict(), "index": index, "status": "skipped", "reason": str(error)}
-                for index, point in enumerate(job.points)], []
+        for index, point in enumerate(job.points):
+            if entries[index] is None:
+                entries[index] = {**point.to_dict(), "index": index, "status": "skipped", "reason": str(error)}
+                output.write(index, {}, entries[index])
+        return []
     import torch
 
     dtype = resolve_dtype(job.dtype)
-    output_dtype = torch.float64 if reference_store is None else torch.float32
+    output_dtype = torch.float64 if job.is_reference else torch.float32
     reference = _reference_images(reference_store) if reference_store else None
     loads: dict[Any, dict] = {}
-    points = []
-    progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
+    progress = Progress(sum(entry is None for entry in entries), f"{job.scenario} {job.batch}")
     for index, point in enumerate(job.points):
+        if entries[index] is not None:
+            continue
         kernel = point.kernel or "eager"
         if kernel not in loads:
-            _, load = time_nbsim(point.config, device, dtype, job.compile, 0, 1)
+            _, load = time_nbsim(point.config, device, dtype, job.compile, 0, 0)
             loads[kernel] = {"kernel": kernel, "point": point.name, "load_s": load.cold_s,
                              "cache": load.compile_cache}
         begin = time.perf_counter()
-        image, result = time_nbsim(point.config, device, dtype, job.compile, job.warmup, job.repeats,
-                                   output_dtype=output_dtype)
+        images, result, statistics_ = point_images(point.config, device, dtype, job.compile, job.warmup,
+                                                   job.repeats, output_dtype, job.detector)
         timed_s = time.perf_counter() - begin
         result.compile_cache = loads[kernel]["cache"]
-        images[index] = image
         entry = {**point.to_dict(), "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
-                 "device_name": result.gpu or result.cpu,
-                 "structure_factors": table_provenance(point.config.structure)}
+                 "device_name": result.gpu or result.cpu, "images": sorted(images),
+                 "structure_factors": table_provenance(point.config.structure),
+                 "labels": {**point.labels, **rendered_labels(point.config), **statistics_}}
         if reference is not None:
             names, stored = reference
-            entry["comparison"] = compare_images(image, stored[names[point.reference]])
-        points.append(entry)
+            entry["comparison"] = compare_images(images["image"], stored[names[point.reference]])
+        output.write(index, images, entry)
+        entries[index] = entry
         progress.advance()
-    return points, list(loads.values())
+    return list(loads.values())
+
+
+def point_images(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile, warmup: int,
+                 repeats: int, output_dtype: torch.dtype,
+                 detector: bool) -> tuple[dict[str, np.ndarray], BenchResult, dict[str, float]]:
+    """One point's images, timed: `image` (the noise-free photons, `output_dtype`) and, with `detector`, the
+    detector stage's `detector_image` (16-bit ADU, from the image as rendered, on its device and dtype);
+    with their statistics (nbsim.sweep.labels.image_statistics; overloads counted by the detector stage)."""
+    from ..detector import detector_image, layout_of
+    from ..timing import timed_render
+    from .labels import image_statistics
+
+    timed = timed_render(config, device, dtype, compile, warmup, repeats)
+    image = timed.image.detach().to("cpu", output_dtype).numpy()
+    images = {"image": image}
+    statistics_ = image_statistics(image)
+    if detector:
+        read_out = detector_image(timed.image, timed.setup.config.response, layout_of(timed.setup))
+        images[DETECTOR_IMAGE] = read_out.adu.cpu().numpy().astype(np.uint16)
+        statistics_.update(overloads=read_out.overloads, detector_photons=read_out.total_photons)
+    return images, timed.result, statistics_
+
+
+def render_record(entry: dict, device: str | None = None) -> dict[str, np.ndarray]:
+    """A point's images again from its entry in records.json alone (its configuration, seeds included, and
+    its dtype, compile setting and images): bit for bit the stored ones on the same device and dtype."""
+    from ..devices import resolve_device, resolve_dtype
+    from .spec import PointSpec
+
+    spec = PointSpec.from_dict(entry)
+    timing = entry["timing"]
+    import torch
+
+    images, _, _ = point_images(spec.config, resolve_device(device or timing["device"]),
+                                resolve_dtype(timing["dtype"]), Compile.of(timing["compile"]), 0, 0,
+                                torch.float32, DETECTOR_IMAGE in entry.get("images", ()))
+    return images
 
 
 def _reference_images(store: Path) -> tuple[dict[str, int], Any]:
@@ -183,23 +237,24 @@ def _reference_images(store: Path) -> tuple[dict[str, int], Any]:
     return {str(name): i for i, name in enumerate(names)}, open_store_array(store, "image")
 
 
-def _c_references(job: BatchJob, images) -> tuple[list[dict], list[dict]]:
+def _c_references(job: BatchJob, output: BatchStore, entries: list[dict | None]) -> list[dict]:
     """Reference images from the C binary (OMP_NUM_THREADS = the job's threads), timed as whole
     processes."""
     from ..timing import run_c_reference
 
-    points = []
-    progress = Progress(len(job.points), f"{job.scenario} {job.batch}")
+    progress = Progress(sum(entry is None for entry in entries), f"{job.scenario} {job.batch}")
     for index, point in enumerate(job.points):
+        if entries[index] is not None:
+            continue
         begin = time.perf_counter()
         image, times = run_c_reference(job.c_binary, list(point.argv), job.warmup, job.repeats)
-        images[index] = image.reshape(point.size, point.size)
         median_s = statistics.median(times)
-        points.append({**point.to_dict(), "index": index, "status": "ok", "binary": job.c_binary,
-                       "timed_s": time.perf_counter() - begin,
-                       "timing": {"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s}})
+        entries[index] = {**point.to_dict(), "index": index, "status": "ok", "binary": job.c_binary,
+                          "timed_s": time.perf_counter() - begin,
+                          "timing": {"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s}}
+        output.write(index, {"image": image.reshape(point.size, point.size)}, entries[index])
         progress.advance()
-    return points, []
+    return []
 
 
 def compare_images(image: np.ndarray, reference: np.ndarray) -> dict[str, float]:

@@ -25,6 +25,8 @@ from typing import Any
 from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..modes import Compile, Mode, choose_mode
+from .draws import RANDOM_ORIENTATION, Draw, draw, draw_count
+from .labels import drawn_labels
 from .spec import PointSpec, field_types, is_union
 
 CORE_AXES = ("size", "dtype", "device", "compile")
@@ -42,10 +44,13 @@ class Point:
     compile: Compile
     extras: tuple[tuple[str, Any], ...] = ()
     """(option or nanoBragg flag, value) for each extra axis, in the config's sorted order."""
+    draw: Draw | None = None
+    """Its random draw (`sweep.draws`), None without one."""
 
     @property
     def _extras_suffix(self) -> str:
-        return "".join(f"-{axis_name(k)}_{_slug(v)}" for k, v in self.extras)
+        drawn = f"-draw_{self.draw.index}" if self.draw else ""
+        return "".join(f"-{axis_name(k)}_{_slug(v)}" for k, v in self.extras) + drawn
 
     @property
     def name(self) -> str:
@@ -59,17 +64,31 @@ class Point:
     def axis_values(self) -> dict[str, Any]:
         """The point's coordinate on every axis of the collated store (extra axes by `axis_name`)."""
         return {"size": self.size, "dtype": self.dtype, "device": self.device, "compile": self.compile.value,
-                **{axis_name(k): v for k, v in self.extras}}
+                **{axis_name(k): v for k, v in self.extras}, **({"draw": self.draw.index} if self.draw else {})}
+
+    @property
+    def _drawn(self) -> tuple[tuple[str, Any], ...]:
+        return self.draw.values if self.draw else ()
 
     @property
     def flags(self) -> tuple[tuple[str, Any], ...]:
-        """Its nanoBragg flag axes (names starting with '-') and their values."""
-        return tuple((k, v) for k, v in self.extras if k.startswith("-"))
+        """Its nanoBragg flag axes and drawn flags (names starting with '-') and their values."""
+        return tuple((k, v) for k, v in (*self.extras, *self._drawn)
+                     if k.startswith("-") and k != RANDOM_ORIENTATION)
 
     @property
     def options(self) -> tuple[tuple[str, Any], ...]:
-        """Its simulator option axes (nbsim.config field names) and their values."""
-        return tuple((k, v) for k, v in self.extras if not k.startswith("-"))
+        """Its simulator option axes and drawn options (nbsim.config field names) and their values."""
+        return tuple((k, v) for k, v in (*self.extras, *self._drawn) if not k.startswith("-"))
+
+    @property
+    def draw_arguments(self) -> tuple[str, ...]:
+        """With a draw, the nanoBragg arguments of its seeds and orientation: `-mosaic_seed` and, where the
+        orientation is drawn, `-misset` with its three angles (so the C binary and the records see them)."""
+        if not self.draw:
+            return ()
+        misset = [f"{angle!r}" for k, v in self.draw.values if k == RANDOM_ORIENTATION for angle in v]
+        return ("-mosaic_seed", str(dict(self.draw.seeds)["mosaic"]), *(["-misset", *misset] if misset else []))
 
     @property
     def prebuilds_kernel(self) -> bool:
@@ -103,29 +122,31 @@ def axis_values(spec: list | dict) -> list:
 
 
 def sweep_points(config: dict) -> list[Point]:
-    """Every point of the sweep: scenarios × sizes × dtypes × devices × compile × extra axes, in that
-    (product) order."""
+    """Every point of the sweep: scenarios × sizes × dtypes × devices × compile × extra axes × draws, in
+    that (product) order."""
     sweep = config["sweep"]
     extra = sweep.get("extra") or {}
     extra_names = sorted(extra)
+    draws = [draw(sweep["draws"], index) for index in range(draw_count(config))] or [None]
     points = []
     for scenario in config["scenarios"]:
-        for size, dtype, device, compile_, *values in itertools.product(
+        for size, dtype, device, compile_, *values, drawn in itertools.product(
                 axis_values(sweep["sizes"]), sweep["dtypes"], sweep["devices"], sweep["compile"],
-                *(axis_values(extra[name]) for name in extra_names)):
+                *(axis_values(extra[name]) for name in extra_names), draws):
             points.append(Point(scenario, int(size), dtype, device, Compile.of(compile_),
-                                tuple(zip(extra_names, values, strict=True))))
+                                tuple(zip(extra_names, values, strict=True)), drawn))
     return points
 
 
 def sweep_axes(config: dict) -> list[str]:
-    """The collated store's dimensions and the tables' axis columns."""
-    return [*CORE_AXES, *(axis_name(name) for name in sorted(config["sweep"].get("extra") or {}))]
+    """The collated store's dimensions and the tables' axis columns (`draw` last, with draws)."""
+    return [*CORE_AXES, *(axis_name(name) for name in sorted(config["sweep"].get("extra") or {})),
+            *(["draw"] if "draws" in config["sweep"] else [])]
 
 
 def nbsim_reference_point(point: Point) -> Point:
     """The float64 CPU point whose kernel renders the nbsim reference of `point`."""
-    return Point(point.scenario, point.size, "float64", "cpu", Compile.ON, point.extras)
+    return Point(point.scenario, point.size, "float64", "cpu", Compile.ON, point.extras, point.draw)
 
 
 @dataclass(frozen=True)
@@ -194,7 +215,7 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
     for point in candidates:
         if not point.prebuilds_kernel or point in names:
             continue
-        key = (point.scenario, point.size, point.extras)
+        key = (point.scenario, point.size, point.extras, point.draw)
         if key not in structures:
             structures[key] = structure_of(point_config(config, point, base))
         structure = structures[key]
@@ -220,19 +241,41 @@ def _absolute_args(args: str | tuple, base: Path) -> tuple[str, ...]:
 
 
 def point_argv(config: dict, point: Point, base: Path) -> tuple[str, ...]:
-    """A point's nanoBragg arguments: its scenario's, its size, then its flag axes (file values absolute)."""
+    """A point's nanoBragg arguments: its scenario's, its size, its flag axes and drawn flags (file values
+    absolute), then its draw's seed and orientation arguments."""
     from ..nanobragg.flags import absolute_file_arguments
 
     flags = [text for name, value in point.flags for text in (name, str(value))]
     return (*scenario_args(config, point.scenario, base), "-detpixels", str(point.size),
-            *absolute_file_arguments(flags, base))
+            *absolute_file_arguments(flags, base), *point.draw_arguments)
 
 
 def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
-    """What a point renders: its nanoBragg arguments parsed, then its option axes applied, each checked
-    against the option's type. The one construction planning and validation share; NbsimError for a value
-    that does not build."""
-    return _configured(point_argv(config, point, base), point.options)
+    """What a point renders: its nanoBragg arguments parsed, then its detector settings and option axes
+    applied, each checked against the option's type. The one construction planning and validation share;
+    NbsimError for a value that does not build."""
+    return _configured(point_argv(config, point, base), (*detector_settings(config, point), *point.options))
+
+
+DEFAULT_NOISE_SEED = 1
+"""A sweep's noise seed without draws and without `sweep.detector.noise_seed`."""
+
+
+def detector_settings(config: dict, point: Point) -> tuple[tuple[str, Any], ...]:
+    """The `sweep.detector` block as `DetectorResponseConfig` options: its keys (field names) as given, `noise:
+    poisson` / `none` as `poisson`, the counter-based `philox` generator unless another is named, and with a
+    draw, its noise and calibration seeds; () without the block (no detector stage)."""
+    block = config["sweep"].get("detector")
+    if block is None:
+        return ()
+    settings = {"generator": "philox", "noise_seed": DEFAULT_NOISE_SEED,
+                **{k: v for k, v in block.items() if k != "noise"}}
+    if "noise" in block:
+        settings["poisson"] = block["noise"] == "poisson"
+    if point.draw:
+        seeds = dict(point.draw.seeds)
+        settings.update(noise_seed=seeds["noise"], calibration_seed=seeds["calibration"])
+    return tuple(sorted(settings.items()))
 
 
 def _configured(argv: tuple[str, ...], options: tuple[tuple[str, Any], ...]) -> SimulationConfig:
@@ -284,8 +327,9 @@ def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Poi
     kernel_point = nbsim_reference_point(point) if as_reference else point
     argv = point_argv(config, point, base)
     return PointSpec(name=point.reference_name if as_reference else point.name, reference=point.reference_name,
-                     size=point.size, axes=point.axis_values, config=_configured(argv, point.options),
-                     argv=argv, kernel=kernel_of_point.get(kernel_point))
+                     size=point.size, axes=point.axis_values,
+                     config=_configured(argv, (*detector_settings(config, point), *point.options)),
+                     argv=argv, kernel=kernel_of_point.get(kernel_point), labels=drawn_labels(point.draw))
 
 
 def c_binary_path(config: dict, base: Path) -> str | None:

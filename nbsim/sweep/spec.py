@@ -14,7 +14,7 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -148,6 +148,8 @@ class PointSpec:
     """Its nanoBragg arguments: what the C reference binary runs, and what a human reads in the records."""
     kernel: str | None
     """The kernel job whose ahead-of-time kernels it loads; None when it renders without one."""
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    """Its draw's labels: index, drawn values and seeds (nbsim.sweep.labels.drawn_labels); {} without one."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclass_to_dict(self)
@@ -175,6 +177,10 @@ class BatchJob:
     c_binary: str | None = None
     """Reference batches only: time this nanoBragg binary instead of nbsim in float64."""
     on_unavailable_device: str = "fail"
+    is_reference: bool = False
+    """A reference batch: float64 nbsim images (or the C binary's), compared with nothing."""
+    detector: bool = False
+    """Keep each point's detector image (the detector stage under its `config.response`) beside its image."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclass_to_dict(self)

@@ -1,22 +1,44 @@
-"""The sweep's files: JSON records and zarr stores, each written atomically.
+"""The sweep's files: JSON records and zarr stores.
 
-Stores are zarr (format 3) groups with xarray's dimension names, so `xr.open_zarr` reads them. They are
-written array by array into `<name>.partial-<pid>` beside their final path and renamed into place when
-complete: readers never see a partial store, a job killed mid-write leaves only a `.partial-*` folder
-that nothing reads (the next write of the same store removes it), and memory stays bounded by what one
-write holds.
+Stores are zarr (format 3) groups with xarray's dimension names, so `xr.open_zarr` reads them. Images are
+compressed losslessly (Blosc: zstd after a bit shuffle) and sharded: one file holds many images' chunks,
+so a store's file count grows with its shards, not its images, while `.sel` of one point still reads one
+chunk.
+
+Two ways of writing:
+
+* `AtomicStore` (the collated store): written array by array into `<name>.partial-<pid>` beside its final
+  path and renamed into place when complete; a job killed mid-write leaves only a `.partial-*` folder that
+  nothing reads (the next write of the same store removes it).
+* `BatchStore` (a batch's images): created once for its job (the job's digest in its attributes) and filled
+  image by image. Each point's images are written first, then its entry (its record, JSON) in the `entry`
+  array: an entry is the point's completion marker, and readers take only points with one. zarr writes
+  every file (a shard, the entry chunk) to a temporary name and renames it, so a kill (SIGKILL, a SLURM
+  wall time) leaves each file either old or new, never torn; the rerun of the same job reopens the store
+  and renders only the points without an entry. A store of another job (changed points) is replaced.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import shutil
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+DETECTOR_IMAGE = "detector_image"
+"""The detector stage's image (16-bit ADU) beside the noise-free `image`, with a `sweep.detector` block."""
+SHARD_BYTES = 64 * 2**20
+"""The most uncompressed bytes of one shard (one file)."""
+SHARDS_PER_BATCH = 4
+"""A batch's images go into at most this many shards per image array (fewer where a shard would pass
+SHARD_BYTES): a batch of 100 images is about a dozen files."""
 
 
 def json_safe(value: Any) -> Any:
@@ -56,6 +78,93 @@ def coordinate_values(values: list) -> np.ndarray:
     return np.asarray([str(v) for v in values], dtype=str)
 
 
+def compressors() -> list:
+    """Lossless compression of every image array: Blosc's zstd after a bit shuffle."""
+    from zarr.codecs import BloscCodec, BloscShuffle
+
+    return [BloscCodec(cname="zstd", clevel=3, shuffle=BloscShuffle.bitshuffle)]
+
+
+def images_per_shard(count: int, image_bytes: int) -> int:
+    """Images per shard of a `count`-image array: SHARDS_PER_BATCH shards, each within SHARD_BYTES."""
+    return max(1, min(math.ceil(count / SHARDS_PER_BATCH), SHARD_BYTES // max(1, image_bytes)))
+
+
+def _create_image_array(group, name: str, dimensions: Sequence[str], shape: tuple[int, ...], dtype: Any,
+                        fill_value: Any, shard_axis: int):
+    """An image array chunked one image per chunk, sharded along `shard_axis`, compressed."""
+    chunks = (*(1 for _ in shape[:-2]), *shape[-2:])
+    shards = list(chunks)
+    shards[shard_axis] = images_per_shard(shape[shard_axis], np.dtype(dtype).itemsize * shape[-1] * shape[-2])
+    return group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, shards=tuple(shards),
+                              compressors=compressors(), dimension_names=list(dimensions), fill_value=fill_value)
+
+
+def job_digest(job: dict) -> str:
+    """What identifies a batch's job (its parameters as JSON data)."""
+    return hashlib.sha256(json.dumps(json_safe(job), sort_keys=True).encode()).hexdigest()
+
+
+class BatchStore:
+    """A batch's images (`<name> (point, slow, fast)` per image kind) and its points' entries, written point
+    by point and resumable (see the module's docstring)."""
+
+    def __init__(self, path: Path, digest: str, points: list[str], size: int, images: dict[str, Any],
+                 attributes: dict[str, Any]):
+        import zarr
+
+        self.path = Path(path)
+        self.images = dict(images)
+        try:
+            group = zarr.open_group(str(self.path), mode="r+")
+            if group.attrs.get("job") != digest or set(self.images) - set(group.array_keys()):
+                raise ValueError("another job's store")
+        except (FileNotFoundError, ValueError, KeyError, zarr.errors.GroupNotFoundError):
+            group = self._create(digest, points, size, attributes)
+        self.group = group
+        self._entries = group["entry"]
+
+    def _create(self, digest: str, points: list[str], size: int, attributes: dict[str, Any]):
+        import zarr
+
+        shutil.rmtree(self.path, ignore_errors=True)
+        group = zarr.open_group(str(self.path), mode="w", zarr_format=3)
+        group.attrs.update(json_safe({**attributes, "job": digest}))
+        names = group.create_array("point", shape=(len(points),), dtype=str, dimension_names=["point"],
+                                   fill_value=None)
+        names[...] = np.asarray(points, dtype=str)
+        for name, dtype in self.images.items():
+            fill = np.nan if np.dtype(dtype).kind == "f" else 0
+            _create_image_array(group, name, ("point", "slow", "fast"), (len(points), size, size), dtype, fill, 0)
+        group.create_array("entry", shape=(len(points),), dtype=str, chunks=(len(points),),
+                           dimension_names=["point"], fill_value="")
+        return group
+
+    def entries(self) -> list[dict | None]:
+        """Each point's entry, None for a point not yet complete."""
+        return [json.loads(text) if text else None for text in self._entries[...].tolist()]
+
+    def write(self, index: int, images: dict[str, np.ndarray], entry: dict) -> None:
+        """A finished point: its images, then its entry (which marks it complete)."""
+        for name, image in images.items():
+            self.group[name][index] = image
+        self._entries[index] = json.dumps(json_safe(entry), sort_keys=True)
+
+    def finish(self, attributes: dict[str, Any]) -> None:
+        """The batch's attributes, and its metadata consolidated (once every point is complete)."""
+        import zarr
+
+        self.group.attrs.update(json_safe(attributes))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Consolidated metadata")
+            zarr.consolidate_metadata(str(self.path))
+
+
+def completed_points(path: Path) -> np.ndarray:
+    """Which points of a batch store are complete (their entries written): what readers may take."""
+    return open_store_array(path, "entry")[...] != ""
+
+
 class AtomicStore:
     """A zarr group built array by array, renamed into place by `commit()`; used as a context manager,
     a failure before the commit removes the partial folder."""
@@ -77,6 +186,13 @@ class AtomicStore:
         array = self.group.create_array(name, shape=data.shape, dtype=data.dtype if data.dtype.kind != "U" else str,
                                         dimension_names=[dimension or name], fill_value=None)
         array[...] = data
+
+    def image_variable(self, name: str, dimensions: tuple[str, ...], shape: tuple[int, ...], dtype: Any,
+                       shard_axis: int):
+        """An image array (NaN-filled floats, 0-filled integers), one image per chunk, sharded along
+        `shard_axis`, compressed."""
+        fill = np.nan if np.dtype(dtype).kind == "f" else 0
+        return _create_image_array(self.group, name, dimensions, shape, dtype, fill, shard_axis)
 
     def variable(self, name: str, dimensions: tuple[str, ...], shape: tuple[int, ...], dtype: Any,
                  chunks: tuple[int, ...] | None = None, data: np.ndarray | None = None):

@@ -11,12 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import NbsimError, did_you_mean
+from .draws import RANDOM_ORIENTATION, Draw, check_draws
 from .plan import (
     CORE_AXES,
     Point,
     axis_name,
     axis_values,
     c_binary_path,
+    check_option_value,
     nbsim_reference_point,
     point_config,
     sweep_points,
@@ -112,7 +114,24 @@ def check_config(config: dict, base: Path) -> None:
             raise NbsimError(f"sweep.extra.{name}: a simulator option cannot be passed to the C reference "
                              "(reference.c_binary); sweep the nanoBragg flag that sets it instead")
         _check_axis(f"sweep.extra.{name}", spec)
-    axes = [*CORE_AXES, *(axis_name(name) for name in extra)]
+    draws = sweep.get("draws")
+    if draws is not None:
+        check_draws(draws, base)
+        for name in draws.get("values") or {}:
+            if name.startswith("-") and name not in FLAGS and name != RANDOM_ORIENTATION:
+                raise NbsimError(f"sweep.draws.values: '{name}' is not a nanoBragg option{did_you_mean(name, FLAGS)}")
+            if not name.startswith("-") and name not in names:
+                raise NbsimError(f"sweep.draws.values: '{name}' is not a simulator option"
+                                 f"{did_you_mean(name, names)}; the options are the fields of nbsim.config's "
+                                 "dataclasses")
+            if not name.startswith("-") and binary:
+                raise NbsimError(f"sweep.draws.values.{name}: a simulator option cannot be passed to the C "
+                                 "reference (reference.c_binary); draw the nanoBragg flag that sets it instead")
+            if name in extra:
+                raise NbsimError(f"sweep.draws.values.{name}: also an axis of sweep.extra; give it one or the other")
+    if sweep.get("detector") is not None:
+        _check_detector(sweep["detector"], draws is not None)
+    axes = [*CORE_AXES, *(axis_name(name) for name in extra), *(["draw"] if draws is not None else [])]
     clash = sorted({a for a in axes if axes.count(a) > 1})
     if clash:
         raise NbsimError(f"sweep.extra: the axes {clash} would share one name (a flag's axis drops its dash)")
@@ -126,10 +145,39 @@ def check_config(config: dict, base: Path) -> None:
     check_points(config, points, base)
 
 
+def _check_detector(block: dict, drawn: bool) -> None:
+    """`sweep.detector`: DetectorResponseConfig's fields (plus `noise: poisson | none`), checked by the
+    detector stage's own `check_response`; with draws, the noise and calibration seeds are the draws'."""
+    from ..config import DetectorResponseConfig, check_response
+
+    fields = {f.name for f in dataclasses.fields(DetectorResponseConfig)}
+    for key, value in block.items():
+        if key == "noise":
+            if value not in ("poisson", "none"):
+                raise NbsimError(f"sweep.detector.noise: expects poisson or none, got {value!r}")
+            continue
+        if key not in fields:
+            raise NbsimError(f"sweep.detector: '{key}' is not a detector setting{did_you_mean(key, fields)}; the "
+                             "settings are the fields of nbsim.config.DetectorResponseConfig")
+        if drawn and key in ("noise_seed", "calibration_seed"):
+            raise NbsimError(f"sweep.detector.{key}: with sweep.draws every point's seeds derive from the draws' "
+                             "seed and the point's index")
+        try:
+            check_option_value(key, value)
+        except NbsimError as error:
+            raise NbsimError(f"sweep.detector.{key}: {error}") from None
+    settings = {k: v for k, v in block.items() if k != "noise"}
+    try:
+        check_response(DetectorResponseConfig(**settings))
+    except NbsimError as error:
+        raise NbsimError(f"sweep.detector: {error}") from None
+
+
 def check_points(config: dict, points: list[Point], base: Path) -> None:
     """Build every distinct point as planning builds it (`plan.point_config`) and read each input file its
     configuration names, once, strictly. A point that fails is built again from its scenario alone, then
     with each of its axis values alone, to name the key at fault."""
+    from ..config import check_response
     from ..io.inputs import input_file_paths, read_input_file
     from ..io.structure_files import hkl_format
 
@@ -138,6 +186,7 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
 
     def build(point: Point) -> None:
         simulation = point_config(config, point, base)
+        check_response(simulation.response)
         hkl_file = simulation.structure.hkl_file
         if c_reference and (simulation.structure.model_file or (hkl_file and hkl_format(hkl_file) != "text")):
             raise NbsimError("reference.c_binary: nanoBragg reads only h k l F text tables, not an MTZ, mmCIF or "
@@ -158,7 +207,7 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
 def _blame(build: Callable[[Point], None], point: Point, error: NbsimError) -> str:
     """The failing point's error, naming the scenario, the axis value, or the combination at fault."""
     try:
-        build(dataclasses.replace(point, extras=()))
+        build(dataclasses.replace(point, extras=(), draw=None))
     except NbsimError as own:
         return f"scenario '{point.scenario}': {own}"
     for name, value in point.extras:
@@ -167,4 +216,13 @@ def _blame(build: Callable[[Point], None], point: Point, error: NbsimError) -> s
         except NbsimError as alone:
             where = f" in scenario '{point.scenario}'" if name.startswith("-") else ""
             return f"sweep.extra.{name}: value {value!r}{where}: {alone}"
-    return f"sweep.extra: the values {dict(point.extras)} in scenario '{point.scenario}': {error}"
+    drawn = point.draw.values if point.draw else ()
+    for name, value in drawn:
+        try:
+            build(dataclasses.replace(point, extras=(), draw=Draw(point.draw.index, ((name, value),),
+                                                                    point.draw.seeds)))
+        except NbsimError as alone:
+            return (f"sweep.draws.values.{name}: draw {point.draw.index} gave {value!r} in scenario "
+                    f"'{point.scenario}': {alone}")
+    where = f"the values {dict(point.extras)}" + (f" and draw {point.draw.index}" if point.draw else "")
+    return f"sweep.extra: {where} in scenario '{point.scenario}': {error}"

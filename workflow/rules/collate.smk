@@ -4,28 +4,14 @@
 rule collate:
     input:
         records=lambda w: batch_files(w, "records.json"),
-        stores=lambda w: batch_files(w, "images.zarr"),
         references=reference_records,
     output:
-        timing_csv=report(
-            f"{RESULTS}/{{scenario}}/tables/timing.csv",
-            caption="../report/timing.rst",
-            category="{scenario}",
-            subcategory="tables",
-        ),
-        timing_md=f"{RESULTS}/{{scenario}}/tables/timing.md",
-        correlation_csv=report(
-            f"{RESULTS}/{{scenario}}/tables/correlation.csv",
-            caption="../report/correlation.rst",
-            category="{scenario}",
-            subcategory="tables",
-        ),
-        correlation_md=f"{RESULTS}/{{scenario}}/tables/correlation.md",
-        store=directory(f"{RESULTS}/{{scenario}}/sweep.zarr"),
+        **collate_outputs(),
     log:
         f"{RESULTS}/logs/collate/{{scenario}}.log",
     params:
         axes=AXES,
+        stores=batch_stores,
     localrule: True
     conda:
         "../envs/nbsim.yaml"
@@ -36,7 +22,6 @@ rule collate:
 rule plots:
     input:
         records=lambda w: batch_files(w, "records.json"),
-        stores=lambda w: batch_files(w, "images.zarr"),
         references=reference_records,
     output:
         speedup=report(
@@ -61,6 +46,7 @@ rule plots:
         f"{RESULTS}/logs/plots/{{scenario}}.log",
     params:
         axes=AXES,
+        stores=batch_stores,
     localrule: True
     conda:
         "../envs/nbsim.yaml"

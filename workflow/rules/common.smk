@@ -29,7 +29,9 @@ COMPILE_CACHE = str(Path(config["compile_cache"]).resolve())
 C_BINARY = plan.c_binary_path(config, CONFIG_BASE)
 POINTS = plan.sweep_points(config)
 PLAN = plan.plan_sweep(POINTS, config["sweep"]["batch_size"])
-COMPILED_NBSIM_REFERENCE = not C_BINARY and config["reference"]["compile"]
+# reference: false (a dataset): no reference renders, no comparison, no correlation tables.
+REFERENCE = config["reference"] is not False
+COMPILED_NBSIM_REFERENCE = REFERENCE and not C_BINARY and config["reference"]["compile"]
 # One kernel job per (structure, dtype, device): points of any size and value share it.
 KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE)
 AXES = plan.sweep_axes(config)
@@ -62,7 +64,7 @@ def batch_job(wildcards):
     specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT) for p in batch.points)
     return BatchJob(scenario=batch.scenario, batch=batch.name, points=specs, dtype=first.dtype, device=first.device,
                     compile=first.compile, on_unavailable_device=config["sweep"]["on_unavailable_device"],
-                    **timing_params()).to_dict()
+                    detector="detector" in config["sweep"], **timing_params()).to_dict()
 
 
 def reference_job(wildcards):
@@ -70,7 +72,7 @@ def reference_job(wildcards):
     batch = reference_batch_of(wildcards)
     specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT, as_reference=True) for p in batch.points)
     return BatchJob(scenario=batch.scenario, batch=batch.name, points=specs, dtype="float64", device="cpu",
-                    compile=Compile.of(config["reference"]["compile"]), c_binary=C_BINARY,
+                    compile=Compile.of(config["reference"]["compile"]), c_binary=C_BINARY, is_reference=True,
                     **timing_params()).to_dict()
 
 
@@ -93,8 +95,17 @@ def reference_kernels(wildcards):
     return kernel_markers([plan.nbsim_reference_point(p) for p in reference_batch_of(wildcards).points])
 
 
-def reference_store(wildcards):
-    return f"{RESULTS}/{wildcards.scenario}/references/{batch_of(wildcards).reference}/images.zarr"
+def reference_records_of_batch(wildcards):
+    """A point batch waits for its reference batch (none with reference: false)."""
+    if not REFERENCE:
+        return []
+    return f"{RESULTS}/{wildcards.scenario}/references/{batch_of(wildcards).reference}/records.json"
+
+
+def batch_store(wildcards, kind="batches"):
+    """A batch's image store: filled point by point and resumed by a rerun, so it is no declared output
+    (Snakemake would delete it before the rerun); its records.json, written last, is the output."""
+    return f"{RESULTS}/{wildcards.scenario}/{kind}/{wildcards.batch}/images.zarr"
 
 
 def batch_summary(wildcards):
@@ -127,8 +138,41 @@ def batch_files(wildcards, name):
 
 
 def reference_records(wildcards):
+    if not REFERENCE:
+        return []
     return [f"{RESULTS}/{wildcards.scenario}/references/{b.name}/records.json"
             for b in PLAN.scenario_references(wildcards.scenario)]
+
+
+def collate_outputs():
+    """Timing tables and the collated store; correlation tables with a reference, labels with draws."""
+    outputs = dict(
+        timing_csv=report(
+            f"{RESULTS}/{{scenario}}/tables/timing.csv",
+            caption="../report/timing.rst",
+            category="{scenario}",
+            subcategory="tables",
+        ),
+        timing_md=f"{RESULTS}/{{scenario}}/tables/timing.md",
+        store=directory(f"{RESULTS}/{{scenario}}/sweep.zarr"),
+    )
+    if REFERENCE:
+        outputs.update(
+            correlation_csv=report(
+                f"{RESULTS}/{{scenario}}/tables/correlation.csv",
+                caption="../report/correlation.rst",
+                category="{scenario}",
+                subcategory="tables",
+            ),
+            correlation_md=f"{RESULTS}/{{scenario}}/tables/correlation.md",
+        )
+    if "draws" in config["sweep"]:
+        outputs.update(labels_csv=f"{RESULTS}/{{scenario}}/tables/labels.csv")
+    return outputs
+
+
+def batch_stores(wildcards):
+    return [str(Path(p).with_name("images.zarr")) for p in batch_files(wildcards, "records.json")]
 
 
 def all_outputs():
@@ -137,8 +181,9 @@ def all_outputs():
         outputs += [
             f"{RESULTS}/{scenario}/tables/timing.csv",
             f"{RESULTS}/{scenario}/tables/timing.md",
-            f"{RESULTS}/{scenario}/tables/correlation.csv",
-            f"{RESULTS}/{scenario}/tables/correlation.md",
+            *([f"{RESULTS}/{scenario}/tables/correlation.csv", f"{RESULTS}/{scenario}/tables/correlation.md"]
+              if REFERENCE else []),
+            *([f"{RESULTS}/{scenario}/tables/labels.csv"] if "draws" in config["sweep"] else []),
             f"{RESULTS}/{scenario}/sweep.zarr",
             f"{RESULTS}/{scenario}/plots/speedup.png",
             f"{RESULTS}/{scenario}/plots/warm_time.png",

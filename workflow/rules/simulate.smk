@@ -27,7 +27,6 @@ rule reference:
     input:
         kernels=reference_kernels,
     output:
-        store=directory(f"{RESULTS}/{{scenario}}/references/{{batch}}/images.zarr"),
         records=f"{RESULTS}/{{scenario}}/references/{{batch}}/records.json",
     log:
         f"{RESULTS}/logs/reference/{{scenario}}/{{batch}}.log",
@@ -36,6 +35,7 @@ rule reference:
     params:
         job=reference_job,
         summary=reference_summary,
+        store=lambda w: batch_store(w, "references"),
     threads: TIMING["threads"]
     resources:
         timing_slot=1,
@@ -52,9 +52,8 @@ rule reference:
 rule simulate:
     input:
         kernels=batch_kernels,
-        reference=reference_store,
+        reference=reference_records_of_batch,
     output:
-        store=directory(f"{RESULTS}/{{scenario}}/batches/{{batch}}/images.zarr"),
         records=f"{RESULTS}/{{scenario}}/batches/{{batch}}/records.json",
     log:
         f"{RESULTS}/logs/simulate/{{scenario}}/{{batch}}.log",
@@ -63,6 +62,7 @@ rule simulate:
     params:
         job=batch_job,
         summary=batch_summary,
+        store=batch_store,
     threads: TIMING["threads"]
     resources:
         timing_slot=1,

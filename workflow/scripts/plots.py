@@ -9,7 +9,7 @@ from nbsim.sweep.progress import run_logged
 
 def plots(inputs, outputs, params) -> None:
     rows = point_rows([Path(p) for p in inputs.records], [Path(p) for p in inputs.references])
-    plot_scenario(rows, {Path(p).parent.name: Path(p) for p in inputs.stores}, params.axes,
+    plot_scenario(rows, {Path(p).parent.name: Path(p) for p in params.stores}, params.axes,
                   Path(outputs.speedup), Path(outputs.warm_time), Path(outputs.previews))
 
 

@@ -7,4 +7,4 @@ from nbsim.sweep.progress import run_logged
 from nbsim.sweep.spec import BatchJob
 
 run_logged(snakemake.log[0], run_batch, BatchJob.from_dict(snakemake.params.job),  # noqa: F821
-           Path(snakemake.output.store), Path(snakemake.output.records))  # noqa: F821
+           Path(snakemake.params.store), Path(snakemake.output.records))  # noqa: F821

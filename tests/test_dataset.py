@@ -1,0 +1,254 @@
+"""Datasets: random draws as a sweep axis, their seeds and labels, re-rendering one point from its record,
+resumable batch stores (a real SIGKILL), reading a dataset for training."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nbsim.errors import NbsimError
+from nbsim.kernel.structure import structure_of
+from nbsim.modes import Compile
+from nbsim.sweep import plan
+from nbsim.sweep.draws import draw, random_misset_deg
+from nbsim.sweep.spec import BatchJob, PointSpec
+from nbsim.sweep.store import completed_points, open_store_array
+from nbsim.sweep.validate import validate_config
+
+from .conftest import REPO_ROOT
+
+SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+ARGS = "-default_F 100 -cell 70 80 90 75 85 95 -N 5 -oversample 1 -mosaic 0.2 -mosaic_domains 3 -distance 60"
+DRAWS = {"count": 6, "seed": 7, "values": {
+    "-misset": "random", "mosaic_spread_deg": {"uniform": [0.0, 0.5]}, "-N": {"integers": [3, 12]},
+    "-lambda": {"normal": [1.0, 0.01]}}}
+
+
+DETECTOR = {"noise": "poisson", "flicker_fraction": 0.05, "calibration_fraction": 0.03, "readout_noise_adu": 2.0,
+            "psf": "gaussian", "psf_fwhm_um": 80.0}
+
+
+def dataset_config(draws: dict | None = None, size: int = 32, batch_size: int = 4,
+                   detector: dict | None = DETECTOR) -> dict:
+    config = {"scenarios": {"s": {"args": ARGS}},
+              "sweep": {"sizes": [size], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"],
+                        "batch_size": batch_size, "draws": copy.deepcopy(draws or DRAWS)},
+              "timing": {"warmup": 0, "repeats": 0, "threads": 1}, "reference": False}
+    if detector is not None:
+        config["sweep"]["detector"] = dict(detector)
+    return config
+
+
+def batch_jobs(config: dict, base: Path) -> list[BatchJob]:
+    validate_config(config, SCHEMA, base)
+    batches = plan.plan_sweep(plan.sweep_points(config), config["sweep"]["batch_size"]).batches
+    return [BatchJob(scenario=scenario, batch=name, points=tuple(plan.point_spec(config, p, base, {})
+                                                                for p in batch.points),
+                     dtype="float32", device="cpu", compile=Compile.OFF, warmup=0, repeats=0, threads=1,
+                     compile_cache=str(base / "cache"), detector="detector" in config["sweep"])
+            for (scenario, name), batch in batches.items()]
+
+
+def test_a_draw_depends_on_the_seed_and_its_index_alone():
+    many = [p.draw for p in plan.sweep_points(dataset_config({**DRAWS, "count": 50}))]
+    assert [p.draw for p in plan.sweep_points(dataset_config())] == many[:6]
+    assert draw(DRAWS, 37) == many[37]
+    assert draw({**DRAWS, "seed": 8}, 37) != many[37]
+    one_key = draw({**DRAWS, "values": {"-N": DRAWS["values"]["-N"]}}, 37)
+    assert dict(one_key.values)["-N"] == dict(many[37].values)["-N"]
+    values = {key: [dict(d.values)[key] for d in many] for key in DRAWS["values"]}
+    assert set(values["-N"]) <= set(range(3, 13)) and len(set(values["-N"])) > 3
+    assert all(0.0 <= v < 0.5 for v in values["mosaic_spread_deg"])
+    assert len({d.seeds for d in many}) == 50
+    assert all(dict(d.values)["-misset"] == random_misset_deg(dict(d.seeds)["misset"]) for d in many)
+
+
+def test_integers_include_both_ends():
+    drawn = {dict(draw({"seed": 1, "values": {"-N": {"integers": [2, 3]}}}, k).values)["-N"] for k in range(40)}
+    assert drawn == {2, 3}
+
+
+def test_random_orientations_are_uniform_on_so3():
+    from nbsim.sweep.draws import random_rotation
+
+    generator = np.random.default_rng(3)
+    rotations = np.array([random_rotation(generator) for _ in range(4000)])
+    assert np.allclose(rotations @ rotations.transpose(0, 2, 1), np.eye(3), atol=1e-12)
+    assert np.allclose(np.linalg.det(rotations), 1.0)
+    # Uniform on SO(3): each column is uniform on the sphere (mean 0, second moment 1/3 per component).
+    assert np.abs(rotations.mean(axis=0)).max() < 0.05
+    assert np.abs((rotations ** 2).mean(axis=0) - 1 / 3).max() < 0.03
+
+
+def test_drawn_values_change_no_kernel_structure(tmp_path):
+    config = dataset_config({**DRAWS, "count": 20})
+    structures = {structure_of(plan.point_config(config, p, tmp_path)) for p in plan.sweep_points(config)}
+    assert len(structures) == 1
+    configs = [plan.point_config(config, p, tmp_path) for p in plan.sweep_points(config)]
+    assert len({c.crystal.n_cells for c in configs}) > 1 and len({c.beam.wavelength_A for c in configs}) == 20
+
+
+def _missing_file_draws(tmp_path):
+    (tmp_path / "a.hkl").write_text("0 0 1 10\n")
+    return {"count": 2, "values": {"-hkl": {"choice": ["a.hkl", "b.hkl"]}}}
+
+
+@pytest.mark.parametrize("draws, message", [
+    ({"count": 2, "values": {"mosaic_spread_deg": {"uniform": [0.5, 0.1]}}},
+     "sweep.draws.values.mosaic_spread_deg.uniform: lo 0.5 > hi 0.1"),
+    ({"count": 2, "values": {"-N": {"integers": [9, 3]}}}, "sweep.draws.values.-N.integers: lo 9 > hi 3"),
+    ({"count": -1, "values": {}}, "sweep.draws.count: -1 is not a non-negative whole number"),
+    ({"count": 2, "values": {"-N": {"poisson": [3]}}}, "sweep.draws.values.-N: unknown distribution 'poisson'"),
+    ({"count": 2, "values": {"-lambda": {"normal": [1.0, -0.1]}}}, "standard deviation -0.1 is negative"),
+    ({"count": 2, "values": {"-N": "random"}}, "sweep.draws.values.-N: 'random' draws the orientation"),
+    ({"count": 2, "values": {"-lamda": {"uniform": [1, 2]}}}, "'-lamda' is not a nanoBragg option (did you mean"),
+    ({"count": 3, "values": {"-lambda": {"normal": [0.0, 1.0]}}}, "sweep.draws.values.-lambda: draw "),
+    ({"count": 2, "values": {"-N": {"uniform": [3, 5]}}}, "sweep.draws.values.-N: draw 0 gave"),
+    (_missing_file_draws, "sweep.draws.values.-hkl.choice: file b.hkl does not exist"),
+])
+def test_bad_draws_fail_with_one_line_naming_the_key(tmp_path, draws, message):
+    draws = draws(tmp_path) if callable(draws) else draws
+    with pytest.raises(NbsimError) as error:
+        validate_config(dataset_config(draws), SCHEMA, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("detector, message", [
+    ({"gain_adu_per_photon": -1.0}, "sweep.detector: gain_adu_per_photon must be a finite number not below 0"),
+    ({"psf": "gaussian", "psf_fwhm_um": -5.0}, "sweep.detector: psf_fwhm_um must be a finite number not below 0"),
+    ({"noise": "gauss"}, "sweep.detector.noise: \"gauss\" is not valid here"),
+    ({"gian_adu_per_photon": 2.0}, "'gian_adu_per_photon' is not a detector setting (did you mean"),
+    ({"noise_seed": 3}, "sweep.detector.noise_seed: with sweep.draws every point's seeds derive"),
+])
+def test_bad_detector_settings_fail_with_one_line_naming_the_key(tmp_path, detector, message):
+    with pytest.raises(NbsimError) as error:
+        validate_config(dataset_config(detector=detector), SCHEMA, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_points_render_into_the_store_with_labels_and_reproduce_from_their_record(tmp_path):
+    from nbsim.sweep.jobs import render_record, run_batch
+
+    job = batch_jobs(dataset_config(), tmp_path)[0]
+    record = run_batch(job, tmp_path / "images.zarr", tmp_path / "records.json")
+    assert record["rendered"] == len(job.points) and record["resumed"] == 0
+    assert completed_points(tmp_path / "images.zarr").all()
+    stored = open_store_array(tmp_path / "images.zarr", "image")
+    entry = json.loads((tmp_path / "records.json").read_text())["points"][2]
+    labels = entry["labels"]
+    assert labels["draw"] == 2 and {"noise_seed", "mosaic_seed", "misset_seed", "calibration_seed"} <= set(labels)
+    assert labels["N"] == dict(job.points[2].labels)["N"] and labels["wavelength_A"] == labels["lambda"]
+    spec = PointSpec.from_dict(entry)
+    assert spec.config.crystal.mosaic_seed == labels["mosaic_seed"]
+    assert spec.config.crystal.misset_deg == (labels["misset_x_deg"], labels["misset_y_deg"], labels["misset_z_deg"])
+    assert (spec.config.response.noise_seed, spec.config.response.calibration_seed) == \
+        (labels["noise_seed"], labels["calibration_seed"])
+    again = render_record(json.loads(json.dumps(entry)))  # from the record alone
+    image = again["image"]
+    assert np.array_equal(image, stored[2]) and image.max() > 0
+    detector = open_store_array(tmp_path / "images.zarr", "detector_image")
+    assert detector.dtype == np.uint16 and np.array_equal(again["detector_image"], detector[2])
+    assert not np.array_equal(detector[2], detector[3]) and detector[2].max() > 40
+    assert labels["total_photons"] == pytest.approx(float(image.sum(dtype=np.float64)))
+    a_matrix = np.array([labels[f"A_{r}{c}"] for r in range(3) for c in range(3)]).reshape(3, 3)
+    assert abs(np.linalg.det(a_matrix)) == pytest.approx(1 / (70 * 80 * 90), rel=0.05)
+    # The farthest corner of 32 pixels of 0.1 mm, 60 mm away, from the beam at 1.65 + 0.05 mm (mosflm).
+    two_theta = math.atan(math.hypot(1.7e-3, 1.7e-3) / 0.06)
+    assert labels["corner_resolution_A"] == pytest.approx(labels["lambda"] / (2 * math.sin(two_theta / 2)), rel=1e-9)
+    assert record["store_files"] <= 20 and record["bytes_per_image"] > 0
+
+
+RUN_BATCH = """
+import json, sys
+from pathlib import Path
+from nbsim.sweep.jobs import run_batch
+from nbsim.sweep.spec import BatchJob
+job = BatchJob.from_dict(json.loads(Path(sys.argv[1]).read_text()))
+run_batch(job, Path(sys.argv[2]), Path(sys.argv[3]))
+"""
+
+
+def test_a_batch_killed_mid_way_resumes_with_only_the_missing_points(tmp_path):
+    """SIGKILL a batch job once some of its points are in its store; the rerun renders only the others,
+    and the store ends identical to an uninterrupted run's."""
+    from nbsim.sweep.jobs import run_batch
+
+    job = batch_jobs(dataset_config({**DRAWS, "count": 40}, size=64, batch_size=40), tmp_path)[0]
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(job.to_dict()))
+    store, records = tmp_path / "killed" / "images.zarr", tmp_path / "killed" / "records.json"
+    process = subprocess.Popen([sys.executable, "-c", RUN_BATCH, str(job_path), str(store), str(records)],
+                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if (store / "entry" / "zarr.json").is_file():
+            done = int(completed_points(store).sum())
+            if done >= 3:
+                break
+        time.sleep(0.01)
+    process.kill()
+    process.wait()
+    done = int(completed_points(store).sum())
+    assert 3 <= done < len(job.points), f"the kill came at {done} of {len(job.points)} points"
+    assert not records.exists()
+    resumed = run_batch(job, store, records)
+    assert resumed["resumed"] == done and resumed["rendered"] == len(job.points) - done
+    clean = run_batch(job, tmp_path / "clean" / "images.zarr", tmp_path / "clean" / "records.json")
+    assert clean["rendered"] == len(job.points)
+    assert np.array_equal(open_store_array(store, "image")[...],
+                          open_store_array(tmp_path / "clean" / "images.zarr", "image")[...])
+    labels = [p["labels"] for p in resumed["points"]]
+    assert labels == [p["labels"] for p in clean["points"]]
+    assert resumed["store_files"] <= 20
+
+
+def test_another_job_replaces_the_store(tmp_path):
+    from nbsim.sweep.jobs import run_batch
+
+    first = batch_jobs(dataset_config(), tmp_path)[0]
+    run_batch(first, tmp_path / "images.zarr", tmp_path / "records.json")
+    second = batch_jobs(dataset_config({**DRAWS, "seed": 8}), tmp_path)[0]
+    record = run_batch(second, tmp_path / "images.zarr", tmp_path / "records.json")
+    assert record["resumed"] == 0 and record["rendered"] == len(second.points)
+
+
+def test_a_collated_dataset_reads_as_labels_and_images(tmp_path):
+    from nbsim.sweep import SweepImages, open_dataset
+    from nbsim.sweep.collate import point_rows, write_collated_store, write_labels
+    from nbsim.sweep.jobs import run_batch
+
+    config = dataset_config()
+    records, stores = [], {}
+    for job in batch_jobs(config, tmp_path):
+        folder = tmp_path / job.batch
+        run_batch(job, folder / "images.zarr", folder / "records.json")
+        records.append(folder / "records.json")
+        stores[job.batch] = folder / "images.zarr"
+    rows = point_rows(records, [])
+    write_labels(rows, tmp_path / "labels.csv")
+    write_collated_store(rows, stores, plan.sweep_axes(config), tmp_path / "sweep.zarr")
+    table = list(csv.DictReader((tmp_path / "labels.csv").open()))
+    assert [int(row["draw"]) for row in table] == list(range(6))
+    dataset = open_dataset(tmp_path / "sweep.zarr")
+    assert {"A_00", "wavelength_A", "noise_seed", "N", "misset_x_deg", "corner_resolution_A",
+            "total_photons", "max_photons", "overloads"} <= set(dataset.coords)
+    assert [float(v) for v in dataset["lambda"].values] == [float(row["lambda"]) for row in table]
+    images = SweepImages(tmp_path / "sweep.zarr", labels=("N", "wavelength_A"))
+    image, target = images[4]
+    assert len(images) == 6 and tuple(image.shape) == (32, 32)
+    assert target.tolist() == [float(table[4]["N"]), float(table[4]["wavelength_A"])]
+    batch, index = table[4]["batch"], int(table[4]["index"])
+    assert np.array_equal(image.numpy(), open_store_array(stores[batch], "image")[index])
+    assert math.isfinite(float(dataset["total_photons"].sum()))
+    with pytest.raises(NbsimError, match="no label"):
+        SweepImages(tmp_path / "sweep.zarr", labels=("nothing",))
