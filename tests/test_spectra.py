@@ -180,3 +180,52 @@ def test_sase_spectrum_is_seeded_spiky_and_normalised():
     assert sase_spectrum(1.3, 0.5, 1, seed=7) == ((1.3, 1.0),)
     with pytest.raises(NbsimError, match="bandwidth"):
         sase_spectrum(1.3, 0.0, 100, seed=7)
+
+
+SASE = {"sase": {"centre_eV": 9500, "bandwidth_percent": 0.5, "channels": 20, "spikes": 4}}
+
+
+def test_a_sase_draw_gives_each_shot_its_own_recorded_spectrum(tmp_path):
+    from nbsim.spectra import sase_spectrum
+    from nbsim.sweep import plan
+    from nbsim.sweep.spec import PointSpec
+    from nbsim.sweep.validate import validate_config
+
+    from .test_dataset import SCHEMA, dataset_config
+
+    config = dataset_config({"count": 3, "seed": 11, "values": {"spectrum": SASE}}, detector=None)
+    validate_config(config, SCHEMA, tmp_path)
+    specs = [plan.point_spec(config, point, tmp_path, {}) for point in plan.sweep_points(config)]
+    spectra = [spec.config.beam.spectrum for spec in specs]
+    assert len(set(spectra)) == 3 and all(len(spectrum) == 20 for spectrum in spectra)
+    assert spectra == [plan.point_spec(config, point, tmp_path, {}).config.beam.spectrum
+                       for point in plan.sweep_points(config)]
+    wavelengths = [lam for lam, _ in sase_spectrum(HC_EV_A / 9500, 0.5, 20, seed=1, spikes=4)]
+    assert all([lam for lam, _ in spectrum] == wavelengths for spectrum in spectra)
+    for spec, spectrum in zip(specs, spectra, strict=True):
+        assert spec.labels["spectrum_mean_A"] == pytest.approx(spectrum_mean_wavelength_A(spectrum))
+        assert [spec.labels[f"spectrum_weight_{i:03d}"] for i in range(20)] == [w for _, w in spectrum]
+        assert PointSpec.from_dict(spec.to_dict()) == spec
+    image = simulate(specs[0].config, dtype=torch.float64, compile="off")
+    assert image.max() > 0
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"spectrum": {"sase": {"centre_A": 1.3, "bandwidth_percent": 0.5}}}, "sase: channels is missing"),
+    ({"spectrum": {"sase": {"centre_A": 1.3, "centre_eV": 9000, "bandwidth_percent": 0.5, "channels": 5}}},
+     "give one of centre_A and centre_eV"),
+    ({"spectrum": {"sase": {"centre_A": -1.3, "bandwidth_percent": 0.5, "channels": 5}}},
+     "sase.centre_A: expects a positive number, got -1.3"),
+    ({"spectrum": {"sase": {"centre_A": 1.3, "bandwidth_percent": 0.5, "channels": 2.5}}},
+     "sase.channels: expects a whole number of at least 1"),
+    ({"-N": SASE}, "sweep.draws.values.-N: 'sase' draws a spectrum"),
+    ({"spectrum": {"uniform": [1, 2]}}, "sweep.draws.values.spectrum: 'sase' draws a spectrum"),
+])
+def test_bad_sase_draws_fail_with_one_line(tmp_path, values, message):
+    from nbsim.sweep.validate import validate_config
+
+    from .test_dataset import SCHEMA, dataset_config
+
+    with pytest.raises(NbsimError) as error:
+        validate_config(dataset_config({"count": 2, "values": values}, detector=None), SCHEMA, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
