@@ -229,3 +229,26 @@ def test_bad_sase_draws_fail_with_one_line(tmp_path, values, message):
     with pytest.raises(NbsimError) as error:
         validate_config(dataset_config({"count": 2, "values": values}, detector=None), SCHEMA, tmp_path)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_spectrum_reader_never_crashes(tmp_path):
+    """Any text ends in channels or a one-line InputFileError."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    words = st.one_of(st.sampled_from(["#", "energy_eV", "weight", "wavelength_A", "nan", "inf", "-1", "0", ",", "\n"]),
+                      st.from_regex(r"-?[0-9]{1,5}(\.[0-9]{0,3})?(e-?[0-9])?", fullmatch=True), st.text(max_size=6))
+    path = tmp_path / "fuzz.txt"
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(words, max_size=16))
+    def check(tokens):
+        path.write_text(" ".join(tokens), errors="surrogateescape")
+        try:
+            channels = read_spectrum_file(path)
+        except InputFileError as error:
+            assert "\n" not in str(error)
+            return
+        assert channels and all(lam > 0 and w >= 0 for lam, w in channels) and sum(w for _, w in channels) > 0
+
+    check()
