@@ -9,6 +9,7 @@ gives an image differentiable in that parameter.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args
@@ -259,8 +260,14 @@ class SimulationConfig:
         return SimulationConfig(**parts)
 
 
-def _field_names(instance: Any) -> set[str]:
-    return {f.name for f in dataclasses.fields(instance)}
+def _field_names(instance: Any) -> frozenset[str]:
+    return _class_field_names(type(instance))
+
+
+@functools.cache
+def _class_field_names(cls: type) -> frozenset[str]:
+    """A dataclass's field names, once per class (with_options asks for every part on every call)."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def option_names() -> set[str]:

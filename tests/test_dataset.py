@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import json
 import math
 import subprocess
@@ -87,6 +88,19 @@ def test_random_orientations_are_uniform_on_so3():
     # Uniform on SO(3): each column is uniform on the sphere (mean 0, second moment 1/3 per component).
     assert np.abs(rotations.mean(axis=0)).max() < 0.05
     assert np.abs((rotations ** 2).mean(axis=0) - 1 / 3).max() < 0.03
+
+
+def test_a_point_renders_what_its_arguments_say(tmp_path):
+    """The draw's seed and orientation are applied as options (one parse for draws of options alone); its
+    argv (what the C binary and the records get) parses to the same configuration."""
+    from nbsim.nanobragg import config_from_args
+
+    config = dataset_config()
+    for point in plan.sweep_points(config)[:3]:
+        spec = plan.point_spec(config, point, tmp_path, {})
+        assert "-misset" in spec.argv and "-mosaic_seed" in spec.argv
+        parsed = config_from_args(spec.argv).with_options(**dict(point.options))
+        assert parsed == dataclasses.replace(spec.config, response=parsed.response)
 
 
 def test_drawn_values_change_no_kernel_structure(tmp_path):
@@ -191,7 +205,7 @@ def test_a_batch_killed_mid_way_resumes_with_only_the_missing_points(tmp_path):
     done = 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
-        if (store / "entry" / "zarr.json").is_file():
+        if (store / "done" / "zarr.json").is_file():
             done = int(completed_points(store).sum())
             if done >= 3:
                 break
@@ -252,3 +266,32 @@ def test_a_collated_dataset_reads_as_labels_and_images(tmp_path):
     assert math.isfinite(float(dataset["total_photons"].sum()))
     with pytest.raises(NbsimError, match="no label"):
         SweepImages(tmp_path / "sweep.zarr", labels=("nothing",))
+
+
+def test_a_batch_store_of_100_images_is_at_most_20_files(tmp_path):
+    from nbsim.sweep.store import BatchStore
+
+    store = BatchStore(tmp_path / "images.zarr", "job", [f"p{i}" for i in range(100)], 16,
+                       {"image": np.float32, "detector_image": np.uint16}, {})
+    for index in range(100):
+        store.write(index, {"image": np.full((16, 16), index, np.float32),
+                            "detector_image": np.full((16, 16), index, np.uint16)}, {"n": index})
+    store.finish({})
+    assert len([p for p in (tmp_path / "images.zarr").rglob("*") if p.is_file()]) <= 20
+    assert completed_points(tmp_path / "images.zarr").all()
+    assert [entry["n"] for entry in store.entries()] == list(range(100))
+    assert open_store_array(tmp_path / "images.zarr", "detector_image")[57].max() == 57
+
+
+def test_a_choice_of_files_draws_each_file(tmp_path):
+    for name, f in (("a.hkl", 10), ("b.hkl", 20)):
+        (tmp_path / name).write_text("".join(f"{h} {k} {l} {f}\n" for h in range(-2, 3) for k in range(-2, 3)
+                                             for l in range(-2, 3)))
+    config = dataset_config({"count": 12, "seed": 3, "values": {"-hkl": {"choice": ["a.hkl", "b.hkl"]}}},
+                            detector=None)
+    config["scenarios"]["s"]["args"] = "-cell 30 30 30 90 90 90 -N 3 -oversample 1 -distance 60"
+    validate_config(config, SCHEMA, tmp_path)
+    specs = [plan.point_spec(config, p, tmp_path, {}) for p in plan.sweep_points(config)]
+    files = [spec.config.structure.hkl_file for spec in specs]
+    assert set(files) == {str(tmp_path / "a.hkl"), str(tmp_path / "b.hkl")}
+    assert [spec.labels["hkl"] for spec in specs] == [Path(f).name for f in files]

@@ -152,7 +152,7 @@ def test_job_killed_mid_write_leaves_nothing_read_as_complete(tmp_path):
     victim = None
     deadline = time.time() + 600
     while victim is None and time.time() < deadline and process.poll() is None:
-        if (batch / "images.zarr" / "entry" / "zarr.json").is_file():
+        if (batch / "images.zarr" / "done" / "zarr.json").is_file():
             jobs = [child for child in psutil.Process(process.pid).children(recursive=True)
                     if any("simulate" in part for part in child.cmdline())]
             if jobs:

@@ -2,8 +2,8 @@
 minimal PyTorch `Dataset` over its draws.
 
     import nbsim.sweep
-    ds = nbsim.sweep.open_dataset("results/dataset/dataset/sweep.zarr")  # labels are coordinates on `draw`
-    images = nbsim.sweep.SweepImages("results/dataset/dataset/sweep.zarr", labels=("A_00", "A_01", "wavelength_A"))
+    ds = nbsim.sweep.open_dataset("results/dataset/shots/sweep.zarr")  # labels are coordinates on `draw`
+    images = nbsim.sweep.SweepImages("results/dataset/shots/sweep.zarr", labels=("A_00", "A_01", "wavelength_A"))
     image, target = images[0]        # (slow, fast) float32 tensor, (len(labels),) float64 tensor
 """
 

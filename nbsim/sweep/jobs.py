@@ -129,6 +129,7 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
         loads = _c_references(job, output, entries)
     else:
         loads = _nbsim_points(job, output, entries, reference_store)
+    output.flush()
     files = [p for p in Path(store).rglob("*") if p.is_file()]
     store_bytes = sum(p.stat().st_size for p in files)
     record.update(status=entries[0]["status"], kernel_loads=loads, points=entries, rendered=len(entries) - done,

@@ -82,13 +82,26 @@ class Point:
         return tuple((k, v) for k, v in (*self.extras, *self._drawn) if not k.startswith("-"))
 
     @property
-    def draw_arguments(self) -> tuple[str, ...]:
-        """With a draw, the nanoBragg arguments of its seeds and orientation: `-mosaic_seed` and, where the
-        orientation is drawn, `-misset` with its three angles (so the C binary and the records see them)."""
+    def draw_settings(self) -> tuple[tuple[str, Any], ...]:
+        """With a draw, its mosaic seed and, where the orientation is drawn, its misset angles, as options:
+        what its `draw_arguments` set (applied as options so that draws of options alone share one parse)."""
         if not self.draw:
             return ()
-        misset = [f"{angle!r}" for k, v in self.draw.values if k == RANDOM_ORIENTATION for angle in v]
-        return ("-mosaic_seed", str(dict(self.draw.seeds)["mosaic"]), *(["-misset", *misset] if misset else []))
+        misset = [v for k, v in self.draw.values if k == RANDOM_ORIENTATION]
+        return (("mosaic_seed", dict(self.draw.seeds)["mosaic"]),
+                *((("misset_deg", misset[0]), ("misset_random", False)) if misset else ()))
+
+    @property
+    def draw_arguments(self) -> tuple[str, ...]:
+        """`draw_settings` as nanoBragg arguments, `-mosaic_seed` and `-misset` with three angles (exact
+        decimal forms), for the C binary and the records."""
+        words: list[str] = []
+        for name, value in self.draw_settings:
+            if name == "mosaic_seed":
+                words += ["-mosaic_seed", str(value)]
+            elif name == "misset_deg":
+                words += ["-misset", *(repr(angle) for angle in value)]
+        return tuple(words)
 
     @property
     def prebuilds_kernel(self) -> bool:
@@ -220,7 +233,8 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
             structures[key] = structure_of(point_config(config, point, base))
         structure = structures[key]
         name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
-        jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
+        if name not in jobs:
+            jobs[name] = KernelJob(structure.to_json(), point.dtype, point.device)
         names[point] = name
     return jobs, names
 
@@ -240,21 +254,26 @@ def _absolute_args(args: str | tuple, base: Path) -> tuple[str, ...]:
     return tuple(absolute_file_arguments(words, base))
 
 
-def point_argv(config: dict, point: Point, base: Path) -> tuple[str, ...]:
+def point_argv(config: dict, point: Point, base: Path, draw_arguments: bool = True) -> tuple[str, ...]:
     """A point's nanoBragg arguments: its scenario's, its size, its flag axes and drawn flags (file values
-    absolute), then its draw's seed and orientation arguments."""
+    absolute), then (`draw_arguments`) its draw's seed and orientation arguments."""
     from ..nanobragg.flags import absolute_file_arguments
 
     flags = [text for name, value in point.flags for text in (name, str(value))]
     return (*scenario_args(config, point.scenario, base), "-detpixels", str(point.size),
-            *absolute_file_arguments(flags, base), *point.draw_arguments)
+            *absolute_file_arguments(flags, base), *(point.draw_arguments if draw_arguments else ()))
 
 
 def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
     """What a point renders: its nanoBragg arguments parsed, then its detector settings and option axes
     applied, each checked against the option's type. The one construction planning and validation share;
     NbsimError for a value that does not build."""
-    return _configured(point_argv(config, point, base), (*detector_settings(config, point), *point.options))
+    detector = detector_settings(config, point)
+    # Without a detector stage no noise is drawn: the clock-based seed a parse without -seed takes would only
+    # make the point's parameters differ from run to run.
+    unused = () if detector else (("noise_seed", None),)
+    return _configured(point_argv(config, point, base, draw_arguments=False), (*detector, *point.options),
+                       (*point.draw_settings, *unused))
 
 
 DEFAULT_NOISE_SEED = 1
@@ -278,10 +297,14 @@ def detector_settings(config: dict, point: Point) -> tuple[tuple[str, Any], ...]
     return tuple(sorted(settings.items()))
 
 
-def _configured(argv: tuple[str, ...], options: tuple[tuple[str, Any], ...]) -> SimulationConfig:
+@functools.lru_cache(maxsize=1 << 17)
+def _configured(argv: tuple[str, ...], options: tuple[tuple[str, Any], ...],
+                settings: tuple[tuple[str, Any], ...] = ()) -> SimulationConfig:
+    """`argv` parsed, then the options (checked) and a draw's settings applied; remembered, so validation,
+    the kernel jobs and the batch specs of one planning build each point once."""
     for name, value in options:
         check_option_value(name, value)
-    return _parsed(argv).with_options(**dict(options))
+    return _parsed(argv).with_options(**dict(options), **dict(settings))
 
 
 @functools.cache
@@ -330,8 +353,7 @@ def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Poi
     kernel_point = nbsim_reference_point(point) if as_reference else point
     argv = point_argv(config, point, base)
     return PointSpec(name=point.reference_name if as_reference else point.name, reference=point.reference_name,
-                     size=point.size, axes=point.axis_values,
-                     config=_configured(argv, (*detector_settings(config, point), *point.options)),
+                     size=point.size, axes=point.axis_values, config=point_config(config, point, base),
                      argv=argv, kernel=kernel_of_point.get(kernel_point), labels=drawn_labels(point.draw))
 
 

@@ -2,8 +2,8 @@
 
 Stores are zarr (format 3) groups with xarray's dimension names, so `xr.open_zarr` reads them. Images are
 compressed losslessly (Blosc: zstd after a bit shuffle) and sharded: one file holds many images' chunks,
-so a store's file count grows with its shards, not its images, while `.sel` of one point still reads one
-chunk.
+so a store's file count grows with its shards, not its images (a batch store: 5 files per 100 images and
+image kind; a collated store: one file per SHARD_BYTES), while `.sel` of one point still reads one chunk.
 
 Two ways of writing:
 
@@ -11,20 +11,23 @@ Two ways of writing:
   path and renamed into place when complete; a job killed mid-write leaves only a `.partial-*` folder that
   nothing reads (the next write of the same store removes it).
 * `BatchStore` (a batch's images): created once for its job (the job's digest in its attributes) and filled
-  image by image. Each point's images are written first, then its entry (its record, JSON) in the `entry`
-  array: an entry is the point's completion marker, and readers take only points with one. zarr writes
-  every file (a shard, the entry chunk) to a temporary name and renames it, so a kill (SIGKILL, a SLURM
-  wall time) leaves each file either old or new, never torn; the rerun of the same job reopens the store
-  and renders only the points without an entry. A store of another job (changed points) is replaced.
+  point by point: finished points are written at least every FLUSH_S seconds (and whenever they fill a
+  shard), their images first, then their entries (records, one JSON line each) appended to
+  `entries.jsonl`, then their marks in the `done` array (one byte per point): the completion marker, and
+  readers take only points marked done. zarr writes every file (a shard, the
+  `done` chunk) to a temporary name and renames it, so a kill (SIGKILL, a SLURM wall time) leaves each
+  file either old or new, never torn; a torn last line of the log is cut off when the store is reopened,
+  and an entry whose point is not marked done is ignored. The rerun of the same job reopens the store and
+  renders only the points not done. A store of another job (changed points) is replaced.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,11 +37,17 @@ import numpy as np
 
 DETECTOR_IMAGE = "detector_image"
 """The detector stage's image (16-bit ADU) beside the noise-free `image`, with a `sweep.detector` block."""
-SHARD_BYTES = 64 * 2**20
+ENTRY_LOG = "entries.jsonl"
+"""A batch store's append-only log of its points' entries (records), one JSON line each."""
+SHARD_BYTES = 16 * 2**20
 """The most uncompressed bytes of one shard (one file)."""
-SHARDS_PER_BATCH = 4
-"""A batch's images go into at most this many shards per image array (fewer where a shard would pass
-SHARD_BYTES): a batch of 100 images is about a dozen files."""
+FLUSH_S = 1.0
+"""A batch store writes its finished points at least this often (seconds): a kill loses at most the
+points of the last second, while a shard file is rewritten once per flush rather than once per point."""
+BATCH_SHARD_IMAGES = 20
+"""Images per shard of a batch store. A point written into a shard rewrites that shard's file (zarr writes
+whole files), so a batch's shards are kept small: 5 files per 100 images and image kind. A collated store,
+written a whole shard at a time, fills its shards up to SHARD_BYTES."""
 
 
 def json_safe(value: Any) -> Any:
@@ -68,7 +77,7 @@ def open_store_array(path: Path, name: str):
     """One array of a store, for reading point by point without xarray's overhead."""
     import zarr
 
-    return zarr.open_group(str(path), mode="r")[name]
+    return zarr.open_array(str(Path(path) / name), mode="r")
 
 
 def coordinate_values(values: list) -> np.ndarray:
@@ -85,17 +94,18 @@ def compressors() -> list:
     return [BloscCodec(cname="zstd", clevel=3, shuffle=BloscShuffle.bitshuffle)]
 
 
-def images_per_shard(count: int, image_bytes: int) -> int:
-    """Images per shard of a `count`-image array: SHARDS_PER_BATCH shards, each within SHARD_BYTES."""
-    return max(1, min(math.ceil(count / SHARDS_PER_BATCH), SHARD_BYTES // max(1, image_bytes)))
+def images_per_shard(count: int, image_bytes: int, most: int | None = None) -> int:
+    """Images per shard along an axis of `count` images: all of them, or `most`, within SHARD_BYTES."""
+    return max(1, min(count, most or count, SHARD_BYTES // max(1, image_bytes)))
 
 
 def _create_image_array(group, name: str, dimensions: Sequence[str], shape: tuple[int, ...], dtype: Any,
-                        fill_value: Any, shard_axis: int):
+                        fill_value: Any, shard_axis: int, most_per_shard: int | None = None):
     """An image array chunked one image per chunk, sharded along `shard_axis`, compressed."""
     chunks = (*(1 for _ in shape[:-2]), *shape[-2:])
     shards = list(chunks)
-    shards[shard_axis] = images_per_shard(shape[shard_axis], np.dtype(dtype).itemsize * shape[-1] * shape[-2])
+    shards[shard_axis] = images_per_shard(shape[shard_axis], np.dtype(dtype).itemsize * shape[-1] * shape[-2],
+                                          most_per_shard)
     return group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, shards=tuple(shards),
                               compressors=compressors(), dimension_names=list(dimensions), fill_value=fill_value)
 
@@ -117,12 +127,20 @@ class BatchStore:
         self.images = dict(images)
         try:
             group = zarr.open_group(str(self.path), mode="r+")
-            if group.attrs.get("job") != digest or set(self.images) - set(group.array_keys()):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=f"Object at {ENTRY_LOG} is not recognized")
+                members = set(group.array_keys())
+            if group.attrs.get("job") != digest or {*self.images, "done"} - members:
                 raise ValueError("another job's store")
         except (FileNotFoundError, ValueError, KeyError, zarr.errors.GroupNotFoundError):
             group = self._create(digest, points, size, attributes)
         self.group = group
-        self._entries = group["entry"]
+        self._done = group["done"]
+        self._arrays = {name: group[name] for name in self.images}
+        self._pending: list[tuple[int, dict[str, np.ndarray], str]] = []
+        self._flushed = time.monotonic()
+        self._log = self.path / ENTRY_LOG
+        self._cut_torn_line()
 
     def _create(self, digest: str, points: list[str], size: int, attributes: dict[str, Any]):
         import zarr
@@ -135,34 +153,75 @@ class BatchStore:
         names[...] = np.asarray(points, dtype=str)
         for name, dtype in self.images.items():
             fill = np.nan if np.dtype(dtype).kind == "f" else 0
-            _create_image_array(group, name, ("point", "slow", "fast"), (len(points), size, size), dtype, fill, 0)
-        group.create_array("entry", shape=(len(points),), dtype=str, chunks=(len(points),),
-                           dimension_names=["point"], fill_value="")
+            _create_image_array(group, name, ("point", "slow", "fast"), (len(points), size, size), dtype, fill, 0,
+                                BATCH_SHARD_IMAGES)
+        group.create_array("done", shape=(len(points),), dtype=np.uint8, chunks=(len(points),),
+                           dimension_names=["point"], fill_value=0)
+        (self.path / ENTRY_LOG).touch()
         return group
 
+    def _cut_torn_line(self) -> None:
+        """A kill mid-append leaves a last line without its newline: cut it off before appending."""
+        data = self._log.read_bytes() if self._log.is_file() else b""
+        if data and not data.endswith(b"\n"):
+            with open(self._log, "r+b") as stream:
+                stream.truncate(data.rfind(b"\n") + 1)
+
     def entries(self) -> list[dict | None]:
-        """Each point's entry, None for a point not yet complete."""
-        return [json.loads(text) if text else None for text in self._entries[...].tolist()]
+        """Each point's entry, None for a point not yet done."""
+        done = self._done[...]
+        entries: list[dict | None] = [None] * len(done)
+        with open(self._log) as stream:
+            for line in stream:
+                entry = json.loads(line)
+                if done[entry["index"]]:
+                    entries[entry["index"]] = entry
+        return entries
 
     def write(self, index: int, images: dict[str, np.ndarray], entry: dict) -> None:
-        """A finished point: its images, then its entry (which marks it complete)."""
-        for name, image in images.items():
-            self.group[name][index] = image
-        self._entries[index] = json.dumps(json_safe(entry), sort_keys=True)
+        """A finished point, kept until the next flush: at most FLUSH_S after the last one, or when the
+        points waiting fill a shard (a shard file is rewritten once per flush, not once per point)."""
+        self._pending.append((index, images, json.dumps(json_safe({**entry, "index": index}), sort_keys=True)))
+        if len(self._pending) >= BATCH_SHARD_IMAGES or time.monotonic() - self._flushed >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """The waiting points: their images (each run of consecutive points in one write per shard), their
+        entries appended to the log, then their done marks."""
+        pending, self._pending = self._pending, []
+        self._flushed = time.monotonic()
+        if not pending:
+            return
+        runs: list[list[tuple[int, dict[str, np.ndarray], str]]] = []
+        for item in pending:
+            if runs and item[0] == runs[-1][-1][0] + 1:
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        for run in runs:
+            for name in run[0][1]:
+                self._arrays[name][run[0][0]:run[-1][0] + 1] = np.stack([images[name] for _, images, _ in run])
+        with open(self._log, "a") as stream:
+            stream.write("".join(line + "\n" for _, _, line in pending))
+        done = self._done[...]
+        done[[index for index, _, _ in pending]] = 1
+        self._done[...] = done
 
     def finish(self, attributes: dict[str, Any]) -> None:
-        """The batch's attributes, and its metadata consolidated (once every point is complete)."""
+        """The last points flushed, the batch's attributes, and its metadata consolidated."""
         import zarr
 
+        self.flush()
         self.group.attrs.update(json_safe(attributes))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Consolidated metadata")
+            warnings.filterwarnings("ignore", message=f"Object at {ENTRY_LOG} is not recognized")
             zarr.consolidate_metadata(str(self.path))
 
 
 def completed_points(path: Path) -> np.ndarray:
-    """Which points of a batch store are complete (their entries written): what readers may take."""
-    return open_store_array(path, "entry")[...] != ""
+    """Which points of a batch store are complete (marked done): what readers may take."""
+    return open_store_array(path, "done")[...] == 1
 
 
 class AtomicStore:

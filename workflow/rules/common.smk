@@ -25,6 +25,9 @@ except NbsimError as error:
 
 RESULTS = config["results"]
 TIMING = config["timing"]
+# Timed batches hold the one timing slot; with repeats 0 (a dataset: each point rendered once, nothing
+# timed) they run side by side on the cores.
+TIMING_SLOT = 1 if TIMING["repeats"] > 0 else 0
 COMPILE_CACHE = str(Path(config["compile_cache"]).resolve())
 C_BINARY = plan.c_binary_path(config, CONFIG_BASE)
 POINTS = plan.sweep_points(config)

@@ -65,7 +65,7 @@ rule simulate:
         store=batch_store,
     threads: TIMING["threads"]
     resources:
-        timing_slot=1,
+        timing_slot=TIMING_SLOT,
         gpu=uses_gpu,
         mem_mb=config["resources"]["mem_mb"],
         runtime=config["resources"]["runtime_min"],
