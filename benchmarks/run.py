@@ -51,6 +51,12 @@ TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **F
 REPO = Path(__file__).resolve().parent.parent
 SEED_ARGS = list(workloads.SEED_ARGS)
 HEAVY_ARGS = list(workloads.HEAVY_ARGS)
+SPECTRUM_ARGS = ("-hkl", "{golden}/synthetic_P1.hkl", "-cell", "70", "80", "90", "75", "85", "95",
+                 "-misset", "10", "20", "30", "-N", "10", "-distance", "200", "-pixel", "0.1", "-mosaic", "0.3",
+                 "-mosaic_dom", "25", "-mosaic_seed", "3", "-oversample", "1",
+                 "-spectrumfile", "{benchmarks}/spectrum_100.txt")
+"""An XFEL shot: 100 spectrum channels (equal weights, so that the C, given the same sources, renders the
+same image) × 25 mosaic domains = 2,500 steps per pixel."""
 OUTPUT_ARGS = ["-floatfile", "float.bin", "-intfile", "int.img", "-nonoise", "-nopgm"]
 MIN_CORRELATION = 0.99999
 
@@ -77,6 +83,7 @@ WORKLOADS = (
     Workload("heavy_f32", tuple(HEAVY_ARGS), 1024, 128, min_speedup=20.0),
     Workload("heavy_4096_rss", tuple(HEAVY_ARGS), 4096, 256, max_peak_rss_mb=2048.0, with_c=False),
     Workload("seed_cuda", tuple(SEED_ARGS), 4096, 256, device="cuda"),
+    Workload("spectrum_100", SPECTRUM_ARGS, 1024, 128, min_speedup=25.0),
 )
 CLI_WORKLOADS = ("cli", "cli_worker")
 NEW_VALUES_DETPIXELS = 256
@@ -101,7 +108,8 @@ COLD_WORKLOADS = ("new_values", "first_image")
 
 def nanobragg_args(workload: Workload, golden: Path, quick: bool) -> list[str]:
     pixels = workload.quick_detpixels if quick else workload.detpixels
-    return [arg.format(golden=golden) for arg in workload.args] + ["-detpixels", str(pixels)]
+    return [arg.format(golden=golden, benchmarks=REPO / "benchmarks") for arg in workload.args] + [
+        "-detpixels", str(pixels)]
 
 
 def run_kernel_workload(workload: Workload, args: list[str], options: argparse.Namespace, folder: Path) -> dict:
@@ -336,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be at least 1")
     if options.c_binary and not os.access(options.c_binary, os.X_OK):
         parser.error(f"C binary {options.c_binary} is missing or not executable")
-    if any(name.startswith("heavy") or name in COLD_WORKLOADS for name in options.only) \
+    if any(name.startswith(("heavy", "spectrum")) or name in COLD_WORKLOADS for name in options.only) \
             and not (options.golden / "synthetic_P1.hkl").is_file():
         parser.error(f"heavy workloads need {options.golden / 'synthetic_P1.hkl'}")
 

@@ -1,4 +1,5 @@
-"""Incident beam: the list of sources (directions and wavelengths) from divergence, dispersion or a file."""
+"""Incident beam: the list of sources (directions, wavelengths and weights) from divergence, dispersion, a
+weighted spectrum or a file."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ def auto_steps(range_: float | None, step: float | None, steps: int | None) -> S
 
 @dataclass
 class Sources:
-    """Incident unit vectors (N, 3), wavelengths in Å (N,), and what nanoBragg prints about them."""
+    """Incident unit vectors (N, 3), wavelengths in Å (N,), each source's intensity weight relative to the
+    mean (N,): 1 but with a spectrum, and what nanoBragg prints about them (`weights`: the -sourcefile
+    column, which nanoBragg ignores, else each source's share of the intensity)."""
 
     incident: torch.Tensor
     wavelength_A: torch.Tensor
@@ -56,6 +59,7 @@ class Sources:
     weights: np.ndarray
     divergence_points: int
     dispersion: StepRange
+    relative_weights: torch.Tensor
 
     @property
     def count(self) -> int:
@@ -81,6 +85,7 @@ def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: t
         wavelength_A = torch.stack(wavelengths)
         weights = table[:, 3]
         divergence_points = hdiv.steps * vdiv.steps
+        relative = torch.ones(len(table), dtype=torch.float64)
     else:
         angles = _divergence_grid(hdiv, vdiv, config.round_divergence)
         if not angles:
@@ -89,19 +94,23 @@ def build_sources(config: BeamConfig, beam_vector: torch.Tensor, polar_vector: t
                              "-square_div")
         divergence_points = len(angles)
         start = -SOURCE_DISTANCE_M * beam_vector
+        channels = _channels(config, wavelength0_A, dispersion)
         positions_list, wavelength_list = [], []
         for h_angle, v_angle in angles:
             tilted = rotate_about_axis(start, polar_vector, torch.tensor(v_angle, dtype=torch.float64))
             position = rotate_about_axis(tilted, vertical_vector, torch.tensor(h_angle, dtype=torch.float64))
-            for j in range(dispersion.steps):
+            for wavelength, _ in channels:
                 positions_list.append(position)
-                wavelength_list.append(wavelength0_A * (1.0 + dispersion.step * j - dispersion.range / 2.0))
+                wavelength_list.append(wavelength)
         positions = torch.stack(positions_list)
         wavelength_A = torch.stack(wavelength_list)
-        weights = np.full(len(positions_list), 1.0 / max(len(positions_list), 1))
+        channel_weights = torch.tensor([weight for _, weight in channels], dtype=torch.float64)
+        relative = (channel_weights * (len(channels) / channel_weights.sum())).repeat(divergence_points)
+        weights = (relative / len(relative)).numpy()
     incident = -unit(positions)
     return Sources(incident=incident, wavelength_A=wavelength_A, positions_m=positions.detach().numpy(),
-                   weights=weights, divergence_points=divergence_points, dispersion=dispersion)
+                   weights=weights, divergence_points=divergence_points, dispersion=dispersion,
+                   relative_weights=relative)
 
 
 def source_count(config: BeamConfig) -> int:
@@ -109,7 +118,18 @@ def source_count(config: BeamConfig) -> int:
     if config.sources is not None:
         return len(config.sources)
     hdiv, vdiv, dispersion = _step_ranges(config)
-    return len(_divergence_grid(hdiv, vdiv, config.round_divergence)) * dispersion.steps
+    channels = len(config.spectrum) if config.spectrum is not None else dispersion.steps
+    return len(_divergence_grid(hdiv, vdiv, config.round_divergence)) * channels
+
+
+def _channels(config: BeamConfig, wavelength0_A: torch.Tensor,
+              dispersion: StepRange) -> list[tuple[torch.Tensor, float]]:
+    """(wavelength in Å, weight) of each channel along a divergence direction: the spectrum's, or
+    nanoBragg's dispersion steps (equal weights)."""
+    if config.spectrum is not None:
+        return [(torch.tensor(wavelength, dtype=torch.float64), weight) for wavelength, weight in config.spectrum]
+    return [(wavelength0_A * (1.0 + dispersion.step * j - dispersion.range / 2.0), 1.0)
+            for j in range(dispersion.steps)]
 
 
 def _step_ranges(config: BeamConfig) -> tuple[StepRange, StepRange, StepRange]:

@@ -98,6 +98,9 @@ class BeamConfig:
     sources: tuple[tuple[float | None, ...], ...] | None = None
     """Explicit sources (-sourcefile rows): x, y, z (m), weight, wavelength (m) each, None where the file
     leaves a column out. Read from the file when the arguments are parsed."""
+    spectrum: tuple[tuple[float, float], ...] | None = None
+    """Weighted channels (-spectrumfile rows): wavelength (Å), weight each. Each channel is a source along
+    every divergence direction, its intensity weighted by weight/Σweights (docs/physics.md, Spectra)."""
     kahn_polarization: float = 0.0
     no_polarization: bool = False
     fluence_photons_per_m2: float = 1.25932015286227e29
@@ -302,3 +305,32 @@ def option_parts() -> tuple[type, ...]:
 def option_names() -> set[str]:
     """Every option name accepted by SimulationConfig.with_options."""
     return set().union(*(_field_names(part()) for part in option_parts()))
+
+
+def check_spectrum(config: BeamConfig) -> None:
+    """A spectrum is at least one channel of positive wavelength and non-negative weight, the weights summing
+    to more than 0, and the only source of wavelengths (neither -sourcefile nor -dispersion beside it)."""
+    from .errors import NbsimError
+
+    spectrum = config.spectrum
+    if spectrum is None:
+        return
+    if not spectrum:
+        raise NbsimError("the spectrum has no channels")
+    for index, (wavelength_A, weight) in enumerate(spectrum):
+        if not (wavelength_A > 0 and math.isfinite(wavelength_A)):
+            raise NbsimError(f"spectrum channel {index + 1}: wavelength {wavelength_A:g} A must be positive")
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise NbsimError(f"spectrum channel {index + 1}: weight {weight:g} must not be negative")
+    if not sum(weight for _, weight in spectrum) > 0:
+        raise NbsimError("the spectrum's weights sum to 0")
+    if config.sources is not None:
+        raise NbsimError("-spectrumfile and -sourcefile both give the sources: use one")
+    if config.dispersion_percent != 0:
+        raise NbsimError("-spectrumfile and -dispersion both give the wavelengths: use one")
+
+
+def spectrum_mean_wavelength_A(spectrum: tuple[tuple[float, float], ...]) -> float:
+    """The weighted mean wavelength of a spectrum: its nominal wavelength (nanoBragg's lambda0)."""
+    total = sum(weight for _, weight in spectrum)
+    return sum(wavelength * weight for wavelength, weight in spectrum) / total

@@ -26,6 +26,7 @@ from .config import (
     SimulationConfig,
     StructureFactorConfig,
     check_response,
+    check_spectrum,
     scalar_value,
 )
 from .errors import InputFileError, NbsimError
@@ -304,6 +305,7 @@ def _validate(config: SimulationConfig) -> None:
     wavelength = scalar_value(config.beam.wavelength_A)
     if not (wavelength > 0 and math.isfinite(wavelength)):
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
+    check_spectrum(config.beam)
     if config.crystal.shape not in CRYSTAL_SHAPES:
         raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
     if config.structure.hkl_file is None and config.structure.model_file is None and config.structure.default_F == 0.0:

@@ -20,13 +20,16 @@ import numpy as np
 import torch
 
 from . import __version__
+from .beam import build_sources
 from .config import SimulationConfig
 from .cpu import cpu_name
 from .devices import dtype_name
 from .errors import NbsimError
+from .geometry import build_geometry
 from .kernel.cache import KernelLoads
 from .modes import Compile, Mode
-from .nanobragg.flags import absolute_file_arguments
+from .nanobragg import parse
+from .nanobragg.flags import WAVELENGTH_FLAGS, absolute_file_arguments
 from .render import Renderer
 from .setup import Setup, resolve
 
@@ -165,11 +168,13 @@ def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
         floatfile = Path(folder) / "c_float.bin"
         # Output flags go first: nanoBragg's substring matching lets a trailing flag such as
         # -misset_seed consume the tokens after it.
+        sourcefile = Path(folder) / "c_sources.txt"
         command = [path, "-floatfile", str(floatfile), "-nonoise", "-nopgm", "-intfile",
-                   str(Path(folder) / "c_int.img"), *argv]
+                   str(Path(folder) / "c_int.img"), *c_arguments(argv, sourcefile)]
         for run in range(warmup + repeats):
             for stale in Path(folder).iterdir():
-                stale.unlink()
+                if stale != sourcefile:
+                    stale.unlink()
             begin = time.perf_counter()
             try:
                 completed = subprocess.run(command, cwd=folder, capture_output=True, timeout=timeout_s)
@@ -185,6 +190,24 @@ def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
             raise NbsimError(f"C reference {binary} wrote no float image")
         image = np.fromfile(floatfile, dtype=np.float32)
     return image, times
+
+
+def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
+    """nanoBragg's arguments for an nbsim command line. The C has no -spectrumfile: it becomes a -sourcefile
+    (written to `sourcefile`) of the same sources, every divergence direction times every channel, which
+    the C weighs equally, and the nominal -lambda. The C's image then equals nbsim's for equal weights."""
+    if "-spectrumfile" not in argv:
+        return argv
+    config = parse(argv)[0]
+    geometry = build_geometry(config.detector)
+    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
+    sourcefile.write_text("".join(f"{x!r} {y!r} {z!r} 1 {wavelength * 1e-10!r}\n" for (x, y, z), wavelength
+                                  in zip(sources.positions_m.tolist(), sources.wavelength_A.tolist(), strict=True)))
+    index = argv.index("-spectrumfile")
+    rest = argv[:index] + argv[index + 2:]
+    given = any(flag in argv for flag in WAVELENGTH_FLAGS)
+    nominal = [] if given else ["-lambda", repr(float(config.beam.wavelength_A))]
+    return [*rest, *nominal, "-sourcefile", str(sourcefile)]
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:

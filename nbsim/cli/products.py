@@ -222,7 +222,8 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
                *_table_notes(setup)),
         modules=tuple(DetectorModule(panel.name, p.pixel_size_m, p.pixels_f, p.pixels_s, _plain(p.pix0_m),
                                      _plain(p.fdet), _plain(p.sdet))
-                      for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)))
+                      for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)),
+        spectrum=beam.spectrum)
 
 
 def _table_notes(setup: Setup) -> tuple[str, ...]:

@@ -73,6 +73,8 @@ class ExperimentRecord:
     """Ground truth for the header's comments: seeds, convention, pivot."""
     modules: tuple[DetectorModule, ...] = ()
     """The panels of a multi-panel detector (empty: the one panel the fields above describe)."""
+    spectrum: tuple[tuple[float, float], ...] | None = None
+    """The -spectrumfile channels, (wavelength in Å, weight), or None for one wavelength."""
 
 
 def _unit(vector: np.ndarray, what: str) -> np.ndarray:
@@ -177,6 +179,18 @@ def _group_name(name: str, index: int) -> str:
     return f"module_{index}_" + re.sub(r"\W", "_", name)
 
 
+def _write_wavelengths(beam, record: ExperimentRecord) -> None:
+    """NXbeam's incident_wavelength: the wavelength, or a spectrum's channels with their weights (summing to 1)
+    in incident_wavelength_weights (NXmx's polychromatic beam)."""
+    if record.spectrum is None:
+        beam["incident_wavelength"] = record.wavelength_A
+    else:
+        wavelengths, weights = np.array(record.spectrum, dtype=np.float64).T
+        beam["incident_wavelength"] = wavelengths
+        beam["incident_wavelength_weights"] = weights / weights.sum()
+    beam["incident_wavelength"].attrs["units"] = "angstrom"
+
+
 def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.ndarray, record: ExperimentRecord,
                start_time: datetime.datetime, end_time: datetime.datetime) -> None:
     """An NXmx file: the (slow, fast) counts of each frame (taken one at a time) and its ω, the detector placed
@@ -218,8 +232,7 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             source["name"] = "nbsim"
             beam = instrument.create_group("beam")
             beam.attrs["NX_class"] = "NXbeam"
-            beam["incident_wavelength"] = r.wavelength_A
-            beam["incident_wavelength"].attrs["units"] = "angstrom"
+            _write_wavelengths(beam, r)
             beam["total_flux"] = r.total_flux_per_s
             beam["total_flux"].attrs["units"] = "Hz"
 

@@ -101,6 +101,52 @@ def read_source_file(path: str | Path) -> tuple[tuple[float | None, ...], ...]:
     return tuple(sources)
 
 
+HC_EV_A = 12398.42
+"""h·c in eV·Å, nanoBragg's constant for -energy."""
+_SPECTRUM_HEADERS = {("wavelength_a", "weight"): False, ("energy_ev", "weight"): True}
+
+
+def read_spectrum_file(path: str | Path) -> tuple[tuple[float, float], ...]:
+    """A -spectrumfile: one channel per line, wavelength (Å) and weight; text after '#' is a comment.
+    Before the first channel, a header naming the columns may say the unit: `wavelength_A weight` (the
+    default) or `energy_eV weight` (eV, converted with nanoBragg's h·c = 12398.42 eV·Å), with or without
+    a leading '#'. Returns (wavelength_A, weight) rows: every wavelength or energy positive, every weight
+    non-negative, their sum positive."""
+    lines = read_text(path).splitlines()
+    in_eV = False
+    channels = []
+    header_allowed = True
+    for line_number, line in enumerate(lines, start=1):
+        words = line.replace("#", " # ", 1).split()
+        if not words:
+            continue
+        named = tuple(word.lower() for word in words if word != "#")
+        if header_allowed and named in _SPECTRUM_HEADERS:
+            in_eV = _SPECTRUM_HEADERS[named]
+            header_allowed = False
+            continue
+        tokens = [t for t in _SEPARATORS.split(line.split("#", 1)[0].strip()) if t]
+        if not tokens:
+            continue
+        header_allowed = False
+        if len(tokens) != 2:
+            unit = "energy (eV)" if in_eV else "wavelength (A)"
+            raise InputFileError(str(path), f"expected 2 numbers, {unit} and weight, found {len(tokens)}",
+                                 line_number)
+        value, weight = (parse_number(t, path, line_number) for t in tokens)
+        if value <= 0:
+            what = f"energy {value:g} eV" if in_eV else f"wavelength {value:g} A"
+            raise InputFileError(str(path), f"{what} must be positive", line_number)
+        if weight < 0:
+            raise InputFileError(str(path), f"weight {weight:g} must not be negative", line_number)
+        channels.append((HC_EV_A / value if in_eV else value, weight))
+    if not channels:
+        raise InputFileError(str(path), "no spectrum channels in file")
+    if sum(weight for _, weight in channels) <= 0:
+        raise InputFileError(str(path), "the weights sum to 0")
+    return tuple(channels)
+
+
 def _determinant_3x3(values: list[float]) -> float:
     """The determinant of a 3×3 matrix given row by row."""
     a, b, c, d, e, f, g, h, i = values

@@ -99,8 +99,9 @@ class KernelTensors(NamedTuple):
     last_layer_substep (1,) int64: the first sub-step of the last layer. frame rows: fdet, sdet, beam.
     cells: projections onto the a, b, c axes of every orientation (O each). beam_terms: (a·i)/λ etc.,
     (3, S, O). incident, odet, polar_e, polar_b: projections onto the source directions, the detector
-    normal and the per-source polarization frame. grid: the padded HKL table, flat (G,); grid_extent:
-    its (h, k, l) sizes (int32); grid_min/grid_max: the file's index range.
+    normal and the per-source polarization frame. source_weight (S,): each source's weight relative to
+    the mean (all 1 but with a -spectrumfile), multiplying its steps' intensity. grid: the padded HKL
+    table, flat (G,); grid_extent: its (h, k, l) sizes (int32); grid_min/grid_max: the file's index range.
     """
 
     origins: torch.Tensor
@@ -114,6 +115,7 @@ class KernelTensors(NamedTuple):
     polar_e: Projection
     polar_b: Projection
     inv_wavelength: torch.Tensor
+    source_weight: torch.Tensor
     grid: torch.Tensor
     grid_extent: torch.Tensor
     grid_min: torch.Tensor
@@ -131,8 +133,9 @@ INPUT_SHAPES = KernelTensors(
     origins=(SUBSTEPS, 3), layer_of_substep=(SUBSTEPS,), last_layer_substep=(1,), frame=(3, 3),
     cells=tuple(_projection_shapes(ORIENTATIONS) for _ in range(3)), beam_terms=(3, SOURCES, ORIENTATIONS),
     incident=_projection_shapes(SOURCES), odet=_projection_shapes(1), polar_e=_projection_shapes(SOURCES),
-    polar_b=_projection_shapes(SOURCES), inv_wavelength=(SOURCES,), grid=(TABLE,), grid_extent=(3,),
-    grid_min=(3,), grid_max=(3,), n_cells=(3,), reciprocal=(3, 3), scalars=Scalars(*([()] * len(Scalars._fields))))
+    polar_b=_projection_shapes(SOURCES), inv_wavelength=(SOURCES,), source_weight=(SOURCES,), grid=(TABLE,),
+    grid_extent=(3,), grid_min=(3,), grid_max=(3,), n_cells=(3,), reciprocal=(3, 3),
+    scalars=Scalars(*([()] * len(Scalars._fields))))
 """Every input's shape: ints are fixed sizes, names are run-time counts."""
 
 EXAMPLE_SIZES = {ROWS: 64, COLS: 1024, SUBSTEPS: 4, SOURCES: 5, ORIENTATIONS: 6, TABLE: 7}
@@ -230,7 +233,7 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         last_layer_substep=torch.tensor([(layers - 1) * substeps_per_layer], dtype=torch.int64, device=device),
         frame=to(torch.stack([g.fdet, g.sdet, g.beam])), **orientation(setup.cells_A), incident=projection(incident),
         odet=projection(g.odet.unsqueeze(0)), polar_e=projection(polar_e), polar_b=projection(polar_b),
-        inv_wavelength=to(inv_wavelength), grid=grid,
+        inv_wavelength=to(inv_wavelength), source_weight=to(setup.sources.relative_weights), grid=grid,
         grid_extent=torch.tensor(grid_extent, dtype=torch.int32, device=device), grid_min=to(grid_min),
         grid_max=to(grid_max), n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A),
         scalars=scalars)

@@ -96,7 +96,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, opt
                 if not interpolating:
                     # Interpolation is off for the rest of the run: this pixel's later steps look up nearest.
                     lookup = "nearest"
-            term = f_cell * f_cell * terms.f_latt[:, :, 0, 0, :] ** 2
+            term = f_cell * f_cell * terms.f_latt[:, :, 0, 0, :] ** 2 * block_inputs.source_weight
             factor = torch.ones_like(running)
             if ordered.oversample_thick:
                 factor = factor * capture_each[:, :, k]

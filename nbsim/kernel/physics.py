@@ -177,7 +177,8 @@ def restrict(t: KernelTensors, substep: Index | None = None, source: Index | Non
                               _take(p.vectors, 0, source))
 
         t = t._replace(beam_terms=_take(t.beam_terms, 1, source), inv_wavelength=_take(t.inv_wavelength, 0, source),
-                       incident=at_source(t.incident), polar_e=at_source(t.polar_e), polar_b=at_source(t.polar_b))
+                       source_weight=_take(t.source_weight, 0, source), incident=at_source(t.incident),
+                       polar_e=at_source(t.polar_e), polar_b=at_source(t.polar_b))
     return t
 
 
@@ -400,9 +401,10 @@ def _pixels_last(x: torch.Tensor) -> torch.Tensor:
 
 def sum_steps(p: PixelTerms, t: KernelTensors,
               options: KernelOptions) -> torch.Tensor:
-    """Second stage: r_e²·fluence/steps·(I_bg + Σ F_cell²·F_latt²)·capture·polar·ω for each pixel, (R, C)."""
+    """Second stage: r_e²·fluence/steps·(I_bg + Σ w_s·F_cell²·F_latt²)·capture·polar·ω for each pixel, (R, C),
+    w_s the source's relative weight (1 but with a spectrum)."""
     terms = terms_from_projections(p.projections, p.inverse_path, t, options, pixels_last=True)
-    intensity = torch.square(terms.f_cell * terms.f_latt)
+    intensity = torch.square(terms.f_cell * terms.f_latt) * t.source_weight.view(1, -1, 1, 1, 1)
     if options.use_dmin:
         intensity = intensity * p.valid.unsqueeze(2)
     return p.factor * (t.scalars.background + intensity.sum(dim=(0, 1, 2)))

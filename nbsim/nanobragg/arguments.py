@@ -1,7 +1,7 @@
 """nanoBragg command-line arguments → SimulationConfig and output options, in three steps: strict
 validation against the flag table (`flags`), nanoBragg's substring matching (`rules`), and the
-typed configuration built from the C's variables. The small input files (-mat, -sourcefile) are read here,
-strictly, into the configuration; the large tables (-hkl, -mask) stay paths, read by `setup.resolve`.
+typed configuration built from the C's variables. The small input files (-mat, -sourcefile, -spectrumfile) are
+read here, strictly, into the configuration; the large tables (-hkl, -mask) stay paths, read by `setup.resolve`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,20 @@ from ..config import (
     StructureFactorConfig,
     check_cell,
     check_response,
+    spectrum_mean_wavelength_A,
 )
 from ..errors import NbsimError
-from ..io.text import read_mosflm_matrix, read_source_file
+from ..io.text import read_mosflm_matrix, read_source_file, read_spectrum_file
 from ..modes import Compile
-from .flags import DETECTOR_FLAGS, NBSIM_ONLY, NO_EFFECT, SINGLE_PANEL_FILES, SINGLE_PANEL_ONLY, validate
+from .flags import (
+    DETECTOR_FLAGS,
+    NBSIM_ONLY,
+    NO_EFFECT,
+    SINGLE_PANEL_FILES,
+    SINGLE_PANEL_ONLY,
+    WAVELENGTH_FLAGS,
+    validate,
+)
 from .rules import CState, run_nanobragg_rules
 
 
@@ -78,6 +87,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         config = config.with_options(panels=read_panel_file(panel_file), panel_file=panel_file)
         state["write_pgm"] = state["calculate_noise"] = False
         state["intfile"] = None
+    if "-spectrumfile" in nbsim_options:
+        config = _with_spectrum(config, nbsim_options["-spectrumfile"], any(flag in argv for flag in WAVELENGTH_FLAGS))
     config = _with_cell_from_file(config)
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
@@ -185,6 +196,15 @@ def _config_from_state(state: CState) -> SimulationConfig:
     structure = StructureFactorConfig(hkl_file=state["hkl"], default_F=state["default_F"],
                                       interpolate=state["interpolate"])
     return SimulationConfig(crystal=crystal, beam=beam, detector=detector, structure=structure)
+
+
+def _with_spectrum(config: SimulationConfig, path: str, wavelength_given: bool) -> SimulationConfig:
+    """The -spectrumfile's channels; its weighted mean wavelength is the nominal one (nanoBragg's lambda0:
+    a -mat matrix's scale, the automatic oversample, the headers) unless -lambda or -energy gives it."""
+    spectrum = read_spectrum_file(path)
+    if wavelength_given:
+        return config.with_options(spectrum=spectrum)
+    return config.with_options(spectrum=spectrum, wavelength_A=spectrum_mean_wavelength_A(spectrum))
 
 
 def _with_cell_from_file(config: SimulationConfig) -> SimulationConfig:

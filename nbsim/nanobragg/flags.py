@@ -150,6 +150,8 @@ _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-m
 _add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
 _add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
 _add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
+_add(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, header "
+     "energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength")
 _add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
      "(docs/formats.md)", "one panel")
 _add(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own "
@@ -188,6 +190,7 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
                         "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop"}
 MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
+WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (
     {"-interpolate", "-nointerpolate"},
     {"-square_xtal", "-round_xtal", "-gauss_xtal", "-tophat_spots", "-binary_spots"},
@@ -195,9 +198,11 @@ CONFLICTS = (
     {"-nonoise", "-noisefile", "-noiseimage"},
     {"-nopgm", "-pgmfile", "-pgmimage", "-pgmscale"},
     {"-nopolar", "-polar"},
-    {"-lambda", "-wave", "-wavelength", "-energy"},
+    set(WAVELENGTH_FLAGS),
     {"-fluence", "-flux"},
     {"-hkl", "-model"},
+    {"-spectrumfile", "-sourcefile"},
+    {"-spectrumfile", "-dispersion"},
 )
 NBSIM_ONLY = tuple(n for f in TABLE if f.group in (NBSIM, RESPONSE) for n in f.names)
 NO_EFFECT = tuple(n for f in TABLE if f.group == IGNORED for n in f.names)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NbsimError
-from ..io.text import c_atof, c_atoi
+from ..io.text import HC_EV_A, c_atof, c_atoi
 from .flags import NBSIM_ONLY
 
 
@@ -95,7 +95,7 @@ def _vector(name: str):
 
 
 def _energy_to_wavelength(energy_eV: float) -> float:
-    return 12398.42 / energy_eV if energy_eV != 0 else math.inf
+    return HC_EV_A / energy_eV if energy_eV != 0 else math.inf
 
 
 def _cell(state: CState, args: list[str]) -> None:

@@ -7,8 +7,10 @@ key), so one point is reproduced alone, and adding a key changes no other key's 
 
 Distributions (the value under a key): `random` (for `-misset` only: an orientation uniform on SO(3)),
 `{uniform: [lo, hi]}` (lo <= x < hi), `{integers: [lo, hi]}` (lo <= n <= hi, both included),
-`{normal: [mean, sd]}`, `{choice: [a, b, ...]}` (each equally likely). The orientation is drawn from the
-draw's misset seed alone, so that seed reproduces it.
+`{normal: [mean, sd]}`, `{choice: [a, b, ...]}` (each equally likely), and, for the `spectrum` option
+only, `{sase: {centre_A or centre_eV, bandwidth_percent, channels, spikes (default 10)}}`: a seeded
+SASE-like spectrum (nbsim.spectra.sase_spectrum). The orientation is drawn from the draw's misset seed
+alone, so that seed reproduces it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import NbsimError
+from ..io.text import HC_EV_A
 from ..rng import matrix_to_misset_rad
+from ..spectra import sase_spectrum
 
-DISTRIBUTIONS = ("uniform", "integers", "normal", "choice")
+DISTRIBUTIONS = ("uniform", "integers", "normal", "choice", "sase")
+SPECTRUM = "spectrum"
+"""The option a `sase` draw gives (BeamConfig.spectrum)."""
+SASE_ARGUMENTS = {"centre_A", "centre_eV", "bandwidth_percent", "channels", "spikes"}
 SEED_NAMES = ("noise", "mosaic", "misset", "calibration")
 RANDOM_ORIENTATION = "-misset"
 """The one key that takes `random`: the crystal's orientation, drawn here and rendered as misset angles."""
@@ -73,6 +80,10 @@ def draw_value(spec: Any, generator: np.random.Generator) -> Any:
         return int(generator.integers(arguments[0], arguments[1], endpoint=True))
     if name == "normal":
         return float(generator.normal(*arguments))
+    if name == "sase":
+        centre_A = arguments["centre_A"] if "centre_A" in arguments else HC_EV_A / arguments["centre_eV"]
+        return sase_spectrum(centre_A, arguments["bandwidth_percent"], int(arguments["channels"]),
+                             int(generator.integers(1, SEED_LIMIT)), int(arguments.get("spikes", 10)))
     return arguments[int(generator.integers(len(arguments)))]
 
 
@@ -115,6 +126,12 @@ def check_draws(draws: dict, base: Path) -> None:
         if name not in DISTRIBUTIONS:
             raise NbsimError(f"{where}: unknown distribution {name!r}; the distributions are "
                              f"{', '.join(DISTRIBUTIONS)}")
+        if (name == "sase") != (key == SPECTRUM):
+            raise NbsimError(f"{where}: 'sase' draws a spectrum, for the option {SPECTRUM} alone; "
+                             f"{SPECTRUM} takes 'sase'")
+        if name == "sase":
+            _check_sase(f"{where}.sase", arguments)
+            continue
         if name == "choice":
             if not isinstance(arguments, list) or not arguments:
                 raise NbsimError(f"{where}.choice: expects a non-empty list of values")
@@ -133,3 +150,23 @@ def check_draws(draws: dict, base: Path) -> None:
             raise NbsimError(f"{where}.normal: the standard deviation {hi} is negative")
         if name in ("uniform", "integers") and lo > hi:
             raise NbsimError(f"{where}.{name}: lo {lo} > hi {hi}")
+
+
+def _check_sase(where: str, arguments: Any) -> None:
+    """A `sase` draw's arguments: one centre (centre_A or centre_eV) and bandwidth_percent, positive numbers;
+    channels and spikes (optional), whole numbers of at least 1."""
+    if not isinstance(arguments, dict) or not set(arguments) <= SASE_ARGUMENTS:
+        raise NbsimError(f"{where}: expects {{centre_A or centre_eV, bandwidth_percent, channels, spikes}}, "
+                         f"got {arguments!r}")
+    if len({"centre_A", "centre_eV"} & set(arguments)) != 1:
+        raise NbsimError(f"{where}: give one of centre_A and centre_eV")
+    for name, value in arguments.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if name in ("channels", "spikes"):
+            if not (number and float(value).is_integer() and value >= 1):
+                raise NbsimError(f"{where}.{name}: expects a whole number of at least 1, got {value!r}")
+        elif not (number and value > 0):
+            raise NbsimError(f"{where}.{name}: expects a positive number, got {value!r}")
+    missing = {"bandwidth_percent", "channels"} - set(arguments)
+    if missing:
+        raise NbsimError(f"{where}: {sorted(missing)[0]} is missing")

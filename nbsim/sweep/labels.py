@@ -1,7 +1,8 @@
 """A dataset's labels: what a point was drawn with (planning) and what its images hold (its batch job).
 
 `drawn_labels` (torch-free, at planning): the draw's index, every drawn value (a flag's by its axis name,
-`N`, `lambda`; the orientation as `misset_x_deg`, `misset_y_deg`, `misset_z_deg`) and its seeds
+`N`, `lambda`; the orientation as `misset_x_deg`, `misset_y_deg`, `misset_z_deg`; a `sase` spectrum as
+`spectrum_mean_A` and `spectrum_weight_000` ...) and its seeds
 (`noise_seed`, `mosaic_seed`, `misset_seed`, `calibration_seed`). `rendered_labels` (in the job): the A
 matrix used (`A_00` .. `A_22`: rows x, y, z of the matrix whose columns are a*, b*, c* in Å⁻¹, after the
 misset, before phi and mosaic), the wavelength, the resolution at the detector's farthest corner (Å) and
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .draws import RANDOM_ORIENTATION, Draw
+from ..config import spectrum_mean_wavelength_A
+from .draws import RANDOM_ORIENTATION, SPECTRUM, Draw
 
 if TYPE_CHECKING:
     from ..config import SimulationConfig
@@ -33,10 +35,19 @@ def drawn_labels(draw: Draw | None) -> dict[str, Any]:
     for key, value in draw.values:
         if key == RANDOM_ORIENTATION:
             labels.update(zip(("misset_x_deg", "misset_y_deg", "misset_z_deg"), value, strict=True))
+        elif key == SPECTRUM:
+            labels.update(spectrum_labels(value))
         else:
             labels[key.lstrip("-")] = value
     labels.update({f"{name}_seed": seed for name, seed in draw.seeds})
     return labels
+
+
+def spectrum_labels(spectrum: tuple[tuple[float, float], ...]) -> dict[str, float]:
+    """A drawn spectrum as label columns: its weighted mean wavelength and each channel's weight
+    (`spectrum_weight_000`, ...; the channels' wavelengths are the draw's grid, kept in the point's record)."""
+    return {"spectrum_mean_A": spectrum_mean_wavelength_A(spectrum),
+            **{f"spectrum_weight_{index:03d}": weight for index, (_, weight) in enumerate(spectrum)}}
 
 
 def rendered_labels(config: SimulationConfig) -> dict[str, float]:

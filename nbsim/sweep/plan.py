@@ -27,7 +27,7 @@ from typing import Any
 from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..modes import Compile, Mode, choose_mode
-from .draws import RANDOM_ORIENTATION, Draw, draw, draw_count
+from .draws import RANDOM_ORIENTATION, SPECTRUM, Draw, draw, draw_count
 from .labels import drawn_labels
 from .spec import PointSpec, field_types, is_union
 
@@ -379,6 +379,9 @@ def check_option_value(name: str, value: Any) -> None:
         if value not in choices:
             raise NbsimError(f"expects one of {', '.join(map(repr, choices))}")
         return
+    if name == SPECTRUM and isinstance(value, tuple) and all(
+            isinstance(channel, tuple) and len(channel) == 2 for channel in value):
+        return  # a drawn spectrum (`sase`): its values are checked when the point is set up
     kinds = [m for m in members if m in accepted]
     if not kinds:
         raise NbsimError(f"{name} holds several values and cannot be an axis of single values; "
