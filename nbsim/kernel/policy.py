@@ -7,6 +7,10 @@ When it is not, the plan is pending: the renderer times the eager kernel on a sm
 `CompilePlan.decide` compiles first only when the estimated build time plus the compiled render is
 shorter than rendering eagerly. Otherwise the render is eager and the decision lists the ahead-of-time
 packages left unbuilt; building them for a later run (nbsim.kernel.build) is the caller's choice.
+
+With gradients (any kernel input requiring grad), `auto` renders eagerly and says so in the decision's
+note: nbsim keeps no compiled backward on disk (ahead-of-time packages are forward-only), and building
+one just in time takes minutes per structure (docs/kernels.md has the measurements).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ COMPILED_SPEEDUP = 10.0
 DEFAULT_BUILD_S = {Mode.AOT: 40.0, Mode.JIT: 20.0}
 """Build time assumed per stage before this machine has built one (aot measured 30-42 s on 2 cores)."""
 PROBE_PIXEL_STEPS = 1 << 20
+GRADIENT_NOTE = "gradients: eager render (no compiled backward is kept, and building one takes minutes)"
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class CompilePlan:
     missing: tuple[StageVariant, ...] = ()
     estimated_build_s: float = 0.0
     """Seconds to build what is missing: this machine's past builds per stage when it has any, else a default."""
+    note: str = ""
+    """Why the mode is what it is, when that is not what the setting alone says."""
 
     def compile_pays(self, eager_estimate_s: float) -> bool:
         """Does building, then rendering compiled, beat rendering eagerly?"""
@@ -59,7 +66,7 @@ class CompilePlan:
         """The mode to render in: the plan's own unless it is pending, else compiled when that pays
         given `eager_estimate_s` (the eager render's estimated seconds)."""
         if self.pending is None:
-            return CompileDecision(self.mode)
+            return CompileDecision(self.mode, self.note)
         if eager_estimate_s is None:
             raise ValueError("a pending compile plan needs the eager render's estimated time")
         if self.compile_pays(eager_estimate_s):
@@ -80,6 +87,8 @@ def plan_compile(compile: Compile, device: torch.device, dtype: torch.dtype, nee
         return CompilePlan(Mode.EAGER, structure, dtype, device)
     if compile is Compile.ON:
         return CompilePlan(compiled, structure, dtype, device)
+    if needs_grad:
+        return CompilePlan(Mode.EAGER, structure, dtype, device, note=GRADIENT_NOTE)
     if compiled is Mode.JIT:
         estimate_s = DEFAULT_BUILD_S[Mode.JIT] * len(structure.stage_variants())
         return CompilePlan(Mode.EAGER, structure, dtype, device, pending=Mode.JIT, estimated_build_s=estimate_s)
