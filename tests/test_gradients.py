@@ -73,14 +73,24 @@ def test_gradient_beam_centre(base):
     _check(lambda x, y: _with(base, "detector", beam_x_mm=x, beam_y_mm=y), 12.0, 11.0)
 
 
-def test_auto_renders_gradients_eagerly_and_says_so(base):
+def test_auto_renders_gradients_eagerly_and_says_so(base, monkeypatch):
     """`auto` never compiles a backward in the caller's process: it renders eagerly and the decision says why."""
+    monkeypatch.delenv("NBSIM_COMPILE_MODE", raising=False)
     distance = torch.tensor(80.0, requires_grad=True)
     renderer = Renderer(resolve(_with(base, "detector", distance_mm=distance)), compile="auto")
     decision = renderer.settle()
     assert decision.mode is Mode.EAGER and decision.note.startswith("gradients:")
     renderer().sum().backward()
     assert distance.grad is not None and distance.grad.abs() > 0
+
+
+def test_compile_on_with_gradients_warns_and_renders_eagerly(base, monkeypatch):
+    """A compiled backward is not offered (docs/kernels.md): `on` renders eagerly with a warning saying why."""
+    monkeypatch.delenv("NBSIM_COMPILE_MODE", raising=False)
+    distance = torch.tensor(80.0, requires_grad=True)
+    with pytest.warns(UserWarning, match="compile on: gradients: eager render"):
+        renderer = Renderer(resolve(_with(base, "detector", distance_mm=distance)), compile="on")
+    assert renderer.mode is Mode.EAGER
 
 
 def test_tiled_gradient_equals_one_tile(base):

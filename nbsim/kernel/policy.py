@@ -8,9 +8,10 @@ When it is not, the plan is pending: the renderer times the eager kernel on a sm
 shorter than rendering eagerly. Otherwise the render is eager and the decision lists the ahead-of-time
 packages left unbuilt; building them for a later run (nbsim.kernel.build) is the caller's choice.
 
-With gradients (any kernel input requiring grad), `auto` renders eagerly and says so in the decision's
-note: nbsim keeps no compiled backward on disk (ahead-of-time packages are forward-only), and building
-one just in time takes minutes per structure (docs/kernels.md has the measurements).
+With gradients (any kernel input requiring grad) the render is eager in every mode, and the decision's
+note says so: nbsim keeps no compiled backward (ahead-of-time packages are forward-only), and building
+one just in time takes minutes per structure and then runs no faster than eager (docs/kernels.md has the
+measurements). NBSIM_COMPILE_MODE=jit still compiles it, to measure it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..modes import Compile, Mode, choose_mode
+from ..modes import Compile, Mode, choose_mode, compiled_gradients_forced
 from .cache import KernelCache
 from .stages import StageVariant, Structure
 
@@ -29,7 +30,8 @@ COMPILED_SPEEDUP = 10.0
 DEFAULT_BUILD_S = {Mode.AOT: 40.0, Mode.JIT: 20.0}
 """Build time assumed per stage before this machine has built one (aot measured 30-42 s on 2 cores)."""
 PROBE_PIXEL_STEPS = 1 << 20
-GRADIENT_NOTE = "gradients: eager render (no compiled backward is kept, and building one takes minutes)"
+GRADIENT_NOTE = ("gradients: eager render (a compiled backward is not offered: building it takes minutes and it "
+                 "runs no faster than eager; see docs/kernels.md)")
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,10 @@ def plan_compile(compile: Compile, device: torch.device, dtype: torch.dtype, nee
     compiled = choose_mode(Compile.ON, device.type, needs_grad)
     if compile is Compile.OFF:
         return CompilePlan(Mode.EAGER, structure, dtype, device)
+    if needs_grad and not compiled_gradients_forced():
+        return CompilePlan(Mode.EAGER, structure, dtype, device, note=GRADIENT_NOTE)
     if compile is Compile.ON:
         return CompilePlan(compiled, structure, dtype, device)
-    if needs_grad:
-        return CompilePlan(Mode.EAGER, structure, dtype, device, note=GRADIENT_NOTE)
     if compiled is Mode.JIT:
         estimate_s = DEFAULT_BUILD_S[Mode.JIT] * len(structure.stage_variants())
         return CompilePlan(Mode.EAGER, structure, dtype, device, pending=Mode.JIT, estimated_build_s=estimate_s)
