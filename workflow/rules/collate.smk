@@ -14,6 +14,12 @@ rule collate:
             subcategory="tables",
         ),
         timing_md=f"{RESULTS}/{{scenario}}/tables/timing.md",
+        timing_html=report(
+            f"{RESULTS}/{{scenario}}/tables/timing.html",
+            caption="../report/timing.rst",
+            category="{scenario}",
+            subcategory="tables",
+        ),
         correlation_csv=report(
             f"{RESULTS}/{{scenario}}/tables/correlation.csv",
             caption="../report/correlation.rst",
@@ -21,6 +27,12 @@ rule collate:
             subcategory="tables",
         ),
         correlation_md=f"{RESULTS}/{{scenario}}/tables/correlation.md",
+        correlation_html=report(
+            f"{RESULTS}/{{scenario}}/tables/correlation.html",
+            caption="../report/correlation.rst",
+            category="{scenario}",
+            subcategory="tables",
+        ),
         store=directory(f"{RESULTS}/{{scenario}}/sweep.zarr"),
     log:
         f"{RESULTS}/logs/collate/{{scenario}}.log",
@@ -31,6 +43,28 @@ rule collate:
         "../envs/nbsim.yaml"
     script:
         "../scripts/collate.py"
+
+
+rule summary:
+    input:
+        records=all_records,
+        references=all_reference_records,
+    output:
+        rst=f"{RESULTS}/summary.rst",
+        csv=report(
+            f"{RESULTS}/summary.csv",
+            caption="../report/summary.rst",
+            category="summary",
+        ),
+    log:
+        f"{RESULTS}/logs/summary.log",
+    params:
+        by_scenario=records_by_scenario(),
+    localrule: True
+    conda:
+        "../envs/nbsim.yaml"
+    script:
+        "../scripts/summary.py"
 
 
 rule plots:

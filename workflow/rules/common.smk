@@ -5,6 +5,7 @@ import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 from nbsim.errors import NbsimError
 from nbsim.modes import Compile
@@ -131,14 +132,34 @@ def reference_records(wildcards):
             for b in PLAN.scenario_references(wildcards.scenario)]
 
 
+def records_by_scenario():
+    """Each scenario's batch and reference records, for the front page's summary."""
+    by_scenario = {}
+    for scenario in config["scenarios"]:
+        wildcards = SimpleNamespace(scenario=scenario)
+        by_scenario[scenario] = {"records": batch_files(wildcards, "records.json"),
+                                 "references": reference_records(wildcards)}
+    return by_scenario
+
+
+def all_records(wildcards):
+    return [path for paths in records_by_scenario().values() for path in paths["records"]]
+
+
+def all_reference_records(wildcards):
+    return [path for paths in records_by_scenario().values() for path in paths["references"]]
+
+
 def all_outputs():
-    outputs = []
+    outputs = [f"{RESULTS}/summary.rst", f"{RESULTS}/summary.csv"]
     for scenario in config["scenarios"]:
         outputs += [
             f"{RESULTS}/{scenario}/tables/timing.csv",
             f"{RESULTS}/{scenario}/tables/timing.md",
             f"{RESULTS}/{scenario}/tables/correlation.csv",
             f"{RESULTS}/{scenario}/tables/correlation.md",
+            f"{RESULTS}/{scenario}/tables/timing.html",
+            f"{RESULTS}/{scenario}/tables/correlation.html",
             f"{RESULTS}/{scenario}/sweep.zarr",
             f"{RESULTS}/{scenario}/plots/speedup.png",
             f"{RESULTS}/{scenario}/plots/warm_time.png",
