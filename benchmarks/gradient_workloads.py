@@ -3,7 +3,8 @@
 The heavy workload (300 steps per pixel, float32, CPU) is rendered at 256² and 1024² in a new process per
 size, eagerly: the render without gradients (`forward_s`), and with the distance as a tensor that requires
 grad the render (`grad_s`) and `image.sum().backward()` (`backward_s`), each the median of REPEATS calls
-after one warm-up (set-up, `resolve`, timed apart), and the process's peak RSS. Target: the backward at
+after a warm-up at 32² (eager: nothing to build; set-up, `resolve`, timed apart), and the process's peak
+RSS, under MALLOC. Target: the backward at
 most 3× the forward without gradients. The compiled path is recorded as not offered, with nbsim's reason
 (`nbsim.kernel.policy.GRADIENT_NOTE`; the one-off measurements behind it are in docs/kernels.md).
 """
@@ -11,6 +12,7 @@ most 3× the forward without gradients. The compiled path is recorded as not off
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,10 @@ from pathlib import Path
 from nbsim import workloads
 
 SIZES, QUICK_SIZES = (256, 1024), (64, 128)
-REPEATS = 3
+REPEATS = 1
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+"""glibc's fixed mmap threshold, as docs/kernels.md advises for gradients: without it the dynamic threshold
+lets the heap grow with the number of tiles (the memory the checkpointed tiles free is not returned)."""
 MAX_BACKWARD_RATIO = 3.0
 
 TIMED = """
@@ -26,11 +31,9 @@ import json, resource, statistics, sys, time
 import torch, nbsim
 from nbsim.render import Renderer
 from nbsim.setup import resolve
-args = json.loads(sys.argv[1])
-repeats = int(sys.argv[2])
-config = nbsim.config_from_args(args)
+args, size, repeats = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 
-def once(grad):
+def once(config, grad):
     distance = torch.tensor(200.0, requires_grad=grad)
     begin = time.perf_counter()
     renderer = Renderer(resolve(config.with_options(distance_mm=distance)), compile="off")
@@ -41,10 +44,12 @@ def once(grad):
         image.sum().backward()
     return rendering - begin, rendered - rendering, time.perf_counter() - rendered
 
+small = nbsim.config_from_args([*args, "-detpixels", "32"])
+once(small, False), once(small, True)
+config = nbsim.config_from_args([*args, "-detpixels", str(size)])
 result = {}
 for key, grad in (("forward", False), ("grad", True)):
-    once(grad)
-    setup_s, forward_s, backward_s = (statistics.median(v) for v in zip(*(once(grad) for _ in range(repeats))))
+    setup_s, forward_s, backward_s = (statistics.median(v) for v in zip(*(once(config, grad) for _ in range(repeats))))
     result[key + "_s"] = forward_s
     if grad:
         result.update(setup_grad_s=setup_s, backward_s=backward_s)
@@ -62,9 +67,8 @@ def run_gradients(quick: bool, folder: Path) -> dict:
         return {"error": f"needs {golden / 'synthetic_P1.hkl'}"}
     sizes = {}
     for size in QUICK_SIZES if quick else SIZES:
-        args = [*base, "-detpixels", str(size)]
-        completed = subprocess.run([sys.executable, "-c", TIMED, json.dumps(args), str(REPEATS)],
-                                   capture_output=True, text=True, cwd=folder)
+        completed = subprocess.run([sys.executable, "-c", TIMED, json.dumps(base), str(size), str(REPEATS)],
+                                   capture_output=True, text=True, cwd=folder, env={**os.environ, **MALLOC})
         if completed.returncode != 0:
             return {"error": f"{size}²: " + (completed.stderr.strip().splitlines() or ["no output"])[-1]}
         eager = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -72,7 +76,8 @@ def run_gradients(quick: bool, folder: Path) -> dict:
         eager["backward_ratio"] = eager["backward_s"] / eager["forward_s"]
         sizes[str(size)] = {"eager": eager, "compiled": {"not_offered": GRADIENT_NOTE}}
     return {"command": ["python", "-c", "<simulate heavy, distance requires grad; image.sum().backward()>"],
-            "result": {"workload": "heavy (300 steps per pixel), float32, cpu", "repeats": REPEATS, "sizes": sizes}}
+            "result": {"workload": "heavy (300 steps per pixel), float32, cpu", "repeats": REPEATS, "env": MALLOC,
+                       "sizes": sizes}}
 
 
 def gradients_verdict(record: dict) -> str:
