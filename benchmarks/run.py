@@ -13,7 +13,8 @@ image in at most a second; `first_image` times the first image of an uncached st
 `-compile auto` against `off` and `on` (and `auto` once the cache holds it). The script prints tables,
 says which targets each figure meets, and writes everything as JSON. The sweep workloads
 (`rotation_series`, `collate_10k`) are described in benchmarks/sweep_workloads.py, `cli_answers` in
-benchmarks/answers.py, `gradients` in benchmarks/gradient_workloads.py.
+benchmarks/answers.py, the detector's (`noise_c`, `noise_philox`) in benchmarks/detector_workloads.py,
+`gradients` in benchmarks/gradient_workloads.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
@@ -33,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from answers import ANSWER_WORKLOADS
+from detector_workloads import DETECTOR_WORKLOADS
 from format_workloads import FORMAT_WORKLOADS
 from gradient_workloads import GRADIENT_WORKLOADS
 from model_workloads import MODEL_WORKLOADS
@@ -40,7 +42,7 @@ from sweep_workloads import SWEEP_WORKLOADS
 
 from nbsim import workloads
 
-TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS,
+TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS, **DETECTOR_WORKLOADS,
                    **GRADIENT_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 

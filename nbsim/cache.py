@@ -3,6 +3,8 @@ process's entry point points Inductor's own cache into it."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -27,3 +29,15 @@ def configure_compile_cache(folder: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+@functools.cache
+def sources_digest() -> str:
+    """SHA-256 of nbsim's Python sources, names and contents, found without importing torch: what the
+    worker and the sweep's memo of kernel structures are valid for."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()

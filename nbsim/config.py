@@ -166,14 +166,83 @@ class StructureFactorConfig:
     interpolate: bool | None = None
 
 
+NoiseGenerator = Literal["nanobragg", "philox"]
+PsfShape = Literal["none", "gaussian", "fiber"]
+NOISE_GENERATORS: tuple[NoiseGenerator, ...] = get_args(NoiseGenerator)
+PSF_SHAPES: tuple[PsfShape, ...] = get_args(PsfShape)
+
+
+@dataclass(frozen=True)
+class DetectorResponseConfig:
+    """How the detector turns the noise-free photon image into ADU (docs/detector.md), in simtbx's
+    `add_noise` order: flicker, Poisson, calibration, point-spread, gain + offset + readout noise, then
+    the beam stop and defective pixels. Every effect but Poisson is off by default; the kernel ignores
+    all of this (the noise-free image does not depend on it)."""
+
+    generator: NoiseGenerator = "nanobragg"
+    """Poisson draws by nanoBragg's serial ran1/poidev sequence (the C's noise image, bit for bit) or by
+    counter-based Philox4x32-10 streams (any image, and any pixel, reproducible alone on any device)."""
+    noise_seed: int | None = None
+    """The -seed value as given (nanoBragg draws with minus it); None: not set (the command line then takes
+    the clock, as nanoBragg does; the detector stage needs it set)."""
+    poisson: bool = True
+    flicker_fraction: float = 0.0
+    """rms of the 1/f source noise: expected photons × (1 + fraction·N(0,1)), before Poisson."""
+    calibration_fraction: float = 0.0
+    """rms of the per-pixel gain error, fixed for a detector (drawn with calibration_seed)."""
+    calibration_seed: int = 123456789
+    psf: PsfShape = "none"
+    psf_fwhm_um: float = 0.0
+    gain_adu_per_photon: float = 1.0
+    adc_offset_adu: float = 40.0
+    readout_noise_adu: float = 0.0
+    """rms readout noise in ADU."""
+    beamstop_radius_mm: float = 0.0
+    """Radius of a beam stop centred on the direct beam: no photons reach the pixels inside it."""
+    hot_pixel_fraction: float = 0.0
+    """Fraction of pixels that read 65535 ADU (drawn with defect_seed)."""
+    dead_pixel_fraction: float = 0.0
+    """Fraction of pixels that read 0 ADU (drawn with defect_seed)."""
+    defect_seed: int = 1
+
+
+_FRACTIONS = ("flicker_fraction", "calibration_fraction", "hot_pixel_fraction", "dead_pixel_fraction")
+_NOT_NEGATIVE = ("psf_fwhm_um", "gain_adu_per_photon", "readout_noise_adu", "beamstop_radius_mm")
+
+
+def check_response(response: DetectorResponseConfig) -> None:
+    """Raise a one-line NbsimError naming the setting for a value the detector cannot have."""
+    from .errors import NbsimError
+
+    if response.generator not in NOISE_GENERATORS:
+        raise NbsimError(f"generator must be one of {', '.join(NOISE_GENERATORS)} (got {response.generator!r})")
+    if response.psf not in PSF_SHAPES:
+        raise NbsimError(f"psf must be one of {', '.join(PSF_SHAPES)} (got {response.psf!r})")
+    for name in _FRACTIONS:
+        value = getattr(response, name)
+        if not 0.0 <= value <= 1.0:
+            raise NbsimError(f"{name} must be a fraction between 0 and 1 (got {value:g})")
+    for name in _NOT_NEGATIVE:
+        value = getattr(response, name)
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise NbsimError(f"{name} must be a finite number not below 0 (got {value:g})")
+    if not math.isfinite(response.adc_offset_adu):
+        raise NbsimError(f"adc_offset_adu must be finite (got {response.adc_offset_adu:g})")
+    if response.hot_pixel_fraction + response.dead_pixel_fraction > 1.0:
+        raise NbsimError("hot_pixel_fraction + dead_pixel_fraction must not exceed 1")
+    if response.psf != "none" and not response.psf_fwhm_um > 0.0:
+        raise NbsimError(f"psf {response.psf} needs psf_fwhm_um > 0")
+
+
 @dataclass(frozen=True)
 class SimulationConfig:
-    """Everything that determines the image."""
+    """Everything that determines the image (and, `response`, the detector image made from it)."""
 
     crystal: CrystalConfig = field(default_factory=CrystalConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     structure: StructureFactorConfig = field(default_factory=StructureFactorConfig)
+    response: DetectorResponseConfig = field(default_factory=DetectorResponseConfig)
 
     def with_options(self, **options: Any) -> SimulationConfig:
         """Return a copy with fields replaced by name, wherever they live (e.g. mosaic_spread_deg=0.2)."""
@@ -184,7 +253,11 @@ class SimulationConfig:
             if own:
                 parts[name] = dataclasses.replace(part, **own)
         if remaining:
-            raise KeyError(f"unknown simulator option(s): {', '.join(sorted(remaining))}")
+            from .errors import did_you_mean
+
+            first = sorted(remaining)[0]
+            raise KeyError(f"unknown simulator option(s): {', '.join(sorted(remaining))}"
+                           f"{did_you_mean(first, option_names())}; nbsim show --options lists them")
         return SimulationConfig(**parts)
 
 
@@ -192,7 +265,12 @@ def _field_names(instance: Any) -> set[str]:
     return {f.name for f in dataclasses.fields(instance)}
 
 
+def option_parts() -> tuple[type, ...]:
+    """The configuration parts SimulationConfig holds, in its field order (their fields are the options)."""
+    defaults = SimulationConfig()
+    return tuple(type(getattr(defaults, f.name)) for f in dataclasses.fields(SimulationConfig))
+
+
 def option_names() -> set[str]:
     """Every option name accepted by SimulationConfig.with_options."""
-    return set().union(*(_field_names(cls()) for cls in (CrystalConfig, BeamConfig, DetectorConfig,
-                                                         StructureFactorConfig)))
+    return set().union(*(_field_names(part()) for part in option_parts()))

@@ -111,7 +111,7 @@ class Renderer:
         asking the plan whether compiling first pays (nbsim.kernel.policy). The first render settles it
         when no caller has."""
         if self.decision is None:
-            self.decision = self.plan.decide(self._eager_estimate_s())
+            self.decision = self.plan.decide(self.eager_estimate_s())
         return self.decision
 
     def build_missing_in_background(self) -> bool:
@@ -177,7 +177,7 @@ class Renderer:
             region.mul_(torch.as_tensor(self.mask, device=self.device, dtype=self.dtype))
         return image
 
-    def _eager_estimate_s(self) -> float:
+    def eager_estimate_s(self) -> float:
         """Seconds an eager render of the image would take, extrapolated from an eager probe of its first rows."""
         _, _, ymin, ymax = self.setup.roi
         rows = ymax + 1 - ymin

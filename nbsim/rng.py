@@ -51,6 +51,10 @@ class Ran1:
         value = np.float32(_AM * self._iy)
         return (float(np.float32(_RNMX)) if value > _RNMX else float(value)), idum
 
+    def table(self) -> tuple[int, ...]:
+        """The state the C keeps in ran1's static variables: iy, then the shuffle table."""
+        return (self._iy, *self._iv)
+
 
 def cap_rotation(generator: Ran1, idum: int, cap_rad: float) -> tuple[np.ndarray, float, np.ndarray, int]:
     """A random rotation within a spherical cap (nanoBragg's mosaic_rotation_umat).

@@ -18,7 +18,15 @@ import torch
 
 from . import crystal as crystal_mod
 from .beam import Sources, build_sources
-from .config import CRYSTAL_SHAPES, DetectorConfig, Scalar, SimulationConfig, StructureFactorConfig, scalar_value
+from .config import (
+    CRYSTAL_SHAPES,
+    DetectorConfig,
+    Scalar,
+    SimulationConfig,
+    StructureFactorConfig,
+    check_response,
+    scalar_value,
+)
 from .errors import InputFileError, NbsimError
 from .geometry import DetectorGeometry, build_geometry
 from .io.inputs import read_input_files
@@ -138,6 +146,9 @@ class Setup:
     warnings: list[str] = field(default_factory=list)
     p1_table: ReflectionTable | None = None
     """The P1 table the grid was built from (None without -hkl or -model)."""
+    ran1_table: tuple[int, ...] = ()
+    """ran1's state after the misset and mosaic draws (Ran1.table): nanoBragg's noise continues it when
+    its seed is positive."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -202,7 +213,8 @@ def resolve(config: SimulationConfig) -> Setup:
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
                  sensor=sensor_layers(config.detector),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
-                 first_evaluation_cells_A=first_cells, warnings=warnings, p1_table=p1_table)
+                 first_evaluation_cells_A=first_cells, warnings=warnings, p1_table=p1_table,
+                 ran1_table=generator.table())
 
 
 def p1_reflections(config: SimulationConfig) -> np.ndarray | None:
@@ -259,6 +271,7 @@ def model_d_min_A(geometry: DetectorGeometry, detector: DetectorConfig, sources:
 
 
 def _validate(config: SimulationConfig) -> None:
+    check_response(config.response)
     wavelength = scalar_value(config.beam.wavelength_A)
     if not (wavelength > 0 and math.isfinite(wavelength)):
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")

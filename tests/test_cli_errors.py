@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import subprocess
@@ -192,3 +193,23 @@ def test_output_cut_short_ends_quietly():
     os.close(write_end)
     assert completed.returncode == 141
     assert completed.stderr == ""
+
+
+def test_help_gives_every_flag_a_line_with_its_meaning(capsys):
+    """`nbsim -h` prints each accepted flag (FLAGS and the variable-arity ones) once, on a line of its group
+    that says what it sets; every flag with values names its default; the usage names every subcommand."""
+    from nbsim.cli import main
+    from nbsim.nanobragg.flags import _VARIABLE, FLAGS, GROUPS, TABLE
+
+    assert main(["-h"]) == 0
+    text = capsys.readouterr().out
+    flag_lines = [line for line in text.splitlines() if line.startswith("  -")]
+    printed = [name for line in flag_lines for name in itertools.takewhile(lambda t: t.startswith("-"), line.split())]
+    assert sorted(printed) == sorted([*FLAGS, *_VARIABLE])
+    for flag in TABLE:
+        assert flag.group in GROUPS and flag.text.strip(), flag.names
+        assert flag.default or not flag.kinds, f"{flag.names[0]} takes a value but names no default"
+    assert [g for g in GROUPS if f"\n{g}:\n" in text] == list(GROUPS)
+    usage = text.split("\n\n")[0]
+    for command in ("show", "kernels", "bench", "worker", "export"):
+        assert f"nbsim {command} " in usage

@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nbsim.nanobragg",),
     ("nbsim.geometry", "nbsim.crystal", "nbsim.beam", "nbsim.structure_factors", "nbsim.setup"),
     ("nbsim.kernel",),
-    ("nbsim.render",),
+    ("nbsim.render", "nbsim.detector"),
     ("nbsim.timing",),
     ("nbsim.sweep",),
     ("nbsim.cli",),

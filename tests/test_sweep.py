@@ -74,8 +74,9 @@ def test_range_axes_validate_and_expand(tmp_path):
     ({"-phi": {"start": 0, "stop": 1e-8, "step": 1e-15}}, "more than 1000000"),
     ({"-phi": [1, 1.0]}, "values repeat"),
     ({"-phi": [0.5, -0.5], "phi": [1]}, "is not a simulator option"),
-    ({"mosaic_spred_deg": [0.1]}, "'mosaic_spred_deg' is not a simulator option (did you mean mosaic_spread_deg?)"),
-    ({"-mosiac": [0.1]}, "'-mosiac' is not a nanoBragg option (did you mean -mosaic?)"),
+    ({"mosaic_spred_deg": [0.1]}, "'mosaic_spred_deg' is not a simulator option (did you mean mosaic_spread_deg?); "
+     "nbsim show --options lists them"),
+    ({"-mosiac": [0.1]}, "'-mosiac' is not a nanoBragg option (did you mean -mosaic?); nbsim -h lists them"),
     ({"-distance": ["1 2", "1_2"]}, "give the same point name"),
     ({"-N": {"start": 1, "stop": 2, "step": 0.5}},
      "sweep.extra.-N: value 1.0 in scenario 'seed': -N expects an integer, got '1.0'"),
@@ -89,6 +90,40 @@ def test_bad_axes_fail_with_one_line(tmp_path, extra, message):
     with pytest.raises(NbsimError, match=None) as error:
         validate_config(config_with(extra), SCHEMA, tmp_path)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("where, key, message", [
+    ((), "compile_cach", "top level: unknown key(s) 'compile_cach' (did you mean compile_cache?); the keys here: "),
+    (("sweep",), "dtype", "sweep: unknown key(s) 'dtype' (did you mean dtypes?); the keys here: sizes, dtypes,"),
+])
+def test_misspelt_keys_are_named_with_the_keys_allowed(tmp_path, where, key, message):
+    config = config_with({})
+    block = config
+    for name in where:
+        block = block[name]
+    block[key] = 1
+    with pytest.raises(NbsimError) as error:
+        validate_config(config, SCHEMA, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_devices_that_cannot_be_had_fail_before_any_job_with_the_fix(tmp_path, monkeypatch):
+    """A CUDA device this machine lacks fails validation (naming on_unavailable_device: skip) unless the
+    config skips such points or declares a SLURM GPU partition, where they will run."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = config_with({})
+    config["sweep"]["devices"] = ["cpu", "cuda"]
+    validate_config(config, SCHEMA, tmp_path)  # without devices=True (a job on a node) devices are not checked
+    with pytest.raises(NbsimError) as error:
+        validate_config(config, SCHEMA, tmp_path, devices=True)
+    assert str(error.value) == ("sweep.devices: cuda is not available: this machine has 0 CUDA device(s) and no "
+                                "slurm.gpu_partition is set; set sweep.on_unavailable_device: skip to record its "
+                                "points as skipped")
+    for fix in ({"sweep": {**config["sweep"], "on_unavailable_device": "skip"}},
+                {"slurm": {"gpu_partition": "gpu"}}):
+        validate_config({**config, **fix}, SCHEMA, tmp_path, devices=True)
 
 
 def test_input_files_are_read_before_any_job_and_relative_to_the_config(tmp_path):
@@ -151,10 +186,10 @@ def test_collation_holds_one_image_at_a_time(tmp_path):
     image_bytes = size * size * 4
     assert peak - baseline < 8 * image_bytes, f"collation peaked at {(peak - baseline) / 1e6:.1f} MB"
     dataset = read_store(tmp_path / "sweep.zarr")
-    series = dataset["image_n256"].squeeze()
-    assert series.dims == ("phi", "slow_n256", "fast_n256") and series.shape[0] == batches * per_batch
-    assert dataset["image_n256"].encoding["chunks"][-2:] == (size, size)
-    assert np.prod(dataset["image_n256"].encoding["chunks"][:-2]) == 1
+    series = dataset["image"].squeeze()
+    assert series.dims == ("phi", "slow", "fast") and series.shape[0] == batches * per_batch
+    assert dataset["image"].encoding["chunks"][-2:] == (size, size)
+    assert np.prod(dataset["image"].encoding["chunks"][:-2]) == 1
     for phi in (0, 77, 159):
         assert float(series.sel(phi=phi).max()) == phi + 1
     assert json.loads(str(dataset["attributes"].squeeze().sel(phi=77).values))["name"] == \
@@ -247,3 +282,27 @@ def test_option_axes_are_refused_with_a_c_reference(tmp_path):
         validate_config(config, SCHEMA, tmp_path)
     config["sweep"]["extra"] = {"-mosaic": [0.1]}
     validate_config(config, SCHEMA, tmp_path)
+
+
+def test_kernel_jobs_keep_their_structures_for_the_next_plan(tmp_path, monkeypatch):
+    """The plan's structures are kept in a memo file: a second plan of the same sources asks no
+    structure_of (so a Snakemake start need not import PyTorch), and a memo of other sources is ignored."""
+    import nbsim.kernel.structure
+    from nbsim.sweep.plan import kernel_jobs
+
+    config = config_with({"-mosaic_dom": [1, 4]})
+    config["scenarios"]["seed"]["args"] += " -mosaic 0.5"
+    config["sweep"]["compile"] = ["on"]
+    validate_config(config, SCHEMA, tmp_path)
+    points, memo = sweep_points(config), tmp_path / "memo.json"
+    first = kernel_jobs(config, points, False, tmp_path, memo)
+    assert sorted(first[0]) == ["float32-cpu-single-square-default", "float32-cpu-steps-square-default"]
+
+    def refused(_config):
+        raise AssertionError("structure_of asked although the memo holds the answer")
+
+    monkeypatch.setattr(nbsim.kernel.structure, "structure_of", refused)
+    assert kernel_jobs(config, points, False, tmp_path, memo) == first
+    memo.write_text(memo.read_text().replace(json.loads(memo.read_text())["sources"], "other sources"))
+    with pytest.raises(AssertionError, match="structure_of asked"):
+        kernel_jobs(config, points, False, tmp_path, memo)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,11 +36,13 @@ TINY = {
 }
 
 
-def snakemake(folder: Path, *arguments: str, config: str = "config.yaml") -> subprocess.CompletedProcess:
-    """Snakemake on two cores; these tests check what the jobs write, not how fast, so two single-thread
-    timed jobs may run at once (`timing_slot=2`)."""
+def snakemake(folder: Path, *arguments: str, config: str = "config.yaml",
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Snakemake on two cores (with a compile cache inside `folder` unless `env` says otherwise); these
+    tests check what the jobs write, not how fast, so two single-thread timed jobs may run at once
+    (`timing_slot=2`)."""
     return subprocess.run([*snakemake_command(folder, config=config), "--cores", "2", "--resources=timing_slot=2",
-                           *arguments], capture_output=True, text=True, timeout=900, env=own_cache_env(folder))
+                           *arguments], capture_output=True, text=True, timeout=900, env=env or own_cache_env(folder))
 
 
 def write_config(folder: Path, config: dict, name: str = "config.yaml") -> None:
@@ -135,7 +138,12 @@ def test_collated_store_has_every_axis(sweep_run):
     assert list(dataset["fudge"].values) == [1.0]
     assert dataset["warm_median_s"].dims == ("size", "dtype", "device", "compile", "fudge")
     assert bool((dataset["correlation"] > 0.9999).all())
-    assert dataset["image_n16"].shape[-2:] == (16, 16)
+    assert all(dataset[name].dims[:5] == dataset["warm_median_s"].dims for name in dataset.data_vars)
+    assert dataset["image"].dims[5:] == ("slow", "fast") and dataset["image"].shape[-2:] == (16, 16)
+    small = dataset["image"].sel(size=12, dtype="float32").squeeze()
+    assert bool(np.isfinite(small[:12, :12]).all()) and bool(np.isnan(small[12:, :]).all())
+    assert list(dataset["slow"].values) == list(range(16))
+    assert np.allclose(dataset["fast_mm"].values, (np.arange(16) + 0.5) * 0.5)  # the scenario's -pixel 0.5
     attributes = json.loads(str(dataset["attributes"].sel(size=12, dtype="float64").values.ravel()[0]))
     assert attributes["name"].startswith("n12-float64")
     assert attributes["timing"]["warm_median_s"] > 0 and attributes["host"]
@@ -273,8 +281,8 @@ def test_rotation_series_reads_as_one_array(rotation_run):
 
     folder, _, _ = rotation_run
     dataset = xr.open_zarr(folder / "results" / "rotation" / "sweep.zarr")
-    series = dataset["image_n12"].squeeze()
-    assert series.dims == ("phi", "slow_n12", "fast_n12")
+    series = dataset["image"].squeeze()
+    assert series.dims == ("phi", "slow", "fast") and "slow_mm" in series.coords
     assert list(series["phi"].values) == [0.0, 0.1, 0.2, 0.3, 0.4]
     frames = series.values
     assert np.isfinite(frames).all() and all(frames[i].max() > 0 for i in range(5))
@@ -344,15 +352,21 @@ def test_bad_config_fails_before_any_job(tmp_path, change, message):
 
 @pytest.mark.slow
 def test_compiled_points_share_the_compile_cache(tmp_path, private_compile_cache):
-    """One kernel job finds (or builds) the structure's ahead-of-time kernels in the shared cache (the test
-    session's, so it builds nothing another test built); every timed job, at every size, then loads
-    them, and each records which it did."""
+    """One kernel job finds (or builds) the structure's ahead-of-time kernels in the user's cache
+    (NBSIM_CACHE_DIR, here the test session's, so it builds nothing another test built) when the config
+    names none; every timed job, at every size, then loads them, and each records which it did; the
+    command line's cache lookup finds them too."""
+    from nbsim.kernel.cache import KernelCache
+    from nbsim.kernel.structure import structure_of
+    from nbsim.nanobragg import config_from_args
+
     config = json.loads(json.dumps(TINY))
     config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
-    config["compile_cache"] = str(private_compile_cache)
+    del config["compile_cache"]
     config["sweep"].update(sizes=[12, 16, 20], dtypes=["float32"], compile=["on"])
     write_config(tmp_path, config)
-    result = snakemake(tmp_path, "results/seed/tables/timing.csv")
+    result = snakemake(tmp_path, "results/seed/tables/timing.csv",
+                       env={**os.environ, "NBSIM_CACHE_DIR": str(private_compile_cache)})
     assert result.returncode == 0, result.stderr[-3000:]
     with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
         states = sorted(row["compile_cache"] for row in csv.DictReader(stream))
@@ -366,6 +380,8 @@ def test_compiled_points_share_the_compile_cache(tmp_path, private_compile_cache
     [stage] = kernel["stages"]
     assert stage["stage"] == "pixel_kernel" and stage["cache"] in ("hit", "miss")
     assert (private_compile_cache / "kernels" / stage["package"]).is_file()
+    structure = structure_of(config_from_args([*SEED_ARGS.split(), "-detpixels", "64"]))
+    assert KernelCache.default().missing(structure, torch.float32, torch.device("cpu")) == []
 
 
 @pytest.mark.slow
@@ -376,11 +392,15 @@ def test_cuda_point_without_cuda(tmp_path, policy):
     config["scenarios"] = {"seed": TINY["scenarios"]["seed"]}
     config["sweep"].update(sizes=[12], dtypes=["float32"], devices=["cpu", "cuda"], on_unavailable_device=policy)
     write_config(tmp_path, config)
-    result = snakemake(tmp_path, "results/seed/tables/timing.csv")
-    if policy == "fail":
-        assert result.returncode != 0
-        assert "nbsim: error: device 'cuda' requested but CUDA is not available" in result.stderr
+    if policy == "fail":  # refused by the validation, before any job and by a dry run alike
+        for arguments in (("--dry-run",), ()):
+            result = snakemake(tmp_path, "results/seed/tables/timing.csv", *arguments)
+            assert result.returncode != 0 and "Traceback" not in result.stderr
+            assert ("nbsim: invalid sweep configuration: sweep.devices: cuda is not available" in result.stderr
+                    and "on_unavailable_device: skip" in result.stderr)
+            assert not (tmp_path / "results").exists()
     else:
+        result = snakemake(tmp_path, "results/seed/tables/timing.csv")
         assert result.returncode == 0, result.stderr[-2000:]
         with open(tmp_path / "results" / "seed" / "tables" / "timing.csv") as stream:
             rows = {row["device"]: row for row in csv.DictReader(stream)}

@@ -1,5 +1,5 @@
-"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim bench`,
-`nbsim kernels` and `nbsim export`.
+"""`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim show`,
+`nbsim bench`, `nbsim kernels`, `nbsim export` and `nbsim worker` (served by cli/client.py).
 
 Everything the arguments alone decide (help, an unknown flag, a bad value, an impossible cell, a missing
 input file, an output folder that does not exist) is answered here without importing torch, in a
@@ -17,9 +17,10 @@ from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import RunOptions, parse
-from ..nanobragg.flags import FLAGS
+from ..nanobragg.flags import flag_help
 
 USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|float64] [-compile auto|on|off]
+       nbsim show [--options] -- <nanoBragg options>   (what a command resolves to, without rendering)
        nbsim kernels build|list   (see nbsim kernels -h)
        nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
                    [--threads N] [--floatfile F] [--c-binary PATH] [--json F] -- <nanoBragg options>
@@ -30,8 +31,14 @@ nbsim renders the image nanoBragg renders for the same options and writes the sa
 (-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given), and, for
 processing software (DIALS, XDS, CrystFEL), -cbffile F (miniCBF) and -nxmxfile F (NeXus NXmx HDF5): the
 noise image's counts (the -intfile image's under -nonoise) with the geometry in the header (docs/formats.md).
+-noisefile is nanoBragg's noise image, bit for bit, unless detector effects are asked for (docs/detector.md):
+-noise_generator nanobragg|philox, -nopoisson, -flicker F, -calibration F [-calibration_seed N],
+-psf gaussian|fiber -psf_fwhm UM, -gain ADU_PER_PHOTON, -readout_noise ADU, -beamstop RADIUS_MM,
+-hot_pixels F, -dead_pixels F [-defect_seed N] (F: a fraction from 0 to 1).
 Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
-Options: """
+
+Options (units and defaults as in nanoBragg; every flag is one of these):
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             from .kernels import main as kernels_main
 
             return kernels_main(argv[1:])
+        if argv and argv[0] == "show":
+            from .show import main as show_main
+
+            return show_main(argv[1:], checked_arguments)
         if argv and argv[0] == "export":
             from .export import main as export_main
 
@@ -58,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nbsim {__version__}")
             return 0
         if not argv or argv[0] in ("-h", "--help", "-help"):
-            print(USAGE + " ".join(sorted(FLAGS)))
+            print(USAGE + flag_help())
             return 0 if argv else 2
         config, run = checked_arguments(argv)
         from .simulate import render_command

@@ -58,12 +58,12 @@ def _series(store: Path, size: int | None):
     if not (store / "zarr.json").is_file():
         raise NbsimError(f"{store}: not a sweep.zarr store")
     dataset = read_store(store)
-    sizes = sorted(int(name[len("image_n"):]) for name in dataset.data_vars if name.startswith("image_n"))
+    sizes = [int(s) for s in dataset["size"].values]
     if size is None and len(sizes) == 1:
         size = sizes[0]
     if size not in sizes:
         raise NbsimError(f"{store}: choose a detector size with --size (it holds {', '.join(map(str, sizes))})")
-    images = dataset[f"image_n{size}"]
+    images = dataset["image"].sel(size=size).isel(slow=slice(0, size), fast=slice(0, size))
     varying = [dim for dim in images.dims[:-2] if images.sizes[dim] > 1]
     if len(varying) > 1:
         raise NbsimError(f"{store}: not one rotation series: {', '.join(varying)} all vary")

@@ -1,4 +1,5 @@
-"""What nanoBragg derives from the float image: statistics, the SMV integer image, PGM and noise."""
+"""What nanoBragg derives from the float image: statistics, the SMV integer image and PGM (the noise image
+is the detector stage's, nbsim.detector)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 
 from ..config import DetectorConfig, scalar_value
+from ..detector import direct_beam_px
 from ..errors import NbsimError
 from ..geometry import DetectorGeometry
 from ..io.detector_images import ExperimentRecord
@@ -115,18 +117,6 @@ def pgm_image(image: np.ndarray, setup: Setup, scale: float) -> np.ndarray:
     return np.where(inside, np.trunc(np.maximum(values, 0.0)), 0).astype(np.uint8)
 
 
-def noise_image(image: np.ndarray, setup: Setup, adc: float, seed: int) -> tuple[np.ndarray, int, float]:
-    """Poisson photon counts plus adc (seeded, reproducible), truncated to 16 bits; and the overload count."""
-    generator = torch.Generator().manual_seed(seed)
-    rates = torch.as_tensor(np.maximum(image, 0.0), dtype=torch.float64)
-    photons = torch.poisson(rates, generator=generator).numpy()
-    inside = roi_mask(setup)
-    counts = photons + adc
-    overloads = int(np.count_nonzero((counts > 65535.0) & inside))
-    total = float(photons[inside].sum())
-    return np.where(inside, np.minimum(counts, 65535.0), 0).astype(np.uint16), overloads, total
-
-
 def smv_fields(geometry: DetectorGeometry, setup: Setup, wavelength_A: float) -> list[tuple[str, str]]:
     """The header keys nanoBragg writes after SIZE1/SIZE2, with its %g formatting."""
     g = geometry
@@ -181,14 +171,13 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
     beamsize_m = beam.beamsize_mm / 1000.0
     reciprocal = setup.lattice.reciprocal_per_A.detach()
     along_beam_m = float(g.close_distance_m) / float(torch.dot(g.beam, g.odet))
-    beam_hit_m = (along_beam_m * g.beam - g.pix0_m).detach()
+    beam_fast_px, beam_slow_px = direct_beam_px(g)
     return ExperimentRecord(
         pixel_size_m=g.pixel_size_m, pixels_fast=g.pixels_f, pixels_slow=g.pixels_s, origin_m=_plain(g.pix0_m),
         fast_axis=_plain(g.fdet), slow_axis=_plain(g.sdet), beam_direction=_plain(g.beam),
         polarization_axis=_plain(g.polar), spindle_axis=_plain(g.spindle), twotheta_axis=_plain(g.twotheta_axis),
         twotheta_deg=g.twotheta_rad * DEGREES_PER_RADIAN,
-        distance_m=along_beam_m, beam_fast_px=float(torch.dot(g.fdet, beam_hit_m)) / g.pixel_size_m,
-        beam_slow_px=float(torch.dot(g.sdet, beam_hit_m)) / g.pixel_size_m,
+        distance_m=along_beam_m, beam_fast_px=beam_fast_px, beam_slow_px=beam_slow_px,
         wavelength_A=float(beam.wavelength_A), exposure_s=beam.exposure_s,
         total_flux_per_s=setup.fluence * beamsize_m ** 2 / beam.exposure_s,
         sensor_thickness_m=setup.sensor.thickness_m, phi_start_deg=setup.phi.start_rad * DEGREES_PER_RADIAN,

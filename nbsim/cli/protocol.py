@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..cache import cache_dir
+from ..cache import cache_dir, sources_digest
 
 DEFAULT_IDLE_TIMEOUT_S = 1800.0
 HEADER = struct.Struct("!cI")
@@ -68,14 +68,10 @@ def source_digest() -> str:
     """The interpreter, PyTorch's version file and nbsim's sources (found without importing torch): a
     worker serves only clients with the same ones."""
     digest = hashlib.sha256(sys.executable.encode())
+    digest.update(sources_digest().encode())
     torch_spec = importlib.util.find_spec("torch")
-    package = Path(__file__).resolve().parents[1]
-    paths = sorted(package.rglob("*.py"))
     if torch_spec is not None and torch_spec.origin is not None:
-        paths.append(Path(torch_spec.origin).with_name("version.py"))
-    for path in paths:
-        digest.update(str(path.relative_to(package) if path.is_relative_to(package) else path.name).encode())
-        digest.update(path.read_bytes())
+        digest.update(Path(torch_spec.origin).with_name("version.py").read_bytes())
     return digest.hexdigest()
 
 

@@ -3,6 +3,7 @@ once the arguments are known to be sound, see nbsim.cli)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 
@@ -12,6 +13,8 @@ import torch
 from .. import __version__
 from ..cache import configure_compile_cache
 from ..config import SimulationConfig
+from ..detector import detector_image, layout_of
+from ..detector.native import load as load_compiled_noise
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.detector_images import ExperimentRecord, write_mini_cbf, write_nxmx
@@ -25,7 +28,6 @@ from ..vectors import DEGREES_PER_RADIAN
 from .products import (
     experiment_record,
     integer_image,
-    noise_image,
     pgm_image,
     refuse_tilted_mini_cbf,
     smv_fields,
@@ -45,6 +47,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(line)
     if run.cbffile:
         refuse_tilted_mini_cbf(config.detector)
+    if run.noisefile and config.response.poisson and config.response.generator == "nanobragg":
+        load_compiled_noise()
     if run.compile is not Compile.OFF:
         configure_compile_cache()
     renderer = Renderer(setup, device=device, dtype=dtype, compile=run.compile)
@@ -52,6 +56,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     for line in renderer.warnings:
         print(f"WARNING: {line}")
     _report_compile_decision(renderer)
+    caveat = "; eager and compiled float32 images differ by up to 1e-4 of the maximum, docs/kernels.md"
+    print(f"  kernel: {renderer.mode.value} ({run.dtype} on {device}{caveat if run.dtype == 'float32' else ''})")
     stats = statistics(image, setup)
     wavelength_A = float(config.beam.wavelength_A)
     fields = smv_fields(setup.geometry, setup, wavelength_A)
@@ -74,8 +80,10 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"writing {run.pgmfile} as 1-byte integers")
         write_pgm(run.pgmfile, pgm_image(image, setup, pgm_scale), pgm_scale)
     if run.noisefile:
-        counts, overloads, photons = noise_image(image, setup, run.adc, run.seed)
-        print(f"{photons:.0f} photons on noise image ({overloads} overloads)")
+        response = dataclasses.replace(config.response, noise_seed=run.seed)
+        detected = detector_image(torch.from_numpy(image), response, layout_of(setup))
+        counts = detected.adu.numpy().astype(np.uint16)
+        print(f"{detected.total_photons:.0f} photons on noise image ({detected.overloads} overloads)")
         print(f"writing {run.noisefile} as 2-byte integers")
         write_smv(run.noisefile, counts, fields)
     if run.wants_counts:

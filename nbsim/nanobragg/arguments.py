@@ -6,15 +6,25 @@ strictly, into the configuration; the large tables (-hkl, -mask) stay paths, rea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 
-from ..config import BeamConfig, CrystalConfig, DetectorConfig, SimulationConfig, StructureFactorConfig, check_cell
+from ..config import (
+    BeamConfig,
+    CrystalConfig,
+    DetectorConfig,
+    DetectorResponseConfig,
+    SimulationConfig,
+    StructureFactorConfig,
+    check_cell,
+    check_response,
+)
 from ..errors import NbsimError
 from ..io.text import read_mosflm_matrix, read_source_file
 from ..modes import Compile
-from .flags import NBSIM_ONLY, NO_EFFECT, validate
+from .flags import DETECTOR_FLAGS, NBSIM_ONLY, NO_EFFECT, validate
 from .rules import CState, run_nanobragg_rules
 
 
@@ -63,12 +73,16 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
              for flag in NO_EFFECT if flag in argv]
+    if not state["calculate_noise"]:
+        notes += [f"{flag} changes only the -noisefile image, which -nonoise turns off"
+                  for flag in DETECTOR_FLAGS if flag in argv]
     if "-tophat_xtal" in argv and state["shape"] != "tophat":
         notes.append("-tophat_xtal is not a nanoBragg option and nanoBragg ignores it (shape stays "
                      f"{state['shape']}); use -tophat_spots for flat-topped spots")
     if "vectors" in state.values and "pix0" in state["vectors"]:
         notes.append("-pix0_vector selects the custom convention; as in nanoBragg its value is then recomputed "
                      "from the beam centre and pivot")
+    config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], state["seed"]))
     seed = state["seed"] if state["seed"] is not None else int(time.time())
     run = RunOptions(
         floatfile=state["floatfile"], intfile=state["intfile"],
@@ -80,6 +94,30 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         dtype=nbsim_options.get("-dtype", "float32"), compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run
+
+
+def _response(argv: list[str], options: dict[str, str], adc: float, seed: int | None) -> DetectorResponseConfig:
+    """The detector's settings: -seed, -adc and nbsim's detector flags (docs/detector.md). Without -seed the
+    noise seed stays None (the configuration does not depend on the clock; the command line takes it)."""
+    if options.get("-psf", "none") != "none" and not float(options.get("-psf_fwhm", 0.0)) > 0:
+        raise NbsimError(f"-psf {options['-psf']} needs -psf_fwhm (the width in um, above 0)")
+    if float(options.get("-hot_pixels", 0.0)) + float(options.get("-dead_pixels", 0.0)) > 1:
+        raise NbsimError("-hot_pixels and -dead_pixels together must not exceed 1")
+    defaults = DetectorResponseConfig()
+    response = DetectorResponseConfig(
+        generator=options.get("-noise_generator", defaults.generator), noise_seed=seed,
+        poisson="-nopoisson" not in argv, flicker_fraction=float(options.get("-flicker", 0.0)),
+        calibration_fraction=float(options.get("-calibration", 0.0)),
+        calibration_seed=int(options.get("-calibration_seed", defaults.calibration_seed)),
+        psf=options.get("-psf", defaults.psf), psf_fwhm_um=float(options.get("-psf_fwhm", 0.0)),
+        gain_adu_per_photon=float(options.get("-gain", defaults.gain_adu_per_photon)), adc_offset_adu=adc,
+        readout_noise_adu=float(options.get("-readout_noise", 0.0)),
+        beamstop_radius_mm=float(options.get("-beamstop", 0.0)),
+        hot_pixel_fraction=float(options.get("-hot_pixels", 0.0)),
+        dead_pixel_fraction=float(options.get("-dead_pixels", 0.0)),
+        defect_seed=int(options.get("-defect_seed", defaults.defect_seed)))
+    check_response(response)
+    return response
 
 
 def _config_from_state(state: CState) -> SimulationConfig:

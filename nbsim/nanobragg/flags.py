@@ -1,52 +1,180 @@
-"""The flags nbsim accepts (nanoBragg's, plus -device, -dtype and -compile): the kinds of their values,
-their limits and conflicts, and the strict validation that turns any mistake into a one-line error
-(nanoBragg itself rejects nothing)."""
+"""The flags nbsim accepts (nanoBragg's, plus nbsim's own): one table (`TABLE`, an `_add` line per flag
+and its aliases, with its group, the kinds of its values, what it sets with units, and its default) from
+which `nbsim -h` and every list here are derived; their limits and conflicts, and the strict validation
+that turns any mistake into a one-line error (nanoBragg itself rejects nothing)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import NbsimError, did_you_mean
 
 NUM, INT, WORD, PATH = "number", "integer", "word", "file"
-
-# name → tuple of value kinds. Special arities: -cell (6 numbers), -misset (random | 3 numbers).
-FLAGS: dict[str, tuple[str, ...]] = {}
-
-
-def _flags(kinds: tuple[str, ...], *names: str) -> None:
-    for name in names:
-        FLAGS[name] = kinds
+VARIABLE = None
+"""The kinds of -cell (6 numbers) and -misset (random | 3 numbers), which validate() reads itself."""
 
 
-_flags((NUM,), "-samplesize", "-sample_size", "-sample_thick", "-sample_x", "-sample_width", "-sample_y",
-       "-sample_height", "-sample_z", "-xtalsize", "-xtal_size", "-xtal_thick", "-xtal_x", "-xtal_width",
-       "-xtal_y", "-xtal_height", "-xtal_z", "-width", "-height", "-density", "-sample_density", "-MW",
-       "-molecular_weight", "-fudge", "-mosaic", "-mosaicity", "-mosaic_spread", "-phi", "-osc", "-phistep",
-       "-lambda", "-wave", "-wavelength", "-energy", "-dispersion", "-divergence", "-hdivrange", "-vdivrange",
-       "-hdivstep", "-vdivstep", "-polar", "-fluence", "-flux", "-exposure", "-beamsize", "-water", "-dmin",
-       "-default_F", "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-pixel",
-       "-twotheta", "-detector_rotx", "-detector_roty", "-detector_rotz", "-Xbeam", "-Ybeam", "-Xclose",
-       "-Yclose", "-ORGX", "-ORGY", "-detector_thick", "-scale", "-pgmscale", "-adc")
-_flags((INT,), "-N", "-Na", "-Nb", "-Nc", "-mosaic_domains", "-mosaic_dom", "-mosaic_seed", "-misset_seed",
-       "-seed", "-phisteps", "-dispsteps", "-hdivsteps", "-vdivsteps", "-divsteps", "-detpixels",
-       "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-detector_thicksteps", "-thicksteps",
-       "-oversample")
-_flags((), "-square_xtal", "-round_xtal", "-gauss_xtal", "-tophat_spots", "-binary_spots", "-tophat_xtal",
-       "-round_div", "-square_div", "-nopolar", "-interpolate", "-nointerpolate", "-point_pixel", "-curved_det",
-       "-mosflm", "-xds", "-adxv", "-denzo", "-dials", "-oversample_thick", "-oversample_polar",
-       "-oversample_omega", "-nonoise", "-nopgm", "-printout", "-noprogress", "-progress", "-coherent")
-_flags((NUM, NUM, NUM), "-polar_vector", "-beam_vector", "-twotheta_axis", "-fdet_vector", "-sdet_vector",
-       "-odet_vector", "-pix0_vector", "-spindle_axis")
-_flags((PATH,), "-mat", "-hkl", "-sourcefile", "-mask", "-img", "-dump", "-stol", "-4stol", "-Q", "-stolout",
-       "-floatfile", "-floatimage", "-intfile", "-intimage", "-pgmfile", "-pgmimage", "-noisefile",
-       "-noiseimage", "-cbffile", "-nxmxfile")
-_flags((INT, INT, INT, INT), "-roi")
-_flags((INT, INT), "-printout_pixel")
-_flags((WORD,), "-pivot", "-detector_abs", "-detector_absorb", "-device", "-dtype", "-compile", "-column")
-_flags((PATH,), "-model", "-p1_out")
-_VARIABLE = ("-cell", "-misset")
+@dataclass(frozen=True)
+class Flag:
+    """One line of `nbsim -h`: a flag, its aliases, the kinds of its values, what it sets (with units) and
+    its default ('' for a switch, which is off unless given)."""
+
+    names: tuple[str, ...]
+    kinds: tuple[str, ...] | None
+    group: str
+    values: str
+    text: str
+    default: str = ""
+
+
+GROUPS = ("crystal", "beam", "detector", "sampling", "outputs", "nbsim's own",
+          "nbsim's detector response (the -noisefile image; docs/detector.md)", "accepted, no effect in nbsim")
+CRYSTAL, BEAM, DETECTOR, SAMPLING, OUTPUTS, NBSIM, RESPONSE, IGNORED = GROUPS
+TABLE: list[Flag] = []
+
+
+def _add(group: str, names: str, kinds: tuple[str, ...] | None, values: str, text: str, default: str = "") -> None:
+    TABLE.append(Flag(tuple(names.split()), kinds, group, values, text, default))
+
+
+N1, I1, P1, V3 = (NUM,), (INT,), (PATH,), (NUM, NUM, NUM)
+_add(CRYSTAL, "-cell", VARIABLE, "A B C AL BE GA", "unit cell: lengths in Å, angles in degrees",
+     "from -mat, -hkl or -model")
+_add(CRYSTAL, "-mat", P1, "FILE", "MOSFLM orientation matrix: three reciprocal cell vectors times λ, Å⁻¹", "none")
+_add(CRYSTAL, "-misset", VARIABLE, "X Y Z|random", "crystal rotations about x, y, z, degrees, or a random orientation",
+     "0 0 0")
+_add(CRYSTAL, "-misset_seed", I1, "N", "random-number seed of -misset random", "-seed")
+_add(CRYSTAL, "-hkl", P1, "FILE", "structure factors: h k l F text, MTZ or sf-mmCIF table (P1-expanded)", "none")
+_add(CRYSTAL, "-default_F", N1, "F", "structure factor of every reflection not in -hkl, electrons", "0")
+_add(CRYSTAL, "-N", I1, "N", "unit cells along a, b and c", "1")
+_add(CRYSTAL, "-Na -Nb -Nc", I1, "N", "unit cells along one axis", "1")
+_add(CRYSTAL, "-xtalsize -xtal_size -samplesize -sample_size", N1, "MM", "crystal full width along a, b and c, mm "
+     "(sets -N)", "0: use -N")
+_add(CRYSTAL, "-xtal_thick -xtal_x -sample_thick -sample_x", N1, "MM", "crystal width along a, mm (sets -Na)", "0")
+_add(CRYSTAL, "-xtal_width -xtal_y -sample_width -sample_y -width", N1, "MM", "crystal width along b, mm (sets -Nb)",
+     "0")
+_add(CRYSTAL, "-xtal_height -xtal_z -sample_height -sample_z -height", N1, "MM", "crystal width along c, mm (sets -Nc)",
+     "0")
+_add(CRYSTAL, "-square_xtal", (), "", "parallelepiped crystal: sinc-shaped spots (the default shape)")
+_add(CRYSTAL, "-round_xtal", (), "", "ellipsoidal crystal")
+_add(CRYSTAL, "-gauss_xtal", (), "", "Gaussian spots, no inter-Bragg maxima")
+_add(CRYSTAL, "-tophat_spots -binary_spots", (), "", "spots clipped at their FWHM, no inter-Bragg maxima")
+_add(CRYSTAL, "-tophat_xtal", (), "", "not a nanoBragg option: ignored as nanoBragg ignores it (use -tophat_spots)")
+_add(CRYSTAL, "-fudge", N1, "X", "scale of the spot shape's width", "1")
+_add(CRYSTAL, "-mosaic -mosaicity -mosaic_spread", N1, "DEG", "isotropic mosaic spread, degrees (90: powder)", "0")
+_add(CRYSTAL, "-phi", N1, "DEG", "starting rotation about the spindle axis, degrees", "0")
+_add(CRYSTAL, "-osc", N1, "DEG", "rotation range about the spindle axis, degrees", "-phistep × -phisteps")
+_add(CRYSTAL, "-spindle_axis", V3, "X Y Z", "unit vector of the right-handed phi rotation axis", "by convention")
+_add(CRYSTAL, "-water", N1, "UM", "water around the crystal (background), µm", "0")
+_add(BEAM, "-lambda -wave -wavelength", N1, "Å", "X-ray wavelength, Å", "1")
+_add(BEAM, "-energy", N1, "EV", "X-ray photon energy, eV (instead of -lambda)", "12398.42")
+_add(BEAM, "-dispersion", N1, "PCT", "spectral width Δλ/λ, percent", "0")
+_add(BEAM, "-divergence", N1, "MRAD", "beam divergence, horizontal and vertical, mrad", "0")
+_add(BEAM, "-hdivrange -vdivrange", N1, "MRAD", "horizontal or vertical beam divergence, mrad", "0")
+_add(BEAM, "-sourcefile", P1, "FILE", "sources, one a line: position X Y Z (m), weight, λ (m)", "none")
+_add(BEAM, "-polar", N1, "K", "Kahn polarization factor", "0")
+_add(BEAM, "-nopolar", (), "", "no polarization correction")
+_add(BEAM, "-polar_vector", V3, "X Y Z", "unit vector of the X-ray E-vector", "by convention")
+_add(BEAM, "-beam_vector", V3, "X Y Z", "unit vector of the X-ray beam direction", "by convention")
+_add(BEAM, "-fluence", N1, "PH/M2", "incident photons per m²", "1.26e29")
+_add(BEAM, "-flux", N1, "PH/S", "incident photons per second (fluence from -flux, -exposure, -beamsize)", "0")
+_add(BEAM, "-exposure", N1, "S", "exposure time with -flux, s", "1")
+_add(BEAM, "-beamsize", N1, "MM", "beam width with -flux, mm", "0.1")
+_add(DETECTOR, "-distance", N1, "MM", "distance from the sample to the detector, mm", "100")
+_add(DETECTOR, "-close_distance", N1, "MM", "distance from the sample to the detector plane, mm", "from -distance")
+_add(DETECTOR, "-detsize", N1, "MM", "detector width and height, mm", "102.4")
+_add(DETECTOR, "-detsize_f -detsize_s", N1, "MM", "detector width along fast or slow, mm", "102.4")
+_add(DETECTOR, "-detpixels", I1, "N", "detector width and height, pixels", "-detsize / -pixel")
+_add(DETECTOR, "-detpixels_f -detpixels_x -detpixels_s -detpixels_y", I1, "N", "pixels along fast (x) or slow (y)",
+     "-detsize / -pixel")
+_add(DETECTOR, "-pixel", N1, "MM", "pixel size, mm", "0.1")
+_add(DETECTOR, "-Xbeam -Ybeam", N1, "MM", "direct-beam position on the detector, fast (X) and slow (Y), mm", "centre")
+_add(DETECTOR, "-Xclose -Yclose", N1, "MM", "position of the point of the detector closest to the sample, mm", "centre")
+_add(DETECTOR, "-ORGX -ORGY", N1, "PX", "XDS-convention beam centre, pixels", "centre")
+_add(DETECTOR, "-mosflm -denzo -adxv -xds -dials", (), "", "detector convention of the beam centre and axes (default "
+     "-mosflm)")
+_add(DETECTOR, "-pivot", (WORD,), "beam|sample", "what stays put when the detector turns", "by convention")
+_add(DETECTOR, "-twotheta", N1, "DEG", "detector rotation about the two-theta axis, degrees", "0")
+_add(DETECTOR, "-twotheta_axis", V3, "X Y Z", "unit vector of the two-theta axis", "by convention")
+_add(DETECTOR, "-detector_rotx -detector_roty -detector_rotz", N1, "DEG", "detector rotation about x, y or z, degrees",
+     "0")
+_add(DETECTOR, "-fdet_vector -sdet_vector", V3, "X Y Z", "unit vector of increasing fast or slow pixel index",
+     "by convention")
+_add(DETECTOR, "-odet_vector", V3, "X Y Z", "unit vector of increasing detector distance", "by convention")
+_add(DETECTOR, "-pix0_vector", V3, "X Y Z", "vector from the sample to the first pixel, m", "beam on the centre")
+_add(DETECTOR, "-curved_det", (), "", "every pixel at the same distance from the sample")
+_add(DETECTOR, "-point_pixel", (), "", "no pixel solid-angle correction (obliquity and 1/r²)")
+_add(DETECTOR, "-detector_thick", N1, "UM", "sensor thickness, µm", "0")
+_add(DETECTOR, "-detector_abs -detector_absorb", (WORD,), "UM|inf", "sensor attenuation depth, µm", "inf")
+_add(DETECTOR, "-img", P1, "FILE", "take the detector's values from an SMV image's header", "none")
+_add(DETECTOR, "-mask", P1, "FILE", "SMV image: pixels of value 0 are not rendered", "none")
+_add(SAMPLING, "-oversample", I1, "N", "sub-pixels per pixel side", "auto: from crystal size and pixel")
+_add(SAMPLING, "-oversample_thick -oversample_polar -oversample_omega", (), "",
+     "sensor absorption, polarization or solid angle per sub-pixel (default: per pixel)")
+_add(SAMPLING, "-mosaic_domains -mosaic_dom", I1, "N", "mosaic domains", "10 with -mosaic, else 1")
+_add(SAMPLING, "-mosaic_seed", I1, "N", "random-number seed of the mosaic domains", "12345678")
+_add(SAMPLING, "-phisteps", I1, "N", "rotation steps over -osc", "1")
+_add(SAMPLING, "-phistep", N1, "DEG", "rotation step, degrees", "-osc / -phisteps")
+_add(SAMPLING, "-dispsteps", I1, "N", "wavelengths over -dispersion", "auto")
+_add(SAMPLING, "-hdivsteps -vdivsteps -divsteps", I1, "N", "source points across the horizontal, vertical or both "
+     "divergences", "auto")
+_add(SAMPLING, "-hdivstep -vdivstep", N1, "MRAD", "angle between source points, mrad", "auto")
+_add(SAMPLING, "-round_div", (), "", "divergence grid with its corners cut off (the default)")
+_add(SAMPLING, "-square_div", (), "", "full divergence grid")
+_add(SAMPLING, "-detector_thicksteps -thicksteps", I1, "N", "sensor layers", "1")
+_add(SAMPLING, "-interpolate -nointerpolate", (), "", "force or forbid tricubic interpolation of F between reflections "
+     "(default: on when a crystal is under 3 cells wide)")
+_add(SAMPLING, "-dmin", N1, "Å", "resolution limit: nothing beyond it is rendered, Å", "0: no limit")
+_add(SAMPLING, "-roi", (INT, INT, INT, INT), "XMIN XMAX YMIN YMAX", "render only these pixels", "the whole detector")
+_add(OUTPUTS, "-floatfile -floatimage", P1, "FILE", "image as raw 4-byte floats", "floatimage.bin")
+_add(OUTPUTS, "-intfile -intimage", P1, "FILE", "noiseless SMV image", "intimage.img")
+_add(OUTPUTS, "-scale", N1, "X", "scale of -intfile", "auto")
+_add(OUTPUTS, "-adc", N1, "N", "offset added to the -intfile and -noisefile pixels", "40")
+_add(OUTPUTS, "-noisefile -noiseimage", P1, "FILE", "SMV detector image: nanoBragg's Poisson noise and the "
+     "detector response below", "noiseimage.img")
+_add(OUTPUTS, "-nonoise", (), "", "no -noisefile")
+_add(OUTPUTS, "-seed", I1, "N", "random-number seed of the noise", "the time")
+_add(OUTPUTS, "-pgmfile -pgmimage", P1, "FILE", "8-bit PGM image", "image.pgm")
+_add(OUTPUTS, "-pgmscale", N1, "X", "relative scale of -pgmfile", "auto")
+_add(OUTPUTS, "-nopgm", (), "", "no -pgmfile")
+_add(OUTPUTS, "-printout_pixel", (INT, INT), "F S", "print this pixel's value (fast, slow index)", "none")
+_add(NBSIM, "-device", (WORD,), "cpu|cuda[:N]", "where to render", "cpu")
+_add(NBSIM, "-dtype", (WORD,), "float32|float64", "precision of the rendering", "float32")
+_add(NBSIM, "-compile", (WORD,), "auto|on|off", "compiled kernel: when cached or quicker, always, never", "auto")
+_add(NBSIM, "-model", P1, "FILE", "atomic model (PDB or mmCIF): its |F| instead of -hkl", "none")
+_add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-mmCIF -hkl",
+     "the first amplitude, else intensity")
+_add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
+_add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
+_add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
+_add(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own "
+     "(its noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg")
+_add(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)")
+_add(RESPONSE, "-flicker", N1, "FRACTION", "flicker noise: relative rms of the expected photons", "0")
+_add(RESPONSE, "-calibration", N1, "FRACTION", "calibration error: relative rms, fixed per pixel", "0")
+_add(RESPONSE, "-calibration_seed", I1, "N", "random-number seed of the calibration error", "123456789")
+_add(RESPONSE, "-psf", (WORD,), "none|gaussian|fiber", "point-spread function, integrated over each pixel", "none")
+_add(RESPONSE, "-psf_fwhm", N1, "UM", "full width at half maximum of the point-spread function, µm", "0")
+_add(RESPONSE, "-gain", N1, "ADU", "ADU per photon", "1")
+_add(RESPONSE, "-readout_noise", N1, "ADU", "readout noise, rms ADU", "0")
+_add(RESPONSE, "-beamstop", N1, "MM", "beam-stop radius around the direct beam: no photons inside, mm", "0")
+_add(RESPONSE, "-hot_pixels", N1, "FRACTION", "fraction of pixels that read 65535", "0")
+_add(RESPONSE, "-dead_pixels", N1, "FRACTION", "fraction of pixels that read 0", "0")
+_add(RESPONSE, "-defect_seed", I1, "N", "random-number seed of the hot and dead pixels", "1")
+_add(IGNORED, "-density -sample_density", N1, "G/CM3", "sample density (no effect on the image, as in nanoBragg)", "1")
+_add(IGNORED, "-MW -molecular_weight", N1, "G/MOL", "molecular weight (no effect on the image, as in nanoBragg)", "18")
+_add(IGNORED, "-stol -4stol -Q", P1, "FILE", "F of the background against sin(θ)/λ (not used, as in nanoBragg)", "none")
+_add(IGNORED, "-stolout", P1, "FILE", "F against sin(θ)/λ, written by nanoBragg (not by nbsim)", "none")
+_add(IGNORED, "-dump", P1, "FILE", "nanoBragg's binary cache of F (neither written nor read)", "none")
+_add(IGNORED, "-coherent", (), "", "coherent sum (no effect, as in nanoBragg)")
+_add(IGNORED, "-printout", (), "", "print every pixel's value (nbsim prints none)")
+_add(IGNORED, "-progress -noprogress", (), "", "progress meter (nbsim prints none)")
+
+FLAGS: dict[str, tuple[str, ...]] = {n: f.kinds for f in TABLE if f.kinds is not VARIABLE for n in f.names}
+"""name → tuple of value kinds, for every flag of fixed arity."""
+_VARIABLE = tuple(n for f in TABLE if f.kinds is VARIABLE for n in f.names)
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
                     "-wavelength", "-energy", "-beamsize", "-exposure"}
@@ -55,7 +183,8 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
-                        "-osc", "-phistep"}
+                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop"}
+MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 CONFLICTS = (
     {"-interpolate", "-nointerpolate"},
     {"-square_xtal", "-round_xtal", "-gauss_xtal", "-tophat_spots", "-binary_spots"},
@@ -67,9 +196,10 @@ CONFLICTS = (
     {"-fluence", "-flux"},
     {"-hkl", "-model"},
 )
-NBSIM_ONLY = ("-device", "-dtype", "-compile", "-column", "-model", "-p1_out", "-cbffile", "-nxmxfile")
-NO_EFFECT = ("-density", "-sample_density", "-MW", "-molecular_weight", "-stol", "-4stol", "-Q", "-stolout",
-             "-dump", "-coherent", "-printout", "-noprogress", "-progress")
+NBSIM_ONLY = tuple(n for f in TABLE if f.group in (NBSIM, RESPONSE) for n in f.names)
+NO_EFFECT = tuple(n for f in TABLE if f.group == IGNORED for n in f.names)
+DETECTOR_FLAGS = tuple(n for f in TABLE if f.group == RESPONSE for n in f.names)
+"""nbsim's detector effects (docs/detector.md): they change only the -noisefile image."""
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _INTEGER = re.compile(r"^[+-]?\d+$")
@@ -107,6 +237,8 @@ def validate(argv: list[str]) -> None:
                 raise NbsimError(f"{flag} must be positive (got {values[0]})")
             if flag in MUST_NOT_BE_NEGATIVE and number < 0:
                 raise NbsimError(f"{flag} must not be negative (got {values[0]})")
+            if flag in MUST_BE_FRACTION and not 0 <= number <= 1:
+                raise NbsimError(f"{flag} must be a fraction between 0 and 1 (got {values[0]})")
         i += 1 + len(kinds)
     flags = {a for a in argv if a in FLAGS or a in _VARIABLE}
     for group in CONFLICTS:
@@ -124,7 +256,8 @@ def _check_value(flag: str, kind: str, value: str) -> None:
         raise NbsimError(f"{flag} expects a file name, got '{value}'")
     if kind == WORD:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
-                   "-compile": ("auto", "on", "off")}.get(flag)
+                   "-compile": ("auto", "on", "off"), "-noise_generator": ("nanobragg", "philox"),
+                   "-psf": ("none", "gaussian", "fiber")}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):
                 raise NbsimError(f"{flag} expects an attenuation depth in um or 'inf', got '{value}'")
@@ -132,6 +265,19 @@ def _check_value(flag: str, kind: str, value: str) -> None:
             raise NbsimError(f"{flag} expects one of {', '.join(allowed)}, got '{value}'")
         elif flag == "-device" and not re.match(r"^(cpu|cuda(:\d+)?)$", value):
             raise NbsimError(f"-device expects cpu or cuda[:N], got '{value}'")
+
+
+def flag_help(width: int = 34) -> str:
+    """`nbsim -h`'s flag lines: each group of TABLE under its name, a line per flag and its aliases with
+    its values, what it sets (units included) and its default."""
+    lines = []
+    for group in GROUPS:
+        lines.append(f"{group}:")
+        for flag in (f for f in TABLE if f.group == group):
+            label = f"  {' '.join(flag.names)} {flag.values}".rstrip()
+            text = f"{flag.text} (default: {flag.default})" if flag.default else flag.text
+            lines.append(f"{label:<{width}}  {text}" if len(label) < width else f"{label}  {text}")
+    return "\n".join(lines)
 
 
 def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:

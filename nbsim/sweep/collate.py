@@ -1,10 +1,13 @@
 """Collate a scenario's batches: timing and correlation tables and one xarray-readable store.
 
 The collated store has one dimension per sweep axis (size, dtype, device, compile, then each extra axis
-by name, `phi` for `-phi`), every metric as a variable over them, and the images of each detector size
-as `image_n<size>` over the other axes plus `slow_n<size>`, `fast_n<size>`, one chunk per point: a
-rotation series reads as one (phi, slow, fast) array after `.squeeze()`, and `.sel(...)` of one point
-reads one chunk. It is built point by point, so memory holds one image at a time however large the sweep.
+by name, `phi` for `-phi`) and every variable spans them all: each metric, and `image` over the axes plus
+`slow` and `fast`, one chunk per point. Images smaller than the sweep's largest size fill the first
+rows and columns of theirs, the rest NaN. `slow` and `fast` are pixel indices; `slow_mm` and `fast_mm`
+the pixel centres' distances from the detector's first corner along them, in mm, when every point has
+the same pixel size (`pixel_mm`, a variable over the axes, says each point's). A rotation series reads
+as one (phi, slow, fast) array after `.squeeze()`, and `.sel(...)` of one point reads one chunk. It is
+built point by point, so memory holds one image at a time however large the sweep.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
             row.update(point.get("comparison") or {})
             if isinstance(row.get("correlation"), float):
                 row["one_minus_r"] = 1.0 - row["correlation"]
+            row["pixel_mm"] = ((point.get("config") or {}).get("detector") or {}).get("pixel_size_mm")
             row["attributes"] = json.dumps({**identity, **{k: v for k, v in point.items() if k != "axes"}},
                                            default=str)
             rows.append(row)
@@ -103,7 +107,7 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
     are gridded over the axes by pandas and xarray (a DataFrame indexed by the axes, as a Dataset: sorted
     coordinates, NaN where no point is); the images are then copied one point at a time."""
     grid = xr.Dataset.from_dataframe(pd.DataFrame(rows).set_index(axes))
-    attributes = {"description": "nbsim sweep: one entry per point; images per detector size", "axes": axes}
+    attributes = {"description": "nbsim sweep: one entry per point, every variable over the sweep axes", "axes": axes}
     with AtomicStore(output, attributes) as store:
         for axis in axes:
             store.coordinate(axis, grid[axis].values.tolist())
@@ -115,22 +119,30 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
             values = grid[name].values if name in grid else np.full(shape, None)
             text = np.vectorize(lambda v: "" if pd.isna(v) else str(v), otypes=[object])(values)
             store.variable(name, tuple(axes), shape, str, data=text)
-        other_axes = tuple(a for a in axes if a != "size")
-        targets = {}
-        for size in grid["size"].values.tolist():
-            image_shape = (*(grid.sizes[a] for a in other_axes), size, size)
-            targets[size] = store.variable(f"image_n{size}", (*other_axes, f"slow_n{size}", f"fast_n{size}"),
-                                           image_shape, np.float32, chunks=(*(1 for _ in other_axes), size, size))
-        indexes = {axis: grid.indexes[axis] for axis in other_axes}
+        largest = int(max(grid["size"].values))
+        pixel_mm = grid["pixel_mm"].values.astype(np.float64) if "pixel_mm" in grid else np.full(shape, np.nan)
+        store.variable("pixel_mm", tuple(axes), shape, np.float64, data=pixel_mm)
+        for dimension in ("slow", "fast"):
+            store.coordinate(dimension, list(range(largest)))
+        sizes_mm = set(pixel_mm[np.isfinite(pixel_mm)].tolist())
+        images = store.variable("image", (*axes, "slow", "fast"), (*shape, largest, largest), np.float32,
+                                chunks=(*(1 for _ in axes), largest, largest))
+        if len(sizes_mm) == 1:
+            centres_mm = ((np.arange(largest) + 0.5) * sizes_mm.pop()).tolist()
+            for dimension in ("slow", "fast"):
+                store.coordinate(f"{dimension}_mm", centres_mm, dimension=dimension)
+            images.attrs["coordinates"] = "slow_mm fast_mm"
+        indexes = {axis: grid.indexes[axis] for axis in axes}
         ok = [row for row in rows if row["status"] == "ok"]
         progress = Progress(len(ok), label)
         by_batch: dict[str, list[dict]] = {}
         for row in ok:
             by_batch.setdefault(row["batch"], []).append(row)
         for batch, members in by_batch.items():
-            images = open_store_array(stores[batch], "image")
+            stored = open_store_array(stores[batch], "image")
             for row in members:
-                where = tuple(indexes[axis].get_loc(row[axis]) for axis in other_axes)
-                targets[row["size"]][where] = np.asarray(images[row["index"]], dtype=np.float32)
+                size = row["size"]
+                where = (*(indexes[axis].get_loc(row[axis]) for axis in axes), slice(0, size), slice(0, size))
+                images[where] = np.asarray(stored[row["index"]], dtype=np.float32)
                 progress.advance()
         store.commit()

@@ -13,11 +13,13 @@ reference batch `b0003`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
 import shlex
 import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,28 +182,67 @@ class KernelJob:
     device: str
 
 
-def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool,
-                base: Path) -> tuple[dict[str, KernelJob], dict[Point, str]]:
+def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool, base: Path,
+                memo: Path | None = None) -> tuple[dict[str, KernelJob], dict[Point, str]]:
     """The kernel jobs of a sweep (by name) and each prebuilding point's kernel job name. Points share a
     job when their structure, dtype and device agree, whatever their sizes and values;
-    `compiled_reference` adds the float64 kernels the nbsim references use."""
-    from ..kernel.structure import structure_of
-
+    `compiled_reference` adds the float64 kernels the nbsim references use. `memo`, a JSON file, keeps
+    each configuration's structure for the next plan of the same nbsim sources (`structure_memo`)."""
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
     jobs: dict[str, KernelJob] = {}
     names: dict[Point, str] = {}
-    structures: dict[tuple, Any] = {}
-    for point in candidates:
-        if not point.prebuilds_kernel or point in names:
-            continue
-        key = (point.scenario, point.size, point.extras)
-        if key not in structures:
-            structures[key] = structure_of(point_config(config, point, base))
-        structure = structures[key]
-        name = f"{point.dtype}-{_slug(point.device)}-{structure.name}"
-        jobs.setdefault(name, KernelJob(structure.to_json(), point.dtype, point.device))
-        names[point] = name
+    structures: dict[tuple, tuple[str, str]] = {}
+    with structure_memo(memo) as structure_of:
+        for point in candidates:
+            if not point.prebuilds_kernel or point in names:
+                continue
+            key = (point.scenario, point.size, point.extras)
+            if key not in structures:
+                structures[key] = structure_of(point_config(config, point, base))
+            structure_name, structure_json = structures[key]
+            name = f"{point.dtype}-{_slug(point.device)}-{structure_name}"
+            jobs.setdefault(name, KernelJob(structure_json, point.dtype, point.device))
+            names[point] = name
     return jobs, names
+
+
+@contextlib.contextmanager
+def structure_memo(path: Path | None) -> Iterator[Callable[[SimulationConfig], tuple[str, str]]]:
+    """A function giving a configuration's kernel structure as (name, JSON), from the memo in `path` when
+    it holds that configuration for these nbsim sources, else from `kernel.structure.structure_of`, which
+    imports PyTorch (seconds of every Snakemake start that plans compiled points); new entries are
+    written back on exit."""
+    import hashlib
+    import json
+
+    from ..cache import sources_digest
+    from ..io.atomic import atomic_write_text
+    from .spec import dataclass_to_dict
+
+    try:
+        known = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        known = {}
+    known = known if known.get("sources") == sources_digest() else {"sources": sources_digest()}
+    entries = known.setdefault("structures", {})
+    added = False
+
+    def lookup(simulation: SimulationConfig) -> tuple[str, str]:
+        nonlocal added
+        key = hashlib.sha256(json.dumps(dataclass_to_dict(simulation), sort_keys=True).encode()).hexdigest()
+        if key not in entries:
+            from ..kernel.structure import structure_of
+
+            structure = structure_of(simulation)
+            entries[key], added = [structure.name, structure.to_json()], True
+        name, text = entries[key]
+        return name, text
+
+    yield lookup
+    if added and path is not None:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(known))
 
 
 def scenario_args(config: dict, scenario: str, base: Path) -> tuple[str, ...]:
@@ -295,3 +336,12 @@ def c_binary_path(config: dict, base: Path) -> str | None:
     if not binary:
         return None
     return shutil.which(binary) or str((base / binary).resolve())
+
+
+def compile_cache_path(config: dict) -> str:
+    """The kernel cache the sweep's jobs use: `compile_cache` when the config names one (relative to the
+    working folder), else the user's (NBSIM_CACHE_DIR, default ~/.cache/nbsim), the one `nbsim` uses, so
+    that kernels built by either serve the other."""
+    from ..cache import cache_dir
+
+    return str(Path(config.get("compile_cache") or cache_dir()).expanduser().resolve())

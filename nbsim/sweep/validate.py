@@ -25,10 +25,31 @@ from .plan import (
 MAX_AXIS_VALUES = 1_000_000
 
 
-def validate_config(config: dict, schema_path: str | Path, base: Path) -> None:
-    """Check the config against the JSON schema (filling its defaults), then semantically."""
+def validate_config(config: dict, schema_path: str | Path, base: Path, devices: bool = False) -> None:
+    """Check the config against the JSON schema (filling its defaults), then semantically, then (with
+    `devices`, in the process that plans the jobs) that its devices can be had (`check_devices`)."""
     check_schema(config, schema_path)
     check_config(config, base)
+    if devices:
+        check_devices(config)
+
+
+def check_devices(config: dict) -> None:
+    """Every CUDA device of sweep.devices exists on this machine, or the config declares a SLURM partition
+    with GPUs (slurm.gpu_partition, where CUDA points are sent: the submit host itself may have none);
+    else a one-line error naming the fix, unless sweep.on_unavailable_device is skip."""
+    sweep = config["sweep"]
+    cuda = [d for d in sweep["devices"] if d.startswith("cuda")]
+    if not cuda or sweep.get("on_unavailable_device") == "skip" or (config.get("slurm") or {}).get("gpu_partition"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device in cuda:
+        if int(device.partition(":")[2] or 0) >= count:
+            raise NbsimError(f"sweep.devices: {device} is not available: this machine has {count} CUDA device(s) "
+                             "and no slurm.gpu_partition is set; set sweep.on_unavailable_device: skip to record "
+                             "its points as skipped")
 
 
 def check_schema(config: dict, schema_path: str | Path) -> None:
@@ -52,8 +73,10 @@ def check_schema(config: dict, schema_path: str | Path) -> None:
 
 def _short_message(error) -> str:
     if error.validator == "additionalProperties":
-        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
-        return f"unknown key(s) {', '.join(map(repr, extra))}"
+        known = list(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(known))
+        return (f"unknown key(s) {', '.join(map(repr, extra))}{did_you_mean(extra[0], known)}; the keys here: "
+                f"{', '.join(known)}")
     if error.validator == "required":
         return error.message.replace("'", "", 0)
     if error.validator in ("type", "enum", "pattern", "minimum", "maximum", "minItems", "minProperties",
@@ -104,10 +127,11 @@ def check_config(config: dict, base: Path) -> None:
     for name, spec in extra.items():
         if name.startswith("-"):
             if name not in FLAGS:
-                raise NbsimError(f"sweep.extra: '{name}' is not a nanoBragg option{did_you_mean(name, FLAGS)}")
+                raise NbsimError(f"sweep.extra: '{name}' is not a nanoBragg option{did_you_mean(name, FLAGS)}; "
+                                 "nbsim -h lists them")
         elif name not in names:
-            raise NbsimError(f"sweep.extra: '{name}' is not a simulator option{did_you_mean(name, names)}; the "
-                             "options are the fields of nbsim.config's dataclasses")
+            raise NbsimError(f"sweep.extra: '{name}' is not a simulator option{did_you_mean(name, names)}; "
+                             "nbsim show --options lists them")
         elif binary:
             raise NbsimError(f"sweep.extra.{name}: a simulator option cannot be passed to the C reference "
                              "(reference.c_binary); sweep the nanoBragg flag that sets it instead")

@@ -19,20 +19,23 @@ CONFIG_BASE = (
     else Path(workflow.basedir) / "config"
 )
 try:
-    validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE)
+    # Devices are checked where the jobs are planned, not again inside a job on a cluster node.
+    validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE,
+                             devices=workflow.is_main_process)
 except NbsimError as error:
     print(f"nbsim: invalid sweep configuration: {error}", file=sys.stderr)
     sys.exit(1)
 
 RESULTS = config["results"]
 TIMING = config["timing"]
-COMPILE_CACHE = str(Path(config["compile_cache"]).resolve())
+COMPILE_CACHE = plan.compile_cache_path(config)
 C_BINARY = plan.c_binary_path(config, CONFIG_BASE)
 POINTS = plan.sweep_points(config)
 PLAN = plan.plan_sweep(POINTS, config["sweep"]["batch_size"])
 COMPILED_NBSIM_REFERENCE = not C_BINARY and config["reference"]["compile"]
 # One kernel job per (structure, dtype, device): points of any size and value share it.
-KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE)
+KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE,
+                                            Path(".snakemake") / "nbsim-structures.json")
 AXES = plan.sweep_axes(config)
 
 

@@ -1,0 +1,85 @@
+"""`nbsim show -- <nanoBragg options>`: what a command resolves to, without rendering its image: the
+detector, the steps per pixel by kind, the kernel structure and whether its kernels are cached, and the
+time the compile policy's cost model expects (nbsim.kernel.policy). `nbsim show --options` lists the
+simulator options a sweep's `extra` axes and `SimulationConfig.with_options` take."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from ..config import SimulationConfig
+from ..errors import NbsimError
+from ..modes import Compile
+from ..nanobragg.arguments import RunOptions
+
+USAGE = """usage: nbsim show [--] <nanoBragg options>   (what the command resolves to, nothing rendered)
+       nbsim show --options                  (the simulator options, for sweep.extra and with_options)"""
+
+
+def main(argv: list[str], checked_arguments: Callable[[list[str]], tuple[SimulationConfig, RunOptions]]) -> int:
+    """`nbsim show ...`; `checked_arguments` is the command line's own parse and checks (nbsim.cli)."""
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv and argv[0] == "--options":
+        if argv[1:]:
+            raise NbsimError(f"show --options takes no arguments (got {' '.join(argv[1:])})")
+        print("\n".join(option_lines()))
+        return 0
+    arguments = argv[1:] if argv and argv[0] == "--" else argv
+    if not arguments:
+        raise NbsimError("show needs the nanoBragg options of a command: nbsim show -- <options>")
+    config, run = checked_arguments(arguments)
+    print("\n".join(show_lines(config, run.device, run.dtype, run.compile)))
+    return 0
+
+
+def option_lines() -> list[str]:
+    """One line per simulator option: its name, the configuration part holding it and its type as
+    nbsim.config annotates it (Scalar: a number or a 0-d tensor that may carry gradients)."""
+    from ..config import option_parts
+
+    return [f"{field.name:<28} {part.__name__:<22} {field.type}"
+            for part in option_parts() for field in dataclasses.fields(part)]
+
+
+def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, compile: Compile) -> list[str]:
+    """What `config` resolves to on a device and dtype under a compile setting (see the module)."""
+    from ..devices import resolve_device, resolve_dtype
+    from ..kernel.policy import COMPILED_SPEEDUP, plan_compile
+    from ..render import Renderer
+    from ..setup import resolve
+
+    device, dtype = resolve_device(device_name), resolve_dtype(dtype_name)
+    setup = resolve(config)
+    renderer = Renderer(setup, device=device, dtype=dtype, compile=compile)
+    xmin, xmax, ymin, ymax = setup.roi
+    pixels = (xmax - xmin + 1) * (ymax - ymin + 1)
+    sources, mosaic, phi, layers = (setup.sources.count, setup.mosaic.count, setup.phi.steps, setup.sensor.layers)
+    subpixels = setup.oversample ** 2
+    plan, cache = renderer.plan, renderer.cache
+    variants = plan.structure.stage_variants()
+    missing = cache.missing(plan.structure, dtype, device)
+    build_s = plan_compile(Compile.AUTO, device, dtype, False, plan.structure, cache).estimated_build_s
+    eager_s = renderer.eager_estimate_s()
+    compiled_s = eager_s / COMPILED_SPEEDUP
+    lines = [
+        f"detector: {setup.shape[1]} x {setup.shape[0]} pixels (fast x slow), {pixels} rendered, pixel "
+        f"{setup.geometry.pixel_size_m * 1e3:g} mm",
+        f"steps per pixel: {renderer.steps_per_pixel} = {sources} source(s) x {mosaic} mosaic domain(s) x {phi} "
+        f"phi step(s) x {layers} sensor layer(s) x {subpixels} sub-pixel(s)",
+        f"oversample: {setup.oversample} ({'-oversample' if config.detector.oversample else 'automatic'})",
+        f"sources: {sources} = {setup.sources.divergence_points} divergence point(s) x "
+        f"{setup.sources.dispersion.steps} wavelength(s)",
+        f"kernel structure: {plan.structure.name}",
+        f"kernels ({dtype_name}, {device}) in {cache.kernels}: " + (
+            f"all {len(variants)} cached" if not missing else
+            f"{len(missing)} of {len(variants)} not cached ({', '.join(v.stage.name for v in missing)})"),
+        f"compile {compile.value}: " + (f"{plan.mode.value}" if plan.pending is None else
+                                        f"eager, or {plan.pending.value} if building first pays"),
+        f"expected render: eager {eager_s:.3g} s (from an eager probe of the first rows), compiled "
+        f"{compiled_s:.3g} s (eager / {COMPILED_SPEEDUP:g}, the policy's assumption)" + (
+            f"; building the kernels first {build_s:.0f} s" if build_s else ""),
+    ]
+    return lines

@@ -1,0 +1,154 @@
+"""The detector stage: the noise-free photon image in, the detector's ADU image out (docs/detector.md).
+
+simtbx's `add_noise` order: flicker, Poisson, calibration, point-spread, then ADU = photons·gain + ADC
+offset + readout noise; the beam stop shades the expected photons, hot and dead pixels replace the
+read-out. With the default settings the result is nanoBragg's noise image, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import DetectorResponseConfig, check_response
+from ..errors import NbsimError
+from ..geometry import DetectorGeometry
+from ..setup import Setup
+from . import effects, philox
+from .native import nanobragg_poisson
+
+OVERLOAD_ADU = 65535.0
+"""The largest value of a 16-bit pixel; an ADU value above it is clamped and counted as an overload."""
+
+STREAM_POISSON, STREAM_FLICKER, STREAM_READOUT, STREAM_CALIBRATION, STREAM_DEFECTS = range(5)
+"""Philox streams: each effect draws from its own, so turning one on changes none of the others' draws."""
+
+@dataclass(frozen=True)
+class PixelLayout:
+    """What the detector stage needs of the detector: pixel size, where the direct beam hits (fast, slow
+    pixels from the corner of the first pixel), the ROI (xmin, xmax, ymin, ymax, inclusive; None: all)
+    and ran1's state left by the set-up's draws (Setup.ran1_table; () for a fresh process)."""
+
+    pixel_size_mm: float
+    beam_center_px: tuple[float, float] = (math.nan, math.nan)
+    roi: tuple[int, int, int, int] | None = None
+    ran1_table: tuple[int, ...] = ()
+
+
+def direct_beam_px(geometry: DetectorGeometry) -> tuple[float, float]:
+    """Where the direct beam meets the detector plane: (fast, slow) pixels from the first pixel's corner."""
+    along_beam_m = float(geometry.close_distance_m) / float(torch.dot(geometry.beam, geometry.odet))
+    hit_m = (along_beam_m * geometry.beam - geometry.pix0_m).detach()
+    return (float(torch.dot(geometry.fdet, hit_m)) / geometry.pixel_size_m,
+            float(torch.dot(geometry.sdet, hit_m)) / geometry.pixel_size_m)
+
+
+def layout_of(setup: Setup) -> PixelLayout:
+    """The PixelLayout of a resolved set-up."""
+    return PixelLayout(pixel_size_mm=setup.geometry.pixel_size_m * 1000.0,
+                       beam_center_px=direct_beam_px(setup.geometry),
+                       roi=None if setup.roi_is_whole_detector else setup.roi, ran1_table=setup.ran1_table)
+
+
+@dataclass
+class DetectorImage:
+    """The detector's read-out and what a dataset's labels keep of it.
+
+    `adu`: int32 tensor of 16-bit values (0..65535) on the photon image's device, 0 outside the ROI (as
+    nanoBragg writes it). `photons`: float64, what reached the read-out (after Poisson, calibration and
+    point-spread). `total_photons`, `max_photons`: sum and maximum of the Poisson draws in the ROI (the sum
+    nanoBragg prints). `overloads`: ROI pixels whose ADU exceeded 65535 before clamping.
+    """
+
+    adu: torch.Tensor
+    photons: torch.Tensor
+    total_photons: float
+    max_photons: float
+    overloads: int
+
+
+def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout) -> DetectorImage:
+    """The detector image of a noise-free (slow, fast) photon image under `response` (checked first).
+
+    Same arguments, device and dtype: the same bits. With generator "nanobragg" the Poisson draws are
+    nanoBragg's serial sequence over the float32-rounded image (its noise image, bit for bit, with the
+    default settings); with "philox" every draw is a pure function of its seed, stream and pixel.
+    """
+    check_response(response)
+    if response.noise_seed is None:
+        raise NbsimError("the detector image needs a noise seed (noise_seed, or -seed)")
+    shape = tuple(photons.shape)
+    device = photons.device
+    roi = layout.roi or (0, shape[1] - 1, 0, shape[0] - 1)
+    window = (slice(roi[2], roi[3] + 1), slice(roi[0], roi[1] + 1))
+    drawn_per_pixel = (response.flicker_fraction, response.calibration_fraction, response.readout_noise_adu,
+                       response.hot_pixel_fraction, response.dead_pixel_fraction)
+    index = (torch.arange(math.prod(shape), device=device, dtype=torch.int64).view(shape)
+             if any(value > 0.0 for value in drawn_per_pixel) else None)
+    seed = response.noise_seed
+    expected = photons.detach()
+    if response.beamstop_radius_mm > 0.0:
+        if not all(math.isfinite(value) for value in layout.beam_center_px):
+            raise NbsimError("beamstop_radius_mm needs the direct beam's position (PixelLayout.beam_center_px)")
+        shadow = effects.beamstop_shadow(shape, layout.pixel_size_mm, layout.beam_center_px,
+                                         response.beamstop_radius_mm, device)
+        expected = expected.masked_fill(shadow, 0.0)
+    if response.flicker_fraction > 0.0:
+        flicker = philox.normals(seed, STREAM_FLICKER, index)
+        expected = expected.to(torch.float64) * (1.0 + response.flicker_fraction * flicker)
+    observed, sums = _poisson(expected, response, layout, roi, window)
+    if sums is None:
+        drawn = observed[window]
+        sums = (float(drawn.sum()), float(drawn.max()) if drawn.numel() else 0.0)
+    total, max_photons = sums
+    if response.calibration_fraction > 0.0:
+        calibration = philox.normals(response.calibration_seed, STREAM_CALIBRATION, index)
+        observed = observed * (1.0 + response.calibration_fraction * calibration)
+    if response.psf != "none":
+        fwhm_px = response.psf_fwhm_um / (layout.pixel_size_mm * 1000.0)
+        blur = effects.gaussian_blur if response.psf == "gaussian" else effects.fiber_blur
+        observed = blur(observed, fwhm_px)
+    if response.gain_adu_per_photon == 1.0:
+        adu = observed + response.adc_offset_adu
+    else:
+        adu = observed * response.gain_adu_per_photon
+        adu += response.adc_offset_adu
+    if response.readout_noise_adu > 0.0:
+        adu = adu + response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index)
+    overloads = int(torch.count_nonzero(adu[window] > OVERLOAD_ADU))
+    adu = adu.clamp_(0.0, OVERLOAD_ADU)
+    if response.hot_pixel_fraction > 0.0 or response.dead_pixel_fraction > 0.0:
+        draw = philox.uniforms(response.defect_seed, STREAM_DEFECTS, 0, index)
+        hot = draw < response.hot_pixel_fraction
+        dead = ~hot & (draw < response.hot_pixel_fraction + response.dead_pixel_fraction)
+        adu = adu.masked_fill_(hot, OVERLOAD_ADU).masked_fill_(dead, 0.0)
+    if layout.roi is None:
+        counts = adu.to(torch.int32)
+    else:
+        counts = torch.zeros(shape, dtype=torch.int32, device=device)
+        counts[window] = adu[window].to(torch.int32)
+    return DetectorImage(adu=counts, photons=observed, total_photons=total, max_photons=max_photons,
+                         overloads=overloads)
+
+
+def _poisson(expected: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
+             roi: tuple[int, int, int, int],
+             window: tuple[slice, slice]) -> tuple[torch.Tensor, tuple[float, float] | None]:
+    """The observed photons, float64 (0 outside the ROI) and, from nanoBragg's loop, their sum and maximum
+    in the ROI (else None)."""
+    if response.poisson and response.generator == "nanobragg":
+        image = expected.to("cpu", torch.float32).numpy()
+        table = np.array(layout.ran1_table, dtype=np.int64) if layout.ran1_table else None
+        counts, total, maximum = nanobragg_poisson(image, roi, -response.noise_seed, table)
+        return torch.from_numpy(counts).to(expected.device), (total, maximum)
+    inside = torch.zeros(expected.shape, dtype=torch.float64, device=expected.device)
+    inside[window] = expected[window]
+    if not response.poisson:
+        return inside, None
+    if not bool(torch.isfinite(inside).all()):
+        raise NbsimError("the photon image has non-finite pixels: no detector image can be drawn from it")
+    return philox.poisson(inside.clamp_(min=0.0).reshape(-1), response.noise_seed, STREAM_POISSON).view(
+        expected.shape), None
