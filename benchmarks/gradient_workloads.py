@@ -1,12 +1,13 @@
 """The `gradients` benchmark workload (run by benchmarks/run.py): what the gradient of an image costs.
 
 The heavy workload (300 steps per pixel, float32, CPU) is rendered at 256² and 1024² in a new process per
-size, eagerly: the render without gradients (`forward_s`), and with the distance as a tensor that requires
-grad the render (`grad_s`) and `image.sum().backward()` (`backward_s`), each the median of REPEATS calls
-after a warm-up at 32² (eager: nothing to build; set-up, `resolve`, timed apart), and the process's peak
-RSS, under MALLOC. Target: the backward at
-most 3× the forward without gradients. The compiled path is recorded as not offered, with nbsim's reason
-(`nbsim.kernel.policy.GRADIENT_NOTE`; the one-off measurements behind it are in docs/kernels.md).
+size and phase, eagerly: the render without gradients (`forward_s`), then, in another process, with the
+distance as a tensor that requires grad, the render (`grad_s`) and `image.sum().backward()`
+(`backward_s`); one call each after a warm-up at 32² (eager: nothing to build; set-up, `resolve`, timed
+apart), and the processes' peak RSS, under MALLOC, each process stopping itself above MAX_RSS_MB.
+Target: the backward at most 3× the forward without gradients. The compiled path is recorded as not
+offered, with nbsim's reason (`nbsim.kernel.policy.GRADIENT_NOTE`; the one-off measurements behind it
+are in docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -20,20 +21,32 @@ from pathlib import Path
 from nbsim import workloads
 
 SIZES, QUICK_SIZES = (256, 1024), (64, 128)
-REPEATS = 1
+MAX_RSS_MB = 6000
+"""A process above this much resident memory stops itself (and the workload reports it) before it can
+take the machine's memory."""
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 """glibc's fixed mmap threshold, as docs/kernels.md advises for gradients: without it the dynamic threshold
 lets the heap grow with the number of tiles (the memory the checkpointed tiles free is not returned)."""
 MAX_BACKWARD_RATIO = 3.0
 
 TIMED = """
-import json, resource, statistics, sys, time
+import json, os, resource, sys, threading, time
 import torch, nbsim
 from nbsim.render import Renderer
 from nbsim.setup import resolve
-args, size, repeats = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+args, size, grad, limit_mb = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "grad", int(sys.argv[4])
 
-def once(config, grad):
+def watch():
+    while True:
+        resident_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        if resident_mb > limit_mb:
+            print(json.dumps({"error": f"resident memory above {limit_mb} MB: stopped"}), flush=True)
+            os._exit(3)
+        time.sleep(0.2)
+
+threading.Thread(target=watch, daemon=True).start()
+
+def once(config):
     distance = torch.tensor(200.0, requires_grad=grad)
     begin = time.perf_counter()
     renderer = Renderer(resolve(config.with_options(distance_mm=distance)), compile="off")
@@ -42,17 +55,11 @@ def once(config, grad):
     rendered = time.perf_counter()
     if grad:
         image.sum().backward()
-    return rendering - begin, rendered - rendering, time.perf_counter() - rendered
+    done = time.perf_counter()
+    return {"setup_s": rendering - begin, "render_s": rendered - rendering, "backward_s": done - rendered}
 
-small = nbsim.config_from_args([*args, "-detpixels", "32"])
-once(small, False), once(small, True)
-config = nbsim.config_from_args([*args, "-detpixels", str(size)])
-result = {}
-for key, grad in (("forward", False), ("grad", True)):
-    setup_s, forward_s, backward_s = (statistics.median(v) for v in zip(*(once(config, grad) for _ in range(repeats))))
-    result[key + "_s"] = forward_s
-    if grad:
-        result.update(setup_grad_s=setup_s, backward_s=backward_s)
+once(nbsim.config_from_args([*args, "-detpixels", "32"]))
+result = once(nbsim.config_from_args([*args, "-detpixels", str(size)]))
 result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(result))
 """
@@ -67,16 +74,24 @@ def run_gradients(quick: bool, folder: Path) -> dict:
         return {"error": f"needs {golden / 'synthetic_P1.hkl'}"}
     sizes = {}
     for size in QUICK_SIZES if quick else SIZES:
-        completed = subprocess.run([sys.executable, "-c", TIMED, json.dumps(base), str(size), str(REPEATS)],
-                                   capture_output=True, text=True, cwd=folder, env={**os.environ, **MALLOC})
-        if completed.returncode != 0:
-            return {"error": f"{size}²: " + (completed.stderr.strip().splitlines() or ["no output"])[-1]}
-        eager = json.loads(completed.stdout.strip().splitlines()[-1])
+        phases = {}
+        for phase in ("forward", "grad"):
+            completed = subprocess.run([sys.executable, "-c", TIMED, json.dumps(base), str(size), phase,
+                                        str(MAX_RSS_MB)], capture_output=True, text=True, cwd=folder,
+                                       env={**os.environ, **MALLOC})
+            lines = completed.stdout.strip().splitlines()
+            phases[phase] = json.loads(lines[-1]) if lines else {"error": (completed.stderr.strip().splitlines()
+                                                                           or ["no output"])[-1]}
+            if "error" in phases[phase]:
+                return {"error": f"{size}² {phase}: {phases[phase]['error']}"}
+        forward, grad = phases["forward"], phases["grad"]
+        eager = {"forward_s": forward["render_s"], "grad_s": grad["render_s"], "backward_s": grad["backward_s"],
+                 "setup_grad_s": grad["setup_s"], "peak_rss_mb": max(forward["peak_rss_mb"], grad["peak_rss_mb"])}
         eager["forward_backward_s"] = eager["grad_s"] + eager["backward_s"]
         eager["backward_ratio"] = eager["backward_s"] / eager["forward_s"]
         sizes[str(size)] = {"eager": eager, "compiled": {"not_offered": GRADIENT_NOTE}}
     return {"command": ["python", "-c", "<simulate heavy, distance requires grad; image.sum().backward()>"],
-            "result": {"workload": "heavy (300 steps per pixel), float32, cpu", "repeats": REPEATS, "env": MALLOC,
+            "result": {"workload": "heavy (300 steps per pixel), float32, cpu", "env": MALLOC,
                        "sizes": sizes}}
 
 
