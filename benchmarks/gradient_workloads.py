@@ -82,8 +82,10 @@ def run_gradients(quick: bool, folder: Path) -> dict:
             lines = completed.stdout.strip().splitlines()
             phases[phase] = json.loads(lines[-1]) if lines else {"error": (completed.stderr.strip().splitlines()
                                                                            or ["no output"])[-1]}
-            if "error" in phases[phase]:
-                return {"error": f"{size}² {phase}: {phases[phase]['error']}"}
+        failed = [f"{phase}: {phases[phase]['error']}" for phase in phases if "error" in phases[phase]]
+        if failed:
+            sizes[str(size)] = {"error": "; ".join(failed)}
+            continue
         forward, grad = phases["forward"], phases["grad"]
         eager = {"forward_s": forward["render_s"], "grad_s": grad["render_s"], "backward_s": grad["backward_s"],
                  "setup_grad_s": grad["setup_s"], "peak_rss_mb": max(forward["peak_rss_mb"], grad["peak_rss_mb"])}
@@ -98,7 +100,11 @@ def run_gradients(quick: bool, folder: Path) -> dict:
 def gradients_verdict(record: dict) -> str:
     if "error" in record:
         return "failed: " + record["error"]
-    ratios = [size["eager"]["backward_ratio"] for size in record["result"]["sizes"].values()]
+    sizes = record["result"]["sizes"]
+    failed = [f"{size}² {paths['error']}" for size, paths in sizes.items() if "error" in paths]
+    if failed:
+        return "failed: " + "; ".join(failed)
+    ratios = [paths["eager"]["backward_ratio"] for paths in sizes.values()]
     return "met" if max(ratios) <= MAX_BACKWARD_RATIO else f"missed (backward up to {max(ratios):.1f}× forward)"
 
 
@@ -107,6 +113,9 @@ def gradients_row(name: str, record: dict) -> str:
         return f"| {name} | failed: {record['error']} |"
     parts = []
     for size, paths in record["result"]["sizes"].items():
+        if "error" in paths:
+            parts.append(f"{size}²: failed ({paths['error']})")
+            continue
         eager = paths["eager"]
         parts.append(f"{size}²: forward {eager['forward_s']:.2f} s, with gradients {eager['grad_s']:.2f} s + backward "
                      f"{eager['backward_s']:.2f} s "
