@@ -15,7 +15,8 @@ says which targets each figure meets, and writes everything as JSON. The sweep w
 (`rotation_series`, `collate_10k`) are described in benchmarks/sweep_workloads.py, the dataset workloads
 (`dataset_10k`, `dataset_resume`, `dataset_1024`) in benchmarks/dataset_workloads.py, `cli_answers` in
 benchmarks/answers.py, the detector's (`noise_c`, `noise_philox`) in benchmarks/detector_workloads.py,
-`panels_4x2048` (shots per second of a 4-panel detector) in benchmarks/panel_workloads.py.
+`panels_4x2048` (shots per second of a 4-panel detector) in benchmarks/panel_workloads.py,
+`gradients` in benchmarks/gradient_workloads.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
@@ -38,6 +39,7 @@ from answers import ANSWER_WORKLOADS
 from dataset_workloads import DATASET_WORKLOADS
 from detector_workloads import DETECTOR_WORKLOADS
 from format_workloads import FORMAT_WORKLOADS
+from gradient_workloads import GRADIENT_WORKLOADS
 from model_workloads import MODEL_WORKLOADS
 from panel_workloads import PANEL_WORKLOADS
 from sweep_workloads import SWEEP_WORKLOADS
@@ -45,7 +47,7 @@ from sweep_workloads import SWEEP_WORKLOADS
 from nbsim import workloads
 
 TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS, **DETECTOR_WORKLOADS,
-                   **DATASET_WORKLOADS, **PANEL_WORKLOADS}
+                   **DATASET_WORKLOADS, **PANEL_WORKLOADS, **GRADIENT_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent

@@ -118,13 +118,15 @@ def write_synthetic_batches(folder: Path, batches: int, per_batch: int, size: in
 
 def collate_folder(folder: Path) -> dict:
     """Tables and the collated store of every batch under `folder` (the measured process)."""
-    from nbsim.sweep.collate import TIMING_COLUMNS, point_rows, write_collated_store, write_tables
+    from nbsim.sweep.collate import TIMING_COLUMNS, point_rows, write_collated_store, write_table
+    from nbsim.sweep.report import TIMING_VIEW, write_reader_tables
 
     begin = time.perf_counter()
     records = sorted(folder.glob("*/records.json"))
     rows = point_rows(records, [])
     axes = ["size", "dtype", "device", "compile", "misset_seed"]
-    write_tables(rows, axes, folder / "timing.csv", folder / "timing.md", TIMING_COLUMNS)
+    write_table(rows, axes, folder / "timing.csv", TIMING_COLUMNS)
+    write_reader_tables(rows, axes, TIMING_VIEW, folder / "timing.md", folder / "timing.html", "timing")
     write_collated_store(rows, {p.parent.name: p.parent / "images.zarr" for p in records}, axes,
                          folder / "sweep.zarr")
     return {"points": len(rows), "wall_s": time.perf_counter() - begin,

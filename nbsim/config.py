@@ -142,8 +142,8 @@ class DetectorConfig:
     convention: Convention = "mosflm"
     pivot: Pivot = "beam"
     """Only used by the custom convention; the named conventions fix their own pivot."""
-    beam_x_mm: float | None = None
-    beam_y_mm: float | None = None
+    beam_x_mm: Scalar | None = None
+    beam_y_mm: Scalar | None = None
     close_x_mm: float | None = None
     close_y_mm: float | None = None
     orgx_px: float | None = None

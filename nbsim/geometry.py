@@ -115,17 +115,17 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
     beam, fdet, sdet, odet, twotheta_axis, polar, spindle = vectors
 
     if convention == "adxv":
-        beam_x = (detsize_f + pixel) / 2.0 if math.isnan(beam_x) else beam_x
-        beam_y = (detsize_s - pixel) / 2.0 if math.isnan(beam_y) else beam_y
+        beam_x = (detsize_f + pixel) / 2.0 if math.isnan(scalar_value(beam_x)) else beam_x
+        beam_y = (detsize_s - pixel) / 2.0 if math.isnan(scalar_value(beam_y)) else beam_y
         fbeam, sbeam = beam_x, detsize_s - beam_y
     elif convention in ("mosflm", "denzo"):
-        beam_x = (detsize_s + pixel) / 2.0 if math.isnan(beam_x) else beam_x
-        beam_y = (detsize_f + pixel) / 2.0 if math.isnan(beam_y) else beam_y
+        beam_x = (detsize_s + pixel) / 2.0 if math.isnan(scalar_value(beam_x)) else beam_x
+        beam_y = (detsize_f + pixel) / 2.0 if math.isnan(scalar_value(beam_y)) else beam_y
         shift = 0.5 * pixel if convention == "mosflm" else 0.0
         fbeam, sbeam = beam_y + shift, beam_x + shift
     else:
-        beam_x = close_x if math.isnan(beam_x) else beam_x
-        beam_y = close_y if math.isnan(beam_y) else beam_y
+        beam_x = close_x if math.isnan(scalar_value(beam_x)) else beam_x
+        beam_y = close_y if math.isnan(scalar_value(beam_y)) else beam_y
         fbeam, sbeam = beam_x, beam_y
         if convention == "custom":
             fclose, sclose = beam_x, beam_y
@@ -178,7 +178,7 @@ def _placed(fdet, sdet, odet, pix0, beam, polar, spindle, vertical, ratio, pixel
         vertical=vertical, pixels_f=pixels_f, pixels_s=pixels_s, pixel_size_m=pixel,
         detsize_f_m=detsize_f, detsize_s_m=detsize_s, distance_m=distance, close_distance_m=close_distance,
         requested_distance_m=requested_distance,
-        beam_x_m=beam_x, beam_y_m=beam_y, close_x_m=close_x, close_y_m=close_y,
+        beam_x_m=scalar_value(beam_x), beam_y_m=scalar_value(beam_y), close_x_m=close_x, close_y_m=close_y,
         fbeam_m=float(dot(fdet, beam_hit).detach()), sbeam_m=float(dot(sdet, beam_hit).detach()),
         fclose_m=float(fclose_t.detach()), sclose_m=float(sclose_t.detach()),
         orgx_px=float(fclose_t.detach()) / pixel + 0.5, orgy_px=float(sclose_t.detach()) / pixel + 0.5,

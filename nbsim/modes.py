@@ -44,6 +44,12 @@ class Mode(str, Enum):
         return self.value
 
 
+def compiled_gradients_forced() -> bool:
+    """NBSIM_COMPILE_MODE=jit: a compiled render with gradients compiles its backward too (minutes per
+    structure, docs/kernels.md); otherwise renders with gradients are eager."""
+    return os.environ.get("NBSIM_COMPILE_MODE") == "jit"
+
+
 def choose_mode(compile: Compile | bool | str, device_type: str, needs_grad: bool) -> Mode:
     """EAGER when not compiling; JIT for gradients or non-CPU devices; AOT otherwise (`auto` is asked as
     if compiling). NBSIM_COMPILE_MODE=jit|aot overrides the choice (aot still needs no gradients)."""

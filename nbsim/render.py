@@ -11,8 +11,10 @@ built, or found open. Nothing is built in the background unless asked (`build_mi
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -32,6 +34,8 @@ from .kernel.structure import structure_of
 from .modes import Compile, Mode
 from .setup import Setup, resolve
 from .structure_factors import HKLGrid
+
+log = logging.getLogger(__name__)
 
 # Values held per tile: an eager tile materialises every pixel-step, a compiled tile only the per-pixel
 # terms handed from the first kernel stage to the fused step sum (a single-step kernel writes the image
@@ -88,6 +92,8 @@ class Renderer:
         self.plan = plan_compile(setting, self.device, dtype, needs_grad, self.structure, self.cache)
         self.decision: CompileDecision | None = None if self.plan.pending else self.plan.decide()
         """The settled mode and why (None until `settle` has timed the eager probe of a pending plan)."""
+        if setting is Compile.ON and self.mode is Mode.EAGER:
+            warnings.warn(f"compile on: {self.plan.note}", stacklevel=2)
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
@@ -337,10 +343,14 @@ def simulate(config: SimulationConfig, device: str | torch.device = "cpu", dtype
 
     `compile`: "auto" (compiled when the kernel is cached or building it pays, see nbsim.kernel.policy),
     True/"on" or False/"off". `background_build`: when `auto` rendered eagerly for want of a kernel,
-    start building it in a detached process for later runs (nbsim.kernel.build).
+    start building it in a detached process for later runs (nbsim.kernel.build). Why `auto` chose the
+    mode it did (e.g. eager for gradients) is logged at INFO on `nbsim.render`; a Renderer keeps it as
+    `settle().note`.
     """
     renderer = Renderer(resolve(config), device=device, dtype=dtype, compile=compile)
     image = renderer()
+    if renderer.decision.note:
+        log.info("%s", renderer.decision.note)
     if background_build:
         renderer.build_missing_in_background()
     return image

@@ -184,7 +184,12 @@ def test_auto_uses_a_cached_kernel_and_else_plans_to_build(tmp_path, monkeypatch
     assert (uncached.mode, uncached.pending, len(uncached.missing)) == (Mode.EAGER, Mode.AOT, 1)
     assert plan_compile(Compile.ON, cpu, torch.float32, False, structure, empty).mode is Mode.AOT
     assert plan_compile(Compile.OFF, cpu, torch.float32, False, structure, empty).mode is Mode.EAGER
-    assert plan_compile(Compile.AUTO, cpu, torch.float32, True, structure, empty).pending is Mode.JIT
+    for setting in (Compile.AUTO, Compile.ON):  # gradients: eager, and the note says why
+        with_grad = plan_compile(setting, cpu, torch.float32, True, structure, empty)
+        assert (with_grad.mode, with_grad.pending, with_grad.note[:10]) == (Mode.EAGER, None, "gradients:")
+    monkeypatch.setenv("NBSIM_COMPILE_MODE", "jit")
+    assert plan_compile(Compile.ON, cpu, torch.float32, True, structure, empty).mode is Mode.JIT
+    monkeypatch.delenv("NBSIM_COMPILE_MODE")
     cache = _fake_cache(tmp_path, structure, torch.float32)
     assert not cache.missing(structure, torch.float32, cpu)
     cached = plan_compile(Compile.AUTO, cpu, torch.float32, False, structure, cache)

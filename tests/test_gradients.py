@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
 
 import nbsim
+from nbsim.modes import Mode
+from nbsim.render import Renderer
+from nbsim.setup import resolve
 
 BASE = ("-default_F 100 -cell 70 80 90 80 85 95 -N 3 -lambda 1.2 "
         "-distance 80 -detpixels 3 -pixel 8 -Xbeam 20 -Ybeam 15 -oversample 1").split()
@@ -62,3 +67,52 @@ def test_gradient_flows_to_image_values(base):
     distance = torch.tensor(80.0, dtype=torch.float64, requires_grad=True)
     _image(_with(base, "detector", distance_mm=distance)).sum().backward()
     assert distance.grad is not None and distance.grad.abs() > 0
+
+
+def test_gradient_beam_centre(base):
+    _check(lambda x, y: _with(base, "detector", beam_x_mm=x, beam_y_mm=y), 12.0, 11.0)
+
+
+def test_auto_renders_gradients_eagerly_and_says_so(base, monkeypatch):
+    """`auto` never compiles a backward in the caller's process: it renders eagerly and the decision says why."""
+    monkeypatch.delenv("NBSIM_COMPILE_MODE", raising=False)
+    distance = torch.tensor(80.0, requires_grad=True)
+    renderer = Renderer(resolve(_with(base, "detector", distance_mm=distance)), compile="auto")
+    decision = renderer.settle()
+    assert decision.mode is Mode.EAGER and decision.note.startswith("gradients:")
+    renderer().sum().backward()
+    assert distance.grad is not None and distance.grad.abs() > 0
+
+
+def test_compile_on_with_gradients_warns_and_renders_eagerly(base, monkeypatch):
+    """A compiled backward is not offered (docs/kernels.md): `on` renders eagerly with a warning saying why."""
+    monkeypatch.delenv("NBSIM_COMPILE_MODE", raising=False)
+    distance = torch.tensor(80.0, requires_grad=True)
+    with pytest.warns(UserWarning, match="compile on: gradients: eager render"):
+        renderer = Renderer(resolve(_with(base, "detector", distance_mm=distance)), compile="on")
+    assert renderer.mode is Mode.EAGER
+
+
+def test_tiled_gradient_equals_one_tile(base):
+    """Tiles are checkpointed (recomputed in the backward): the gradient does not depend on the tiling."""
+    config = base.with_options(pixels_f=8, pixels_s=8)
+    grads = []
+    for tile_elements in (8, None):
+        distance = torch.tensor(80.0, dtype=torch.float64, requires_grad=True)
+        setup = resolve(_with(config, "detector", distance_mm=distance))
+        Renderer(setup, dtype=torch.float64, compile="off", tile_elements=tile_elements)().sum().backward()
+        grads.append(distance.grad)
+    assert grads[0] != 0 and torch.allclose(grads[0], grads[1], rtol=1e-12)
+
+
+def test_refinement_example_converges():
+    """docs/examples/refine_geometry.py: ten Adam steps bring distance and beam centre towards the truth."""
+    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "refine_geometry.py"
+    spec = importlib.util.spec_from_file_location("refine_geometry", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    history = example.refine(pixels=64, steps=10)
+    first_loss, last_loss = history[0][0], history[-1][0]
+    assert last_loss < first_loss / 10
+    for name, truth in example.TRUTH.items():
+        assert abs(history[-1][1][name] - truth) < abs(example.START[name] - truth) / 4, name

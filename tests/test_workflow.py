@@ -6,7 +6,9 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -84,16 +86,23 @@ def test_tables_list_every_point(sweep_run):
             assert row["status"] == "ok"
             assert float(row["cold_s"]) > 0 and float(row["warm_median_s"]) > 0
             assert float(row["warm_min_s"]) <= float(row["warm_median_s"]) <= float(row["warm_max_s"])
-            assert float(row["reference_median_s"]) > 0 and float(row["speedup"]) > 0
+            assert float(row["reference_median_s"]) > 0
+            # float64 CPU points are the nbsim reference's own configuration: no speedup
+            assert (row["speedup"] == "") if row["dtype"] == "float64" else float(row["speedup"]) > 0
             assert float(row["peak_rss_mb"]) > 0
         for row in correlation:
             assert row["reference"] == "nbsim-float64-cpu"
             limit = 0.999999 if row["dtype"] == "float64" else 0.99999
             assert float(row["correlation"]) >= limit
+            assert float(row["one_minus_r"]) == pytest.approx(1 - float(row["correlation"]), abs=1e-15)
             assert float(row["max_rel_error"]) <= (1e-5 if row["dtype"] == "float64" else 1e-3)
             assert row["finite"] == "True"
-        assert (tables / "timing.md").read_text().startswith("| point |")
-        assert (tables / "correlation.md").read_text().count("\n") == 6
+        timing_md = (tables / "timing.md").read_text()
+        assert timing_md.startswith("| size | dtype | status |") and "| reference |" in timing_md
+        assert "slurm" not in timing_md and "SLURM" not in timing_md  # empty everywhere: dropped
+        correlation_md = (tables / "correlation.md").read_text()
+        assert correlation_md.count("\n") == 6 and "| 1−r |" in correlation_md
+        assert "<td>reference</td>" in (tables / "timing.html").read_text()
 
 
 @pytest.mark.slow
@@ -147,6 +156,59 @@ def test_plots_and_report(sweep_run):
     result = snakemake(sweep_run, "--report", str(sweep_run / "report.html"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert (sweep_run / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_summary_has_a_row_per_scenario(sweep_run):
+    with open(sweep_run / "results" / "summary.csv") as stream:
+        summary = {row["scenario"]: row for row in csv.DictReader(stream)}
+    assert sorted(summary) == sorted(TINY["scenarios"])
+    for row in summary.values():
+        assert (row["ok"], row["failed"]) == ("4", "0")
+        assert 0 <= float(row["worst_one_minus_r"]) < 1e-5 and float(row["worst_rel_error"]) < 1e-3
+        assert float(row["best_speedup"]) >= float(row["median_speedup"]) > 0
+        assert row["speedup_over"] == "nbsim float64 on the CPU"
+    assert "`seed`_" in (sweep_run / "results" / "summary.rst").read_text()
+
+
+class _VisibleText(HTMLParser):
+    """The text a browser shows: everything outside script, style and template elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.parts = 0, []
+
+    def handle_starttag(self, tag, attrs):
+        self.hidden += tag in ("script", "style", "template")
+
+    def handle_endtag(self, tag):
+        self.hidden -= tag in ("script", "style", "template")
+
+    def handle_data(self, data):
+        if not self.hidden and data.strip():
+            self.parts.append(data.strip())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs headless Chromium (apt-get install chromium)")
+def test_report_front_page_in_a_browser(sweep_run):
+    """Chromium renders report.html (the report is a JavaScript app: its text exists only once rendered); the
+    summary table comes right after the title, before any other text, and a 1280×900 screenshot is written."""
+    report = sweep_run / "report.html"
+    if not report.exists():
+        assert snakemake(sweep_run, "--report", str(report)).returncode == 0
+    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"]
+    dom = subprocess.run([*browser, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120)
+    parser = _VisibleText()
+    parser.feed(dom.stdout)
+    text = parser.parts
+    title = text.index("nbsim sweep report")
+    assert text[title + 1:title + 8] == ["scenario", "points ok / failed", "worst 1−r", "worst relative error",
+                                         "best speedup", "median speedup", "speedup over"]
+    assert {"hkl", "seed"} <= set(text[title + 8:title + 24])
+    screenshot = sweep_run / "report.png"
+    subprocess.run([*browser, f"--screenshot={screenshot}", report.as_uri()], capture_output=True, timeout=120)
+    assert screenshot.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow

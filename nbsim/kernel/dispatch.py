@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import checkpoint
 
 from ..modes import Mode
 from .aot import AotStage
@@ -24,21 +26,34 @@ def kernel_callable(stages: tuple[Stage, ...], options: KernelOptions, mode: Mod
 
     An ahead-of-time CPU kernel writes straight into `out` when it is a contiguous block of image
     rows, so a tile needs no freshly allocated result and no copy; otherwise (and in the other modes)
-    the tile is computed apart and copied in.
+    the tile is computed apart and copied in. A tile whose inputs carry gradients is computed under
+    `torch.utils.checkpoint`: its backward recomputes the tile's steps instead of holding every tile's
+    pixel-step intermediates until the image's backward, so memory stays that of one tile.
     """
     writes_out = mode is Mode.AOT
     runners = [_runner(variant, mode, cache, loads) for variant in StageVariant.of_pipeline(stages, options)]
+
+    def leading_of(rows: torch.Tensor, cols: torch.Tensor, tensors) -> tuple:
+        leading = (rows, cols)
+        for runner in runners[:-1]:
+            leading = (runner(leading, tensors),)
+        return leading
+
+    def tile(rows: torch.Tensor, cols: torch.Tensor, tensors) -> torch.Tensor:
+        return runners[-1](leading_of(rows, cols, tensors), tensors)
 
     def call(rows: torch.Tensor, cols: torch.Tensor, tensors, out: torch.Tensor) -> None:
         n_rows, n_cols = len(rows), len(cols)
         if mode is not Mode.EAGER:
             rows, cols = _at_least_two(rows), _at_least_two(cols)
-        leading = (rows, cols)
-        for runner in runners[:-1]:
-            leading = (runner(leading, tensors),)
         if not writes_out:
-            out.copy_(runners[-1](leading, tensors)[:n_rows, :n_cols])
+            if carries_grad(tensors):
+                values = checkpoint(tile, rows, cols, tensors, use_reentrant=False)
+            else:
+                values = tile(rows, cols, tensors)
+            out.copy_(values[:n_rows, :n_cols])
             return
+        leading = leading_of(rows, cols, tensors)
         direct = out.device.type == "cpu" and out.is_contiguous() and (len(rows), len(cols)) == (n_rows, n_cols)
         target = out if direct else out.new_empty((len(rows), len(cols)))
         runners[-1]((target, *leading), tensors)
@@ -46,6 +61,11 @@ def kernel_callable(stages: tuple[Stage, ...], options: KernelOptions, mode: Mod
             out.copy_(target[:n_rows, :n_cols])
 
     return call
+
+
+def carries_grad(tensors) -> bool:
+    """Does a render with these kernel tensors build an autograd graph?"""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tree_flatten(tensors)[0])
 
 
 def _runner(variant: StageVariant, mode: Mode, cache: KernelCache, loads: KernelLoads) -> Callable:

@@ -159,8 +159,11 @@ def _last_layer_capture(capture_each: torch.Tensor, t: KernelTensors, options: K
 
 def _trace(terms: StepTerms, f_cell: torch.Tensor, running: torch.Tensor, polar: torch.Tensor,
            omega: torch.Tensor, capture: torch.Tensor) -> Trace:
-    return Trace(hkl=tuple(float(v[0, 0, 0, 0, -1]) for v in (terms.h, terms.k, terms.l)),
+    def value(v: torch.Tensor) -> float:
+        return float(v.detach())
+
+    return Trace(hkl=tuple(value(v[0, 0, 0, 0, -1]) for v in (terms.h, terms.k, terms.l)),
                  hkl0=tuple(int(v[0, 0, 0, 0, -1]) for v in (terms.h0, terms.k0, terms.l0)),
-                 f_cell=float(f_cell[0, 0, -1]), f_latt=float(terms.f_latt[0, 0, 0, 0, -1]),
-                 intensity=float(running[0, 0]), polar=float(polar[0, 0]), omega=float(omega[0, 0]),
-                 capture=float(capture[0, 0]))
+                 f_cell=value(f_cell[0, 0, -1]), f_latt=value(terms.f_latt[0, 0, 0, 0, -1]),
+                 intensity=value(running[0, 0]), polar=value(polar[0, 0]), omega=value(omega[0, 0]),
+                 capture=value(capture[0, 0]))

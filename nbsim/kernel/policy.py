@@ -7,6 +7,11 @@ When it is not, the plan is pending: the renderer times the eager kernel on a sm
 `CompilePlan.decide` compiles first only when the estimated build time plus the compiled render is
 shorter than rendering eagerly. Otherwise the render is eager and the decision lists the ahead-of-time
 packages left unbuilt; building them for a later run (nbsim.kernel.build) is the caller's choice.
+
+With gradients (any kernel input requiring grad) the render is eager in every mode, and the decision's
+note says so: nbsim keeps no compiled backward (ahead-of-time packages are forward-only), and building
+one just in time takes minutes per structure and then runs no faster than eager (docs/kernels.md has the
+measurements). NBSIM_COMPILE_MODE=jit still compiles it, to measure it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..modes import Compile, Mode, choose_mode
+from ..modes import Compile, Mode, choose_mode, compiled_gradients_forced
 from .cache import KernelCache
 from .stages import StageVariant, Structure
 
@@ -25,6 +30,8 @@ COMPILED_SPEEDUP = 10.0
 DEFAULT_BUILD_S = {Mode.AOT: 40.0, Mode.JIT: 20.0}
 """Build time assumed per stage before this machine has built one (aot measured 30-42 s on 2 cores)."""
 PROBE_PIXEL_STEPS = 1 << 20
+GRADIENT_NOTE = ("gradients: eager render (a compiled backward is not offered: building it takes minutes and it "
+                 "runs no faster than eager; see docs/kernels.md)")
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class CompilePlan:
     missing: tuple[StageVariant, ...] = ()
     estimated_build_s: float = 0.0
     """Seconds to build what is missing: this machine's past builds per stage when it has any, else a default."""
+    note: str = ""
+    """Why the mode is what it is, when that is not what the setting alone says."""
 
     def compile_pays(self, eager_estimate_s: float) -> bool:
         """Does building, then rendering compiled, beat rendering eagerly?"""
@@ -59,7 +68,7 @@ class CompilePlan:
         """The mode to render in: the plan's own unless it is pending, else compiled when that pays
         given `eager_estimate_s` (the eager render's estimated seconds)."""
         if self.pending is None:
-            return CompileDecision(self.mode)
+            return CompileDecision(self.mode, self.note)
         if eager_estimate_s is None:
             raise ValueError("a pending compile plan needs the eager render's estimated time")
         if self.compile_pays(eager_estimate_s):
@@ -78,6 +87,8 @@ def plan_compile(compile: Compile, device: torch.device, dtype: torch.dtype, nee
     compiled = choose_mode(Compile.ON, device.type, needs_grad)
     if compile is Compile.OFF:
         return CompilePlan(Mode.EAGER, structure, dtype, device)
+    if needs_grad and not compiled_gradients_forced():
+        return CompilePlan(Mode.EAGER, structure, dtype, device, note=GRADIENT_NOTE)
     if compile is Compile.ON:
         return CompilePlan(compiled, structure, dtype, device)
     if compiled is Mode.JIT:

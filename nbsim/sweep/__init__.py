@@ -8,6 +8,7 @@
 * `jobs` — job bodies: build kernels, render and time a batch, render its references;
 * `store` — JSON records and zarr stores, written atomically;
 * `collate` — tables and the collated store, built point by point;
+* `report` — what the report shows a reader: the front page's summary per scenario, rounded tables;
 * `plots` — speedup, warm time and previews;
 * `progress` — a job's log (`logging`) and its progress: points done / total and rate;
 * `draws`, `labels` — random draws as an axis (`sweep.draws`) and a dataset's labels;

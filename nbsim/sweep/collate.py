@@ -35,12 +35,20 @@ TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s"
 REFERENCE_NAMES = {"nbsim-float64-cpu": "nbsim float64 on the CPU", "c": "the C nanoBragg"}
 """How tables and plots name each kind of reference: without a C binary the speedup is over nbsim's
 own float64 image, not over nanoBragg."""
+NBSIM_REFERENCE = "nbsim-float64-cpu"
+
+
+def is_reference_row(row: dict[str, Any]) -> bool:
+    """A float64 CPU point compared with nbsim's float64 CPU reference is the reference's own
+    configuration: its time is not a speedup over anything."""
+    return row.get("reference") == NBSIM_REFERENCE and row.get("dtype") == "float64" and row.get("device") == "cpu"
 
 
 def reference_label(rows: list[dict[str, Any]]) -> str:
     kinds = sorted({str(row["reference"]) for row in rows if row.get("reference")})
     return " / ".join(REFERENCE_NAMES.get(kind, kind) for kind in kinds) or "the reference"
-CORRELATION_COLUMNS = ("correlation", "max_abs_error", "max_rel_error", "sum_ratio", "finite")
+CORRELATION_COLUMNS = ("correlation", "one_minus_r", "max_abs_error", "max_rel_error", "sum_ratio", "finite")
+"""`one_minus_r` is 1 − correlation: what tables show, since every good point's r prints as 1."""
 _BATCH_IDENTITY = ("host", "cpu", "slurm_job_id", "versions", "process_startup_s", "batch")
 LABEL_PREFIX = "label:"
 """Rows carry a point's labels (nbsim.sweep.labels) under this prefix, apart from its axes and metrics."""
@@ -68,11 +76,13 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
             row["bytes_per_image"] = record.get("bytes_per_image")
             row["detector"] = DETECTOR_IMAGE in point.get("images", ())
             row.update({LABEL_PREFIX + key: value for key, value in (point.get("labels") or {}).items()})
-            if timing.get("warm_median_s") and reference_s:
+            if timing.get("warm_median_s") and reference_s and not is_reference_row(row):
                 row["speedup"] = reference_s / timing["warm_median_s"]
             if point["status"] != "ok":
                 row["reason"] = point.get("reason")
             row.update(point.get("comparison") or {})
+            if isinstance(row.get("correlation"), float):
+                row["one_minus_r"] = 1.0 - row["correlation"]
             row["pixel_mm"] = ((point.get("config") or {}).get("detector") or {}).get("pixel_size_mm")
             row["attributes"] = json.dumps({**identity, **{k: v for k, v in point.items()
                                                            if k not in ("axes", "labels")}}, default=str)
@@ -81,27 +91,24 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
 
 
 def _format(value: Any) -> str:
+    """A CSV cell: every digit of a float (the reader's tables round; nbsim.sweep.report)."""
     if value is None:
         return ""
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.6g}"
+        return "nan" if math.isnan(value) else repr(value)
     return str(value)
 
 
-def write_tables(rows: list[dict[str, Any]], axes: list[str], csv_path: Path, md_path: Path,
-                 columns: tuple[str, ...]) -> None:
-    """The same table as CSV and as a Markdown table."""
-    header = ["point", *axes, "status", *[c for c in columns if any(c in r for r in rows)]]
+def write_table(rows: list[dict[str, Any]], axes: list[str], csv_path: Path, columns: tuple[str, ...]) -> None:
+    """The table as CSV: every column that has a value in some row, every digit (the reader's tables, rounded,
+    are nbsim.sweep.report's)."""
+    header = ["point", *axes, "status",
+              *[c for c in columns if any(r.get(c) not in (None, "") for r in rows)]]
     with open(csv_path, "w", newline="") as stream:
         writer = csv.writer(stream)
         writer.writerow(header)
         for row in rows:
             writer.writerow([_format(row.get(c)) for c in header])
-    labels = {"speedup": f"speedup over {reference_label(rows)}"}
-    with open(md_path, "w") as stream:
-        stream.write("| " + " | ".join(labels.get(c, c) for c in header) + " |\n|" + "---|" * len(header) + "\n")
-        for row in rows:
-            stream.write("| " + " | ".join(_format(row.get(c)) for c in header) + " |\n")
 
 
 def label_columns(rows: list[dict[str, Any]]) -> list[str]:

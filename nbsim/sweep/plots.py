@@ -15,10 +15,12 @@ from typing import Any
 import numpy as np
 
 from .collate import reference_label
+from .report import varying_axes
 from .store import open_store_array
 
 SERIES_AXES = ("dtype", "device", "compile")
-MAX_PREVIEWS = 12
+MAX_PREVIEW_COLUMNS = 4
+MAX_PREVIEW_ROWS = 4
 PREVIEW_PIXELS = 256
 
 
@@ -89,29 +91,75 @@ def _series(rows: list[dict], x_axis: str, key: str):
                [max(by_x[x]) for x in xs])
 
 
+def preview_grid(rows: list[dict[str, Any]], axes: list[str]) -> tuple[str, list[Any], list[tuple], list[str]]:
+    """How previews are laid out: columns along the first axis that varies (the detector size when it
+    does), rows along the combinations of the other varying axes, each cut to at most MAX_PREVIEW_COLUMNS
+    and MAX_PREVIEW_ROWS values spread evenly over the sweep. Returns the column axis, its values, the row
+    combinations and the row axes."""
+    varying = varying_axes(rows, axes)
+    column_axis, row_axes = varying[0], varying[1:]
+    columns = _sorted_unique(row[column_axis] for row in rows)
+    combinations = _sorted_unique(tuple(row[a] for a in row_axes) for row in rows)
+    return column_axis, _spread(columns, MAX_PREVIEW_COLUMNS), _spread(combinations, MAX_PREVIEW_ROWS), row_axes
+
+
+def _sorted_unique(values) -> list:
+    return sorted(set(values), key=lambda v: tuple((isinstance(x, str), x) for x in (v if isinstance(v, tuple)
+                                                                                      else (v,))))
+
+
+def _spread(values: list, most: int) -> list:
+    if len(values) <= most:
+        return values
+    return [values[round(i)] for i in np.linspace(0, len(values) - 1, most)]
+
+
+def _short(axis: str, value: Any) -> str:
+    """An axis value as a title names it: the size as 256², dtype/device/compile bare, others as name=value."""
+    if axis == "size":
+        return f"{value}²"
+    if axis in SERIES_AXES:
+        return f"compile {value}" if axis == "compile" else str(value)
+    return f"{axis}={value}"
+
+
 def _previews(rows: list[dict], stores: dict[str, Path], axes: list[str], path: Path, plt) -> None:
-    """Up to MAX_PREVIEWS images spread evenly over the points: block maxima (spots survive), log colour
-    scale from the median to the 99.9th percentile of the positive pixels (background pale, spots dark),
-    a colour bar each, and the point's axis values as the title."""
+    """A grid of images along the sweep's axes (`preview_grid`), each titled with the values of the axes
+    that vary: block maxima (spots survive), log colour scale from the median to the 99.9th percentile of
+    the positive pixels (background pale, spots dark), axes in pixels, a colour bar each."""
     from matplotlib.colors import LogNorm
 
-    chosen = [rows[round(i)] for i in np.linspace(0, len(rows) - 1, min(MAX_PREVIEWS, len(rows)))] if rows else []
-    columns = max(1, min(4, len(chosen)))
-    figure_rows = max(1, math.ceil(len(chosen) / columns))
-    figure, grid = plt.subplots(figure_rows, columns, figsize=(3.6 * columns, 3.4 * figure_rows), squeeze=False)
+    column_axis, columns, combinations, row_axes = preview_grid(rows, axes) if rows else ("size", [], [], [])
+    by_key = {}
+    for row in rows:
+        by_key.setdefault((row[column_axis], tuple(row[a] for a in row_axes)), row)
+    width, height = max(1, len(columns)), max(1, len(combinations))
+    figure, grid = plt.subplots(height, width, figsize=(3.2 * width + 0.4, 3.1 * height), squeeze=False)
     for axis in grid.ravel():
         axis.axis("off")
-    for axis, row in zip(grid.ravel(), chosen, strict=False):
-        image = np.asarray(open_store_array(stores[row["batch"]], "image")[row["index"]], dtype=np.float64)
-        image = block_max(np.concatenate(list(image), axis=1) if image.ndim == 3 else image)  # panels side by side
-        positive = image[image > 0]
-        low, high = (np.percentile(positive, [50, 99.9]) if positive.size else (1.0, 10.0))
-        shown = axis.imshow(np.clip(image, low, None), cmap="gray_r", interpolation="nearest",
-                            norm=LogNorm(vmin=low, vmax=max(high, low * 1.01)))
-        figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
-        title = ", ".join(f"{a}={row[a]}" for a in axes)
-        reduced = "" if image.shape[0] == row["size"] else f" (block max {row['size']}->{image.shape[0]})"
-        axis.set_title(title + reduced, fontsize=6, wrap=True)
+    for r, combination in enumerate(combinations):
+        for c, value in enumerate(columns):
+            row, axis = by_key.get((value, combination)), grid[r, c]
+            if row is None:
+                continue
+            image = np.asarray(open_store_array(stores[row["batch"]], "image")[row["index"]], dtype=np.float64)
+            if image.ndim == 3:  # a multi-panel detector's panels, side by side
+                image = np.concatenate(list(image), axis=1)
+            size_s, size_f = image.shape
+            reduced = block_max(image)
+            positive = reduced[reduced > 0]
+            low, high = (np.percentile(positive, [50, 99.9]) if positive.size else (1.0, 10.0))
+            shown = axis.imshow(np.clip(reduced, low, None), cmap="gray_r", interpolation="nearest",
+                                norm=LogNorm(vmin=low, vmax=max(high, low * 1.01)), extent=(0, size_f, size_s, 0))
+            axis.axis("on")
+            axis.tick_params(labelsize=6)
+            axis.set_xlabel("fast (pixels)", fontsize=6)
+            axis.set_ylabel("slow (pixels)", fontsize=6)
+            figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
+            title = " · ".join(_short(a, row[a]) for a in (column_axis, *row_axes))
+            if reduced.shape != image.shape:
+                title += f" (block max ÷{math.ceil(image.shape[0] / reduced.shape[0])})"
+            axis.set_title(title, fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)

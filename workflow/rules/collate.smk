@@ -19,6 +19,28 @@ rule collate:
         "../scripts/collate.py"
 
 
+rule summary:
+    input:
+        records=all_records,
+        references=all_reference_records,
+    output:
+        rst=f"{RESULTS}/summary.rst",
+        csv=report(
+            f"{RESULTS}/summary.csv",
+            caption="../report/summary.rst",
+            category="summary",
+        ),
+    log:
+        f"{RESULTS}/logs/summary.log",
+    params:
+        by_scenario=records_by_scenario(),
+    localrule: True
+    conda:
+        "../envs/nbsim.yaml"
+    script:
+        "../scripts/summary.py"
+
+
 rule plots:
     input:
         records=lambda w: batch_files(w, "records.json"),

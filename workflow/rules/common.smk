@@ -5,6 +5,7 @@ import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 from nbsim.errors import NbsimError
 from nbsim.modes import Compile
@@ -160,6 +161,12 @@ def collate_outputs():
             subcategory="tables",
         ),
         timing_md=f"{RESULTS}/{{scenario}}/tables/timing.md",
+        timing_html=report(
+            f"{RESULTS}/{{scenario}}/tables/timing.html",
+            caption="../report/timing.rst",
+            category="{scenario}",
+            subcategory="tables",
+        ),
         store=directory(f"{RESULTS}/{{scenario}}/sweep.zarr"),
     )
     if REFERENCE:
@@ -171,6 +178,12 @@ def collate_outputs():
                 subcategory="tables",
             ),
             correlation_md=f"{RESULTS}/{{scenario}}/tables/correlation.md",
+            correlation_html=report(
+                f"{RESULTS}/{{scenario}}/tables/correlation.html",
+                caption="../report/correlation.rst",
+                category="{scenario}",
+                subcategory="tables",
+            ),
         )
     if "draws" in config["sweep"]:
         outputs.update(labels_csv=f"{RESULTS}/{{scenario}}/tables/labels.csv")
@@ -181,14 +194,33 @@ def batch_stores(wildcards):
     return [str(Path(p).with_name("images.zarr")) for p in batch_files(wildcards, "records.json")]
 
 
+def records_by_scenario():
+    """Each scenario's batch and reference records, for the front page's summary."""
+    by_scenario = {}
+    for scenario in config["scenarios"]:
+        wildcards = SimpleNamespace(scenario=scenario)
+        by_scenario[scenario] = {"records": batch_files(wildcards, "records.json"),
+                                 "references": reference_records(wildcards)}
+    return by_scenario
+
+
+def all_records(wildcards):
+    return [path for paths in records_by_scenario().values() for path in paths["records"]]
+
+
+def all_reference_records(wildcards):
+    return [path for paths in records_by_scenario().values() for path in paths["references"]]
+
+
 def all_outputs():
-    outputs = []
+    outputs = [f"{RESULTS}/summary.rst", f"{RESULTS}/summary.csv"]
     for scenario in config["scenarios"]:
         outputs += [
             f"{RESULTS}/{scenario}/tables/timing.csv",
             f"{RESULTS}/{scenario}/tables/timing.md",
-            *([f"{RESULTS}/{scenario}/tables/correlation.csv", f"{RESULTS}/{scenario}/tables/correlation.md"]
-              if REFERENCE else []),
+            f"{RESULTS}/{scenario}/tables/timing.html",
+            *([f"{RESULTS}/{scenario}/tables/correlation.csv", f"{RESULTS}/{scenario}/tables/correlation.md",
+               f"{RESULTS}/{scenario}/tables/correlation.html"] if REFERENCE else []),
             *([f"{RESULTS}/{scenario}/tables/labels.csv"] if "draws" in config["sweep"] else []),
             f"{RESULTS}/{scenario}/sweep.zarr",
             f"{RESULTS}/{scenario}/plots/speedup.png",

@@ -1,4 +1,5 @@
-"""Snakemake script: a scenario's tables and collated store (nbsim.sweep.collate)."""
+"""Snakemake script: a scenario's tables (CSV with every digit; Markdown and HTML rounded for reading) and
+collated store (nbsim.sweep.collate, nbsim.sweep.report)."""
 
 from pathlib import Path
 
@@ -8,17 +9,21 @@ from nbsim.sweep.collate import (
     point_rows,
     write_collated_store,
     write_labels,
-    write_tables,
+    write_table,
 )
 from nbsim.sweep.progress import run_logged
+from nbsim.sweep.report import CORRELATION_VIEW, TIMING_VIEW, write_reader_tables
 
 
 def collate(inputs, outputs, params, scenario) -> None:
     rows = point_rows([Path(p) for p in inputs.records], [Path(p) for p in inputs.references])
-    write_tables(rows, params.axes, Path(outputs.timing_csv), Path(outputs.timing_md), TIMING_COLUMNS)
+    write_table(rows, params.axes, Path(outputs.timing_csv), TIMING_COLUMNS)
+    write_reader_tables(rows, params.axes, TIMING_VIEW, Path(outputs.timing_md), Path(outputs.timing_html),
+                        f"{scenario}: timing")
     if hasattr(outputs, "correlation_csv"):  # a Namedlist: `in` would test its values
-        write_tables(rows, params.axes, Path(outputs.correlation_csv), Path(outputs.correlation_md),
-                     ("reference", *CORRELATION_COLUMNS))
+        write_table(rows, params.axes, Path(outputs.correlation_csv), ("reference", *CORRELATION_COLUMNS))
+        write_reader_tables(rows, params.axes, CORRELATION_VIEW, Path(outputs.correlation_md),
+                            Path(outputs.correlation_html), f"{scenario}: agreement with the reference")
     if hasattr(outputs, "labels_csv"):
         write_labels(rows, Path(outputs.labels_csv))
     stores = {Path(p).parent.name: Path(p) for p in params.stores}
