@@ -252,7 +252,7 @@ def rotation_run(tmp_path_factory):
 @pytest.mark.slow
 def test_points_run_in_batches(rotation_run):
     folder, plan, result = rotation_run
-    assert planned_jobs(plan) == {"simulate": 2, "reference": 2, "collate": 1, "plots": 1, "all": 1}
+    assert planned_jobs(plan) == {"simulate": 2, "reference": 2, "collate": 1, "plots": 1, "summary": 1, "all": 1}
     shown = plan.stdout + plan.stderr
     assert "batch rotation/n12-float32-cpu-compile_off-b0000: 3 points, n12-float32-cpu-compile_off-phi_0.0 .. " \
            "n12-float32-cpu-compile_off-phi_0.2" in shown
@@ -265,7 +265,7 @@ def test_points_run_in_batches(rotation_run):
     assert "collate rotation: 5/5 points" in result.stderr
     with open(folder / "results" / "rotation" / "tables" / "timing.csv") as stream:
         rows = list(csv.DictReader(stream))
-    assert [row["phi"] for row in rows] == ["0", "0.1", "0.2", "0.3", "0.4"]
+    assert [float(row["phi"]) for row in rows] == [0.0, 0.1, 0.2, 0.3, 0.4]
     assert [row["batch"][-5:] for row in rows] == ["b0000", "b0000", "b0000", "b0001", "b0001"]
     records = json.loads((batches[0] / "records.json").read_text())
     [load] = records["kernel_loads"]
@@ -300,7 +300,7 @@ def test_changing_one_value_reruns_only_its_batch(rotation_run):
     changed["sweep"]["extra"]["-phi"] = [0.0, 0.1, 0.2, 0.35, 0.4]
     write_config(folder, changed, "changed.yaml")
     plan = snakemake(folder, "--dry-run", config="changed.yaml")
-    assert planned_jobs(plan) == {"simulate": 1, "reference": 1, "collate": 1, "plots": 1, "all": 1}
+    assert planned_jobs(plan) == {"simulate": 1, "reference": 1, "collate": 1, "plots": 1, "summary": 1, "all": 1}
     assert "rotation/n12-float32-cpu-compile_off-b0001" in plan.stdout + plan.stderr
 
 

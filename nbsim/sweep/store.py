@@ -155,7 +155,7 @@ class BatchStore:
         names[...] = np.asarray(points, dtype=str)
         for name, dtype in self.images.items():
             fill = np.nan if np.dtype(dtype).kind == "f" else 0
-            dimensions = ("point", "panel", "slow", "fast")[-1 - len(image_shape):]
+            dimensions = ("point", *("panel", "slow", "fast")[-len(image_shape):])
             _create_image_array(group, name, dimensions, (len(points), *image_shape), dtype, fill, 0,
                                 BATCH_SHARD_IMAGES)
         group.create_array("done", shape=(len(points),), dtype=np.uint8, chunks=(len(points),),
