@@ -102,15 +102,23 @@ def _outcome(folder: Path, config: dict, wall_s: float) -> dict:
             "load_average_1min": os.getloadavg()[0]}
 
 
-def run_dataset_10k(quick: bool, folder: Path) -> dict:
-    config = _config(quick, folder)
-    work = folder / "dataset_10k"
-    path = _prepare(work, config)
+def _timed_run(work: Path, path: Path) -> tuple[float, str | None]:
+    """Run the sweep in `work` once: its wall seconds, and the last line of its error output if it failed."""
     begin = time.perf_counter()
     completed = subprocess.run(_command(work, path), capture_output=True, text=True, env=_environment())
     wall_s = time.perf_counter() - begin
     if completed.returncode != 0:
-        return {"error": (completed.stderr.strip().splitlines() or ["snakemake failed"])[-1]}
+        return wall_s, (completed.stderr.strip().splitlines() or ["snakemake failed"])[-1]
+    return wall_s, None
+
+
+def run_dataset_10k(quick: bool, folder: Path) -> dict:
+    config = _config(quick, folder)
+    work = folder / "dataset_10k"
+    path = _prepare(work, config)
+    wall_s, error = _timed_run(work, path)
+    if error:
+        return {"error": error}
     result = _outcome(work, config, wall_s)
     _LAST_LABELS["dataset"] = result.pop("labels")
     return {"command": ["snakemake", "--configfile", str(DATASET_CONFIG), "--cores", "2"], "result": result}
@@ -158,11 +166,9 @@ def run_dataset_resume(quick: bool, folder: Path) -> dict:
     finished = {p.parent.name for p in (work / "results").glob("*/batches/*/records.json")}
     # Snakemake's lock outlives a SIGKILL, as after a wall time: unlock, then run again.
     subprocess.run([*_command(work, path), "--unlock"], capture_output=True, text=True, env=_environment())
-    begin = time.perf_counter()
-    completed = subprocess.run(_command(work, path), capture_output=True, text=True, env=_environment())
-    rerun_s = time.perf_counter() - begin
-    if completed.returncode != 0:
-        return {"error": (completed.stderr.strip().splitlines() or ["snakemake rerun failed"])[-1]}
+    rerun_s, error = _timed_run(work, path)
+    if error:
+        return {"error": f"rerun: {error}"}
     result = _outcome(work, config, rerun_s)
     labels = result.pop("labels")
     records = [json.loads(p.read_text()) for p in (work / "results").glob("*/batches/*/records.json")
@@ -189,11 +195,9 @@ def run_dataset_1024(quick: bool, folder: Path) -> dict:
                      batch_size=4 if quick else 20)
     work = folder / "dataset_1024"
     path = _prepare(work, config)
-    begin = time.perf_counter()
-    completed = subprocess.run(_command(work, path), capture_output=True, text=True, env=_environment())
-    wall_s = time.perf_counter() - begin
-    if completed.returncode != 0:
-        return {"error": (completed.stderr.strip().splitlines() or ["snakemake failed"])[-1]}
+    wall_s, error = _timed_run(work, path)
+    if error:
+        return {"error": error}
     result = _outcome(work, config, wall_s)
     result.pop("labels")
     result["render_shots_per_s"] = result["shots"] / result["render_s"] * 2  # two jobs side by side
