@@ -6,10 +6,12 @@ and the sweep's JSON records."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .paths import check_writable, current_umask
@@ -32,14 +34,30 @@ def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
     folder beside `path`, then rename it over `path`; on failure the temporary folder is removed."""
     path = Path(path)
     check_writable(path)
-    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    temporary = folder / path.name
+    folder = None
     try:
+        with _termination_deferred():
+            folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        temporary = folder / path.name
         write(temporary)
         os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            with _termination_deferred():
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _termination_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT held back (this thread's signal mask) while the temporary folder is made and
+    recorded, or removed: a cancel (the worker's SIGTERM, Ctrl-C) lands before or after, never between the
+    folder's creation and its cleanup, which would leave it behind."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
