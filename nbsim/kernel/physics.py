@@ -400,11 +400,14 @@ def _pixels_last(x: torch.Tensor) -> torch.Tensor:
 
 
 def sum_steps(p: PixelTerms, t: KernelTensors,
-              options: KernelOptions) -> torch.Tensor:
+              options: KernelOptions, weighted: bool = True) -> torch.Tensor:
     """Second stage: r_e²·fluence/steps·(I_bg + Σ w_s·F_cell²·F_latt²)·capture·polar·ω for each pixel, (R, C),
-    w_s the source's relative weight (1 but with a spectrum)."""
+    w_s the source's relative weight (1 but with a spectrum). `weighted=False` leaves w_s out: the
+    single-step kernel's one source has relative weight 1 exactly."""
     terms = terms_from_projections(p.projections, p.inverse_path, t, options, pixels_last=True)
-    intensity = torch.square(terms.f_cell * terms.f_latt) * t.source_weight.view(1, -1, 1, 1, 1)
+    intensity = torch.square(terms.f_cell * terms.f_latt)
+    if weighted:
+        intensity = intensity * t.source_weight.view(1, -1, 1, 1, 1)
     if options.use_dmin:
         intensity = intensity * p.valid.unsqueeze(2)
     return p.factor * (t.scalars.background + intensity.sum(dim=(0, 1, 2)))
@@ -413,7 +416,7 @@ def sum_steps(p: PixelTerms, t: KernelTensors,
 def pixel_kernel(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors,
                  options: KernelOptions) -> torch.Tensor:
     """Final pixel values (R, C) for a tile, both stages at once (the single-step kernel)."""
-    return sum_steps(prepare_pixels(rows, cols, t, options, stacked=False), t, options)
+    return sum_steps(prepare_pixels(rows, cols, t, options, stacked=False), t, options, weighted=False)
 
 
 def steps_out_of_range(p: PixelTerms, t: KernelTensors,
