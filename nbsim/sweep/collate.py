@@ -152,7 +152,9 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
             values = grid[name].values if name in grid else np.full(shape, None)
             text = np.vectorize(lambda v: "" if pd.isna(v) else str(v), otypes=[object])(values)
             store.variable(name, tuple(axes), shape, str, data=text)
-        pixels = _image_shape(rows, stores)
+        image_arrays = {batch: open_store_array(stores[batch], "image")
+                        for batch in dict.fromkeys(row["batch"] for row in rows if row["status"] == "ok")}
+        pixels = _image_shape(rows, image_arrays)
         pixel_mm = grid["pixel_mm"].values.astype(np.float64) if "pixel_mm" in grid else np.full(shape, np.nan)
         store.variable("pixel_mm", tuple(axes), shape, np.float64, data=pixel_mm)
         for dimension, count in zip(IMAGE_DIMENSIONS[-len(pixels):], pixels, strict=True):
@@ -164,7 +166,7 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
                 store.coordinate(f"{dimension}_mm", ((np.arange(count) + 0.5) * next(iter(sizes_mm))).tolist(),
                                  dimension=dimension)
             coordinates += ["slow_mm", "fast_mm"]
-        for image in _copy_images(store, rows, grid, axes, stores, pixels, label):
+        for image in _copy_images(store, rows, grid, axes, stores, image_arrays, pixels, label):
             image.attrs["coordinates"] = " ".join(coordinates)
         store.commit()
 
@@ -195,11 +197,10 @@ def _write_labels(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Datas
 IMAGE_DIMENSIONS = ("panel", "slow", "fast")
 
 
-def _image_shape(rows: list[dict[str, Any]], stores: dict[str, Path]) -> tuple[int, ...]:
+def _image_shape(rows: list[dict[str, Any]], image_arrays: dict[str, Any]) -> tuple[int, ...]:
     """The collated image's trailing shape: the largest (slow, fast), or (panel, slow, fast), of the batch
-    stores' images (each store's metadata read once)."""
-    shapes = [open_store_array(stores[batch], "image").shape[1:]
-              for batch in dict.fromkeys(row["batch"] for row in rows if row["status"] == "ok")]
+    stores' images (`image_arrays`: each batch's opened `image` array)."""
+    shapes = [array.shape[1:] for array in image_arrays.values()]
     if not shapes:
         largest = int(max(row["size"] for row in rows))
         return (largest, largest)
@@ -210,7 +211,8 @@ def _image_shape(rows: list[dict[str, Any]], stores: dict[str, Path]) -> tuple[i
 
 
 def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Dataset, axes: list[str],
-                 stores: dict[str, Path], pixels: tuple[int, ...], label: str) -> list:
+                 stores: dict[str, Path], image_arrays: dict[str, Any], pixels: tuple[int, ...],
+                 label: str) -> list:
     """`image` (float32; with a detector stage also `detector_image`, 16-bit ADU) over the axes plus the
     image's own dimensions (`pixels`: slow, fast or panel, slow, fast), sharded along the last axis and
     written one shard at a time (each shard file written once), each shard's images read from a batch store
@@ -224,19 +226,21 @@ def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Datase
     for kind, dtype in kinds.items():
         target = store.image_variable(kind, (*axes, *IMAGE_DIMENSIONS[-len(pixels):]), shape, dtype,
                                       shard_axis=len(axes) - 1)
-        _copy_kind(target, ok, kind, axes, indexes, stores, progress)
+        opened = dict(image_arrays) if kind == "image" else {}
+        _copy_kind(target, ok, kind, axes, indexes, stores, opened, progress)
         targets.append(target)
     return targets
 
 
 def _copy_kind(target, rows: list[dict[str, Any]], kind: str, axes: list[str], indexes: dict,
-               stores: dict[str, Path], progress: Progress) -> None:
+               stores: dict[str, Path], arrays: dict[str, Any], progress: Progress) -> None:
+    """Each shard of `target` filled from the batch stores' `kind` arrays (`arrays`: those already open, by
+    batch; the others are opened once, on first use)."""
     per_shard = target.shards[len(axes) - 1]
     blocks: dict[tuple, list[tuple[tuple[int, ...], dict]]] = {}
     for row in rows:
         where = tuple(indexes[axis].get_loc(row[axis]) for axis in axes)
         blocks.setdefault((*where[:-1], where[-1] // per_shard), []).append((where, row))
-    arrays: dict[str, Any] = {}
     for (*outer, block), members in blocks.items():
         first = block * per_shard
         stop = min(first + per_shard, target.shape[len(axes) - 1])
