@@ -179,9 +179,36 @@ class KernelInputs:
     """The inputs with the unrotated crystal's orientations (the phi-step quirk), or None."""
 
 
-def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) -> KernelInputs:
+class TableTensors(NamedTuple):
+    """The structure-factor table as kernel inputs: the padded grid (flat), its (h, k, l) sizes (int32),
+    and the file's index range."""
+
+    grid: torch.Tensor
+    grid_extent: torch.Tensor
+    grid_min: torch.Tensor
+    grid_max: torch.Tensor
+
+
+def table_tensors(setup: Setup, device: str | torch.device, dtype: torch.dtype) -> TableTensors:
+    """The setup's HKL grid on the device (a zero table without one): built once, reused by callers that
+    make kernel inputs for many values of the same set-up (a fit)."""
+    device = torch.device(device)
+    if setup.grid is not None:
+        padded = setup.grid.padded(setup.config.structure.default_F)
+        grid = torch.as_tensor(padded.reshape(-1), dtype=dtype, device=device)
+        grid_min, grid_max, grid_extent = setup.grid.index_min, setup.grid.index_max, padded.shape
+    else:
+        grid = torch.zeros(1, dtype=dtype, device=device)
+        grid_min, grid_max, grid_extent = (0, 0, 0), (0, 0, 0), (1, 1, 1)
+    return TableTensors(grid=grid, grid_extent=torch.tensor(grid_extent, dtype=torch.int32, device=device),
+                        grid_min=torch.as_tensor(grid_min, dtype=torch.float64).to(device=device, dtype=dtype),
+                        grid_max=torch.as_tensor(grid_max, dtype=torch.float64).to(device=device, dtype=dtype))
+
+
+def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype,
+                  table: TableTensors | None = None) -> KernelInputs:
     """Precompute (in float64, keeping gradients) everything that does not depend on the pixel, and cast
-    it to the compute device and dtype."""
+    it to the compute device and dtype. `table`: the setup's table_tensors, where the caller holds them."""
     device = torch.device(device)
     g = setup.geometry
     config = setup.config
@@ -215,13 +242,7 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
                     beam_terms=to(torch.stack([(incident @ cells_A[:, v, :].T) * inv_wavelength.unsqueeze(-1)
                                                for v in range(3)])))
 
-    if setup.grid is not None:
-        padded = setup.grid.padded(config.structure.default_F)
-        grid = torch.as_tensor(padded.reshape(-1), dtype=dtype, device=device)
-        grid_min, grid_max, grid_extent = setup.grid.index_min, setup.grid.index_max, padded.shape
-    else:
-        grid = torch.zeros(1, dtype=dtype, device=device)
-        grid_min, grid_max, grid_extent = (0, 0, 0), (0, 0, 0), (1, 1, 1)
+    table = table or table_tensors(setup, device, dtype)
     beam = config.beam
     scalars = Scalars(
         pixel_size_m=to(g.pixel_size_m), distance_m=to(g.distance_m), close_distance_m=to(g.close_distance_m),
@@ -233,9 +254,8 @@ def kernel_inputs(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
         last_layer_substep=torch.tensor([(layers - 1) * substeps_per_layer], dtype=torch.int64, device=device),
         frame=to(torch.stack([g.fdet, g.sdet, g.beam])), **orientation(setup.cells_A), incident=projection(incident),
         odet=projection(g.odet.unsqueeze(0)), polar_e=projection(polar_e), polar_b=projection(polar_b),
-        inv_wavelength=to(inv_wavelength), source_weight=to(setup.sources.relative_weights), grid=grid,
-        grid_extent=torch.tensor(grid_extent, dtype=torch.int32, device=device), grid_min=to(grid_min),
-        grid_max=to(grid_max), n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A),
+        inv_wavelength=to(inv_wavelength), source_weight=to(setup.sources.relative_weights), **table._asdict(),
+        n_cells=to(setup.n_cells), reciprocal=to(setup.lattice.reciprocal_per_A),
         scalars=scalars)
     first = None
     if setup.first_evaluation_cells_A is not None:

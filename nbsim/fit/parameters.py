@@ -1,0 +1,180 @@
+"""What a fit refines, and how: the refinable quantities by name, their reparametrisation (bounds by
+construction: positive quantities as logarithms), the unit cell's free parameters for its lattice system,
+and the orientation as a small rotation vector about the starting orientation.
+
+The optimiser sees one flat vector of dimensionless numbers, each a "typical step" of its quantity (a
+hundredth of a degree of rotation, a ten-thousandth of a cell length...), so that the first L-BFGS steps
+are of sensible size whatever the units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..crystal import reciprocal_from_cell
+from ..errors import NbsimError
+
+REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "wavelength", "background")
+"""Names `--refine` takes, in the order they are reported."""
+
+DETECTOR = ("distance", "beam")
+"""Quantities of the detector (and shared across images unless asked otherwise)."""
+
+PER_IMAGE_ONLY = ("orientation", "scale", "background")
+"""Quantities that belong to one image and cannot be shared."""
+
+ANGLE_TOLERANCE_DEG = 1e-3
+LENGTH_TOLERANCE = 1e-4
+
+
+def check_names(names: list[str], what: str) -> list[str]:
+    """Names of refinable quantities, checked (an unknown name is an input error naming the choices)."""
+    unknown = [name for name in names if name not in REFINABLE]
+    if unknown:
+        raise NbsimError(f"unknown {what} parameter {unknown[0]!r}: choose from {', '.join(REFINABLE)}")
+    return names
+
+
+@dataclass(frozen=True)
+class LatticeSystem:
+    """A lattice system's free cell parameters: `free` indexes (a, b, c, alpha, beta, gamma), and `tied`
+    says which entry each of the six copies (a = b = c for cubic)."""
+
+    name: str
+    free: tuple[int, ...]
+    tied: tuple[int, ...]
+
+
+LATTICE_SYSTEMS = {
+    "cubic": LatticeSystem("cubic", (0,), (0, 0, 0, -1, -1, -1)),
+    "tetragonal": LatticeSystem("tetragonal", (0, 2), (0, 0, 2, -1, -1, -1)),
+    "hexagonal": LatticeSystem("hexagonal", (0, 2), (0, 0, 2, -1, -1, -1)),
+    "rhombohedral": LatticeSystem("rhombohedral", (0, 3), (0, 0, 0, 3, 3, 3)),
+    "orthorhombic": LatticeSystem("orthorhombic", (0, 1, 2), (0, 1, 2, -1, -1, -1)),
+    "monoclinic": LatticeSystem("monoclinic", (0, 1, 2, 4), (0, 1, 2, -1, 4, -1)),
+    "triclinic": LatticeSystem("triclinic", (0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5)),
+}
+"""-1 in `tied`: the angle stays at its starting value (90° or 120°)."""
+
+
+def lattice_system(cell: tuple[float, ...], name: str | None = None) -> LatticeSystem:
+    """The lattice system a cell's metric shows (or the one named, checked against the cell)."""
+    a, b, c, alpha, beta, gamma = cell
+
+    def same(x: float, y: float) -> bool:
+        return abs(x - y) <= LENGTH_TOLERANCE * max(x, y)
+
+    def right(angle: float, value: float = 90.0) -> bool:
+        return abs(angle - value) <= ANGLE_TOLERANCE_DEG
+
+    if name is not None:
+        if name not in LATTICE_SYSTEMS:
+            raise NbsimError(f"unknown lattice system {name!r}: choose from {', '.join(LATTICE_SYSTEMS)}")
+        return LATTICE_SYSTEMS[name]
+    if right(alpha) and right(beta) and right(gamma):
+        if same(a, b) and same(b, c):
+            return LATTICE_SYSTEMS["cubic"]
+        return LATTICE_SYSTEMS["tetragonal" if same(a, b) else "orthorhombic"]
+    if same(a, b) and right(alpha) and right(beta) and right(gamma, 120.0):
+        return LATTICE_SYSTEMS["hexagonal"]
+    if same(a, b) and same(b, c) and abs(alpha - beta) <= ANGLE_TOLERANCE_DEG and abs(beta - gamma) <= ANGLE_TOLERANCE_DEG:
+        return LATTICE_SYSTEMS["rhombohedral"]
+    if right(alpha) and right(gamma):
+        return LATTICE_SYSTEMS["monoclinic"]
+    return LATTICE_SYSTEMS["triclinic"]
+
+
+def cell_from_free(start_cell: torch.Tensor, system: LatticeSystem, free_values: torch.Tensor) -> torch.Tensor:
+    """The six cell parameters (Å, degrees) from the system's free ones; tied angles keep their start."""
+    entries = [free_values[system.free.index(index)] if index >= 0 else start_cell[position]
+               for position, index in enumerate(system.tied)]
+    return torch.stack(entries)
+
+
+def real_vectors(cell_A_deg: torch.Tensor) -> torch.Tensor:
+    """Real cell vectors (rows, Å) of a cell in nanoBragg's default orientation (a* along x)."""
+    reciprocal, _, _ = reciprocal_from_cell(tuple(cell_A_deg.unbind()))
+    return torch.linalg.inv(reciprocal).T
+
+
+def rotation_matrix(rotation_rad: torch.Tensor) -> torch.Tensor:
+    """The rotation by |v| about v/|v| (Rodrigues), smooth through v = 0."""
+    angle_sqr = (rotation_rad * rotation_rad).sum()
+    small = angle_sqr < 1e-12
+    safe = torch.where(small, torch.ones_like(angle_sqr), angle_sqr)
+    angle = torch.sqrt(safe)
+    sin_term = torch.where(small, 1.0 - angle_sqr / 6.0, torch.sin(angle) / angle)
+    cos_term = torch.where(small, 0.5 - angle_sqr / 24.0, (1.0 - torch.cos(angle)) / safe)
+    x, y, z = rotation_rad.unbind()
+    zero = torch.zeros_like(x)
+    skew = torch.stack([torch.stack([zero, -z, y]), torch.stack([z, zero, -x]), torch.stack([-y, x, zero])])
+    return torch.eye(3, dtype=rotation_rad.dtype) + sin_term * skew + cos_term * (skew @ skew)
+
+
+def starting_rotation(cell_A_deg: torch.Tensor, real_A: torch.Tensor) -> torch.Tensor:
+    """U with real_A = real_vectors(cell) · Uᵀ: the starting orientation, as the rotation nearest to the
+    exact map (a MOSFLM matrix's rounding leaves it a hair from orthogonal)."""
+    exact = torch.linalg.solve(real_vectors(cell_A_deg), real_A).T
+    left, _, right = torch.linalg.svd(exact)
+    return left @ right
+
+
+def misorientation_deg(a_matrix: torch.Tensor, reference: torch.Tensor) -> float:
+    """The angle (degrees) of the rotation nearest to the map between two A matrices (rows a*, b*, c*):
+    how far apart two orientations are, free of their cells' difference."""
+    exact = torch.linalg.solve(reference.to(torch.float64), a_matrix.to(torch.float64)).T
+    left, _, right = torch.linalg.svd(exact)
+    rotation = left @ right
+    cosine = (torch.trace(rotation) - 1.0) / 2.0
+    return math.degrees(math.acos(max(-1.0, min(1.0, float(cosine)))))
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One refinable quantity's layout: its length in the flat vector, its typical step, and whether it is
+    refined on a logarithmic scale (positive by construction)."""
+
+    name: str
+    size: int
+    step: float
+    log: bool
+
+
+def quantity(name: str, system: LatticeSystem) -> Quantity:
+    """The layout of a refinable quantity (the cell's size follows the lattice system)."""
+    if name == "orientation":
+        return Quantity(name, 3, math.radians(0.01), log=False)
+    if name == "cell":
+        return Quantity(name, len(system.free), 1e-4, log=True)
+    if name == "N":
+        return Quantity(name, 3, 0.02, log=True)
+    if name in ("mosaic", "scale"):
+        return Quantity(name, 1, 0.05, log=True)
+    if name == "distance":
+        return Quantity(name, 1, 0.01, log=False)
+    if name == "beam":
+        return Quantity(name, 2, 0.005, log=False)
+    if name == "wavelength":
+        return Quantity(name, 1, 1e-5, log=True)
+    if name == "background":
+        return Quantity(name, 1, 0.05, log=True)
+    raise NbsimError(f"unknown parameter {name!r}")
+
+
+def to_natural(start: torch.Tensor, internal: torch.Tensor, q: Quantity, system: LatticeSystem) -> torch.Tensor:
+    """A quantity's value from its start and its internal (dimensionless) coordinates. The cell's angles
+    move additively in steps of 0.01°, its lengths multiplicatively."""
+    if q.name == "cell":
+        values = []
+        for position, index in enumerate(system.free):
+            if index < 3:
+                values.append(start[position] * torch.exp(internal[position] * q.step))
+            else:
+                values.append(start[position] + internal[position] * 0.01)
+        return torch.stack(values)
+    if q.log:
+        return start * torch.exp(internal * q.step)
+    return start + internal * q.step
