@@ -117,7 +117,7 @@ def export_series(store: Path, size: int | None, nxmx_path: Path | None, cbf_pre
     def counts(frame: int) -> np.ndarray:
         return integer_image(np.asarray(images[frame].values, dtype=np.float32), setup, scale, adc)
 
-    record = experiment_record(setup, noise_seed=None)
+    record = replace(experiment_record(setup, noise_seed=None), adc_offset_adu=adc)
     print(f"exporting {frames} frames of {images.shape[-1]}x{images.shape[-2]} pixels, omega "
           f"{omega_deg[0]:g} to {omega_deg[-1]:g} deg, intfile_scale = {scale:g}")
     if cbf_prefix is not None:

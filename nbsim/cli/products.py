@@ -223,7 +223,8 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
         modules=tuple(DetectorModule(panel.name, p.pixel_size_m, p.pixels_f, p.pixels_s, _plain(p.pix0_m),
                                      _plain(p.fdet), _plain(p.sdet))
                       for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)),
-        spectrum=beam.spectrum)
+        spectrum=beam.spectrum, adc_offset_adu=setup.config.response.adc_offset_adu,
+        gain_adu_per_photon=setup.config.response.gain_adu_per_photon if noise_seed is not None else 1.0)
 
 
 def _table_notes(setup: Setup) -> tuple[str, ...]:

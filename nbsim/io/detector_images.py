@@ -75,6 +75,10 @@ class ExperimentRecord:
     """The panels of a multi-panel detector (empty: the one panel the fields above describe)."""
     spectrum: tuple[tuple[float, float], ...] | None = None
     """The -spectrumfile channels, (wavelength in Å, weight), or None for one wavelength."""
+    adc_offset_adu: float = 0.0
+    """What the counts carry on top of the photons' ADU (nanoBragg's -adc)."""
+    gain_adu_per_photon: float = 1.0
+    """ADU per photon of the counts (1 for -intfile counts, which are scaled photons)."""
 
 
 def _unit(vector: np.ndarray, what: str) -> np.ndarray:
@@ -120,9 +124,15 @@ def mini_cbf_header(record: ExperimentRecord, start_time: datetime.datetime) -> 
         "nbsim unit_cell " + " ".join(f"{v:.10g}" for v in r.unit_cell_A_deg),
         *(f"nbsim A_matrix_per_A {row} " + _triple(values) for row, values in zip("abc", r.a_matrix_per_A,
                                                                                   strict=True)),
-        *(f"nbsim {note}" for note in r.notes),
+        *(f"nbsim {note}" for note in (*r.notes, *response_lines(r))),
     ]
     return "\n".join(f"# {line}" for line in lines if line is not None)
+
+
+def response_lines(record: ExperimentRecord) -> tuple[str, str]:
+    """The detector response of the counts, as the header (and NXmx notes) record it for readers of the
+    counts (nbsim.io.observed): `adc_offset_adu X`, `gain_adu_per_photon G`."""
+    return (f"adc_offset_adu {record.adc_offset_adu:.10g}", f"gain_adu_per_photon {record.gain_adu_per_photon:.10g}")
 
 
 def _triple(values) -> str:
@@ -285,6 +295,6 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             if written != shape[0]:
                 raise NbsimError(f"{written} frames for {shape[0]} omega values")
             detector["data"] = h5py.SoftLink("/entry/data/data")
-            entry["notes"] = "\n".join(r.notes)
+            entry["notes"] = "\n".join((*r.notes, *response_lines(r)))
 
     atomic_write_with(path, write)

@@ -1,0 +1,317 @@
+"""Observed images for fitting: one detector frame as float64 counts with the ADC offset taken off, and
+what its header says of the detector's response (gain, saturation).
+
+`read_observed(spec)` tells the format by content (and the raw float image by elimination):
+
+* nanoBragg's SMV (`-intfile`, `-noisefile`): 16-bit pixels; nanoBragg's header does not record its `-adc`
+  offset, so 40 (nanoBragg's default) is taken off unless the header has IMAGE_PEDESTAL (ADSC's) or the
+  caller gives `adc_offset_adu`; GAIN and SATURATED_VALUE are read where present (else 1 and 65535, the
+  largest 16-bit value, where nanoBragg clamps);
+* miniCBF (fabio): `Count_cutoff` is the saturation; nbsim's own header records its ADC offset and gain
+  (`# nbsim adc_offset_adu 40`, `# nbsim gain_adu_per_photon 1`), other detectors' offset is 0;
+* NXmx (HDF5, h5py): `FILE` is the first frame, `FILE#N` frame N (from 0); the detector's
+  saturation_value, nbsim's offset and gain from the entry's notes;
+* a shot of a sweep's store (zarr): `STORE#POINT`, a batch store (`images.zarr`) by point name or index, a
+  collated `sweep.zarr` by point name or by `axis=value,...` (axes with one value need not be named): the
+  detector stage's `detector_image` (ADU, offset and gain from the point's configuration) where the store
+  has one, else the noise-free `image` (photons);
+* raw float32 (`-floatfile`): native-endian, slow-major; needs `shape` (slow, fast), and its byte count must
+  match.
+
+Errors (missing file, unknown format, a size that does not match `shape`, a frame or point that is not
+there) are one-line `InputFileError`s naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputFileError
+from .images import SMV_HEADER_BYTES, read_smv
+
+NANOBRAGG_ADC_OFFSET_ADU = 40.0
+"""nanoBragg's default `-adc`: what its SMV images carry on top of the counts (its header does not say)."""
+SMV_SATURATION_ADU = 65535.0
+"""The largest value of an SMV image's 16-bit pixel: nanoBragg clamps there."""
+NBSIM_RESPONSE_PATTERN = re.compile(r"^(?:# )?(?:nbsim )?(adc_offset_adu|gain_adu_per_photon) (\S+)\s*$", re.M)
+"""The lines of nbsim's miniCBF header and NXmx notes that record the detector response."""
+RAW_FLOAT_SUFFIXES = (".bin", ".raw", ".float")
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class ObservedImage:
+    """One observed frame: counts in ADU with the ADC offset subtracted, and the detector's response."""
+
+    name: str
+    """The image as the user gave it (path, and frame or point), for reports."""
+    counts: np.ndarray
+    """float64 (slow, fast), or (panels, slow, fast) for a multi-panel NXmx frame; the ADC offset subtracted."""
+    adc_offset_adu: float
+    """What was subtracted (0 for photon-counting formats)."""
+    gain_adu_per_photon: float
+    """From the header where the format records it, else 1."""
+    overload_adu: float | None
+    """The saturation value as the file records it (before the offset is subtracted); None if not recorded."""
+
+    def unusable(self) -> np.ndarray:
+        """Pixels that carry no measurement: at or above the saturation value, negative in the file (a
+        photon counter's gaps and bad pixels), or 0 in a file with an ADC offset (outside nanoBragg's ROI,
+        clamped, or dead)."""
+        raw = self.counts + self.adc_offset_adu
+        bad = raw < 0
+        if self.overload_adu is not None:
+            bad |= raw >= self.overload_adu
+        if self.adc_offset_adu > 0:
+            bad |= raw == 0
+        return bad
+
+
+def read_observed(spec: str, shape: tuple[int, int] | None = None,
+                  adc_offset_adu: float | None = None) -> ObservedImage:
+    """The frame `spec` names (see the module's docstring). `shape`: the (slow, fast) pixels the caller
+    expects (required for raw float; checked for every format); `adc_offset_adu`: the offset to subtract,
+    overriding what the file says or the format's default."""
+    path, selector = _split(spec)
+    if path.is_dir():
+        if not (path / "zarr.json").is_file():
+            raise InputFileError(str(path), "is a folder but not a zarr store of a sweep")
+        image = _read_store(spec, path, selector)
+    else:
+        image = _read_file(spec, path, selector, shape)
+    if adc_offset_adu is not None:
+        if not math.isfinite(adc_offset_adu):
+            raise InputFileError(spec, f"the ADC offset must be finite (got {adc_offset_adu:g})")
+        image = ObservedImage(image.name, image.counts + image.adc_offset_adu - adc_offset_adu, float(adc_offset_adu),
+                              image.gain_adu_per_photon, image.overload_adu)
+    if shape is not None and tuple(image.counts.shape[-2:]) != tuple(shape):
+        raise InputFileError(spec, f"the image has {_size(image.counts.shape[-2:])} pixels (slow x fast), the "
+                                   f"model {_size(shape)}")
+    return image
+
+
+def _size(shape) -> str:
+    return " x ".join(str(int(n)) for n in shape)
+
+
+def _split(spec: str) -> tuple[Path, str | None]:
+    """The path and the part after its last '#' (a frame or point), unless the whole spec names a file."""
+    if Path(spec).exists() or "#" not in spec:
+        return Path(spec), None
+    path, selector = spec.rsplit("#", 1)
+    return Path(path), selector
+
+
+def _read_file(spec: str, path: Path, selector: str | None, shape: tuple[int, int] | None) -> ObservedImage:
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(SMV_HEADER_BYTES)
+    except FileNotFoundError:
+        raise InputFileError(str(path), "no such file") from None
+    except OSError as error:
+        raise InputFileError(str(path), error.strerror or "cannot be read") from None
+    if head.startswith(_HDF5_MAGIC):
+        return _read_nxmx(spec, path, selector)
+    if selector is not None:
+        raise InputFileError(spec, "only NXmx files and sweep stores hold several images (FILE#N)")
+    if head.startswith(b"{\nHEADER_BYTES"):
+        return _read_smv(spec, path)
+    if head.startswith(b"###CBF") or b"_array_data" in head:
+        return _read_mini_cbf(spec, path)
+    if shape is not None or path.suffix.lower() in RAW_FLOAT_SUFFIXES:
+        return _read_raw_float(spec, path, shape)
+    raise InputFileError(str(path), "unknown image format (not SMV, miniCBF, NXmx or a sweep store; a raw float "
+                                    "image needs its shape)")
+
+
+def _read_smv(spec: str, path: Path) -> ObservedImage:
+    header, pixels = read_smv(path)
+    pedestal = header.last_value("IMAGE_PEDESTAL")
+    adc = NANOBRAGG_ADC_OFFSET_ADU if pedestal is None else pedestal
+    gain = header.last_value("GAIN")
+    saturation = header.last_value("SATURATED_VALUE")
+    return ObservedImage(spec, pixels.astype(np.float64) - adc, adc, gain if gain else 1.0,
+                         saturation if saturation else SMV_SATURATION_ADU)
+
+
+def _response_records(text: str) -> dict[str, float]:
+    """nbsim's adc_offset_adu and gain_adu_per_photon lines in a header or notes text."""
+    return {key: float(value) for key, value in NBSIM_RESPONSE_PATTERN.findall(text)}
+
+
+def _read_mini_cbf(spec: str, path: Path) -> ObservedImage:
+    import fabio
+
+    try:
+        image = fabio.open(str(path))
+    except Exception as error:  # fabio raises many kinds for a damaged file
+        raise InputFileError(str(path), f"not a readable CBF ({type(error).__name__}: {error})") from None
+    contents = str(image.header.get("_array_data.header_contents", ""))
+    response = _response_records(contents)
+    cutoff = re.search(r"^#\s*Count_cutoff\s+(\S+)", contents, re.M)
+    adc = response.get("adc_offset_adu", 0.0)
+    return ObservedImage(spec, np.asarray(image.data, dtype=np.float64) - adc, adc,
+                         response.get("gain_adu_per_photon", 1.0), float(cutoff[1]) if cutoff else None)
+
+
+def _read_nxmx(spec: str, path: Path, selector: str | None) -> ObservedImage:
+    import h5py
+
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as error:
+        raise InputFileError(str(path), f"not a readable HDF5 file ({error})") from None
+    with handle:
+        entry = _nx_child(handle, "NXentry")
+        if entry is None:
+            raise InputFileError(str(path), "an HDF5 file without an NXentry (not NXmx)")
+        data = _nx_child(entry, "NXdata")
+        signal = data.attrs.get("signal", "data") if data is not None else None
+        if isinstance(signal, bytes):
+            signal = signal.decode()
+        if data is None or signal not in data:
+            raise InputFileError(str(path), "NXmx without image data (no NXdata signal)")
+        frames = data[signal]
+        index = _frame_index(spec, selector, frames.shape[0] if frames.ndim > 2 else 1)
+        counts = np.asarray(frames[index] if frames.ndim > 2 else frames[()], dtype=np.float64)
+        detector = _nx_child(entry["instrument"], "NXdetector") if "instrument" in entry else None
+        saturation = (float(np.asarray(detector["saturation_value"][()]).reshape(-1)[0])
+                      if detector is not None and "saturation_value" in detector else None)
+        notes = entry["notes"][()] if "notes" in entry else b""
+    response = _response_records(notes.decode() if isinstance(notes, bytes) else str(notes))
+    adc = response.get("adc_offset_adu", 0.0)
+    return ObservedImage(spec, counts - adc, adc, response.get("gain_adu_per_photon", 1.0), saturation)
+
+
+def _nx_child(group, nx_class: str):
+    """The first member of `group` of the NeXus class (its `default` first), or None."""
+    names = list(group)
+    default = group.attrs.get("default")
+    default = default.decode() if isinstance(default, bytes) else default
+    if default in names:
+        names.insert(0, default)
+    for name in names:
+        member = group.get(name)
+        found = member.attrs.get("NX_class") if member is not None else None
+        if (found.decode() if isinstance(found, bytes) else found) == nx_class:
+            return member
+    return None
+
+
+def _frame_index(spec: str, selector: str | None, frames: int) -> int:
+    if selector is None:
+        return 0
+    if not re.fullmatch(r"\d+", selector):
+        raise InputFileError(spec, f"frame '{selector}' is not a number (FILE#N, N from 0)")
+    if int(selector) >= frames:
+        raise InputFileError(spec, f"no frame {selector}: the file holds {frames} (numbered from 0)")
+    return int(selector)
+
+
+def _read_raw_float(spec: str, path: Path, shape: tuple[int, int] | None) -> ObservedImage:
+    if shape is None:
+        raise InputFileError(str(path), "a raw float image: give its shape (slow, fast pixels)")
+    expected = 4 * int(shape[0]) * int(shape[1])
+    size = path.stat().st_size
+    if size != expected:
+        raise InputFileError(str(path), f"{size} bytes, but a {_size(shape)} float32 image has {expected}")
+    counts = np.fromfile(path, dtype=np.float32).reshape(int(shape[0]), int(shape[1])).astype(np.float64)
+    return ObservedImage(spec, counts, 0.0, 1.0, None)
+
+
+def _read_store(spec: str, path: Path, selector: str | None) -> ObservedImage:
+    """A shot of a batch store (it has `point` and `done` arrays) or of a collated sweep.zarr."""
+    import zarr
+
+    if selector is None:
+        raise InputFileError(str(path), "a sweep store holds many images: name one as STORE#POINT")
+    group = zarr.open_group(str(path), mode="r")
+    members = set(group.array_keys())
+    kind = "detector_image" if "detector_image" in members else "image"
+    if kind not in members:
+        raise InputFileError(str(path), "a zarr store without images")
+    if "done" in members:
+        where, point = _batch_point(spec, path, group, selector)
+    else:
+        where, point = _collated_point(spec, path, group, selector)
+    counts = np.asarray(group[kind][where], dtype=np.float64)
+    if counts.ndim == 2 and point.get("size"):
+        counts = counts[:int(point["size"]), :int(point["size"])]  # a collated store pads smaller sizes
+    if kind == "image":
+        return ObservedImage(spec, counts, 0.0, 1.0, None)
+    response = (point.get("config") or {}).get("response") or {}
+    adc = float(response.get("adc_offset_adu", NANOBRAGG_ADC_OFFSET_ADU))
+    return ObservedImage(spec, counts - adc, adc, float(response.get("gain_adu_per_photon", 1.0)),
+                         SMV_SATURATION_ADU)
+
+
+def _batch_point(spec: str, path: Path, group, selector: str) -> tuple[tuple, dict]:
+    names = [str(name) for name in group["point"][...]]
+    if selector in names:
+        index = names.index(selector)
+    elif re.fullmatch(r"\d+", selector) and int(selector) < len(names):
+        index = int(selector)
+    else:
+        raise InputFileError(spec, f"no point {selector} in this store (its {len(names)} points are named like "
+                                   f"{names[0]}, or numbered from 0)")
+    if not group["done"][index]:
+        raise InputFileError(spec, f"point {names[index]} is not done (no image yet)")
+    point: dict = {}
+    log = path / "entries.jsonl"
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            entry = json.loads(line) if line.strip() else {}
+            if entry.get("index") == index:
+                point = entry
+    return (index,), point
+
+
+def _collated_point(spec: str, path: Path, group, selector: str) -> tuple[tuple, dict]:
+    """A collated store's point: by name (its `attributes` record) or by `axis=value,...`."""
+    axes = [str(axis) for axis in group.attrs.get("axes", [])]
+    if "attributes" not in set(group.array_keys()) or not axes:
+        raise InputFileError(str(path), "neither a batch store nor a collated sweep.zarr")
+    records = np.asarray(group["attributes"][...], dtype=object)
+    if "=" in selector:
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
+        unknown = sorted(set(wanted) - set(axes))
+        if unknown:
+            raise InputFileError(spec, f"no axis {unknown[0]} (the axes are {', '.join(axes)})")
+        where = []
+        for axis in axes:
+            values = [str(value) for value in group[axis][...]]
+            if axis not in wanted and len(values) > 1:
+                raise InputFileError(spec, f"axis {axis} has {len(values)} values: give {axis}=VALUE")
+            chosen = wanted.get(axis, values[0])
+            matches = [i for i, value in enumerate(values) if value == chosen or _same_number(value, chosen)]
+            if not matches:
+                raise InputFileError(spec, f"no {axis}={chosen} (its values: {', '.join(values[:8])})")
+            where.append(matches[0])
+        text = str(records[tuple(where)])
+        if not text:
+            raise InputFileError(spec, "that point has no image (it failed or was skipped)")
+        point = json.loads(text)
+    else:
+        found = [(index, json.loads(str(text))) for index, text in np.ndenumerate(records) if str(text)]
+        named = [(index, point) for index, point in found if point.get("name") == selector]
+        if not named:
+            raise InputFileError(spec, f"no point {selector} in this store (name one as in its tables, or select "
+                                       "it by axis=value)")
+        where, point = named[0]
+    if point.get("status", "ok") != "ok":
+        raise InputFileError(spec, f"that point has no image ({point.get('status')})")
+    return tuple(where), point
+
+
+def _same_number(stored: str, given: str) -> bool:
+    try:
+        return float(stored) == float(given)
+    except ValueError:
+        return False
