@@ -26,6 +26,8 @@ USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|f
                    [--threads N] [--floatfile F] [--c-binary PATH] [--json F] -- <nanoBragg options>
        nbsim worker start|stop|status   (a resident process that serves nbsim commands)
        nbsim export SWEEP_ZARR [--nxmx FILE] [--cbf PREFIX]   (a sweep's rotation series for DIALS/XDS)
+       nbsim fit IMAGE... [--refine orientation,cell,N,scale] [--json F] -- <nanoBragg options>
+                   (refine a model against observed images; nbsim fit -h)
 
 nbsim renders the image nanoBragg renders for the same options and writes the same files
 (-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given), and, for
@@ -61,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             from .show import main as show_main
 
             return show_main(argv[1:], checked_arguments)
+        if argv and argv[0] == "fit":
+            from .fit import main as fit_main
+
+            return fit_main(argv[1:])
         if argv and argv[0] == "export":
             from .export import main as export_main
 

@@ -1,0 +1,205 @@
+"""`nbsim fit`: refine a model against observed images (docs/fitting.md).
+
+    nbsim fit IMAGE [IMAGE ...] [options] -- <nanoBragg flags of the starting model>
+
+The starting model is the nanoBragg flags after `--` (the one parser), per image overridden by
+`--starts FILE` (JSON: {"images": {IMAGE: {"misset": [x, y, z], "cell": [...], "N": 20, ...}}}, keys
+being nanoBragg flags without the dash) or taken from a DIALS experiment list (`--expt FILE`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import InputFileError, NbsimError
+from ..io.atomic import atomic_write_text
+from ..io.paths import check_writable, require_file
+from ..nanobragg.arguments import parse
+
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _restraint(text: str) -> tuple[str, float]:
+    name, _, sigma = text.partition("=")
+    try:
+        return name.strip(), float(sigma)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"restraint {text!r} is not NAME=SIGMA") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise NbsimError(f"fit: {message}")
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="nbsim fit", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="Example: nbsim fit shot_00001.img --refine orientation,cell,N,scale --json fit.json "
+                            "-- -model model.cif -cell 50 60 70 90 90 90 -misset 10 20 30 -N 14 -distance 150 "
+                            "-detpixels 512 -pixel 0.2")
+    parser.add_argument("images", nargs="*", help="observed frames: SMV (.img), miniCBF, NXmx (FILE#N for frame N), "
+                                                  "raw float (.bin), or STORE.zarr#POINT")
+    parser.add_argument("--refine", type=_names, default=["orientation", "cell", "N", "scale"],
+                        help="what to refine, comma-separated: orientation, cell, N, mosaic, scale, distance, beam, "
+                             "wavelength, background (default orientation,cell,N,scale)")
+    parser.add_argument("--shared", type=_names, default=[],
+                        help="quantities refined once for all images (e.g. distance,beam); others are per image")
+    parser.add_argument("--starts", help="JSON of per-image starting values (nanoBragg flags without the dash)")
+    parser.add_argument("--expt", help="a DIALS experiment list (.expt): starting crystal, beam and detector")
+    parser.add_argument("--lattice", help="lattice system of the cell (default: read off the starting cell)")
+    parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
+    parser.add_argument("--spots", type=int, default=200, help="most predicted (and observed) spots per image")
+    parser.add_argument("--no-observed-spots", action="store_true",
+                        help="shoeboxes around predicted spots only (default: the image's strong spots too)")
+    parser.add_argument("--background", default="plane", help="plane (per shoebox, fixed), flat (refined), none")
+    parser.add_argument("--likelihood", default="poisson", help="poisson (default) or gaussian (diffBragg's)")
+    parser.add_argument("--optimizer", default="lbfgs", help="lbfgs (default) or adam")
+    parser.add_argument("--max-iterations", type=int, default=100)
+    parser.add_argument("--search-deg", type=float, default=0.3,
+                        help="how far off the starting orientation may be (coarse stage; 0 skips it)")
+    parser.add_argument("--restrain", type=_restraint, action="append", default=[],
+                        help="NAME=SIGMA: a Gaussian restraint towards the start (repeatable)")
+    parser.add_argument("--adc", type=float, help="ADC offset to subtract (default: the file's, else 40 for SMV)")
+    parser.add_argument("--json", help="write the result here (the JSON contract of docs/fitting.md)")
+    parser.add_argument("--flags", help="write the refined model's nanoBragg flags here, one line per image")
+    parser.add_argument("--plot", help="write observed, model and residual shoeboxes as a PNG")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def _flag_overrides(values: dict, source: str) -> list[str]:
+    """nanoBragg flags from a starts entry: {"misset": [1, 2, 3], "N": 20} → -misset 1 2 3 -N 20."""
+    flags = []
+    for key, value in values.items():
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(item, (int, float, str)) and not isinstance(item, bool) for item in items):
+            raise InputFileError(source, f"the value of {key!r} must be a number, a word or a list of them")
+        flags += [f"-{key.lstrip('-')}", *(str(item) for item in items)]
+    return flags
+
+
+def _starts(path: str | None) -> dict[str, dict]:
+    if path is None:
+        return {}
+    require_file(path)
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputFileError(path, f"not JSON ({error})") from None
+    images = document.get("images") if isinstance(document, dict) else None
+    if not isinstance(images, dict) or not all(isinstance(v, dict) for v in images.values()):
+        raise InputFileError(path, 'expected {"images": {IMAGE: {flag: value, ...}}}')
+    return images
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        split = argv.index("--")
+        own, model_flags = argv[:split], argv[split + 1:]
+    else:
+        own, model_flags = argv, []
+    if own and own[0] in ("-h", "--help"):
+        argument_parser().print_help()
+        return 0
+    options = argument_parser().parse_args(own)
+    for path in (options.json, options.flags, options.plot):
+        if path is not None:
+            check_writable(path)
+    starts = _starts(options.starts)
+    experiments = []
+    if options.expt is not None:
+        require_file(options.expt)
+        from ..io.dials_experiments import read_experiment_list
+
+        experiments = read_experiment_list(options.expt)
+    images = list(options.images)
+    if not images and experiments:
+        images = [start.image for start in experiments if start.image is not None]
+    if not images:
+        raise NbsimError("fit: give at least one observed image (or an --expt that names its images)")
+    if experiments and len(experiments) not in (1, len(images)):
+        raise NbsimError(f"fit: {len(experiments)} experiments in {options.expt} but {len(images)} images")
+    unknown = [name for name in starts if name not in images]
+    if unknown:
+        raise InputFileError(options.starts, f"names an image not given: {unknown[0]}")
+    for image in images:
+        require_file(image.split("#", 1)[0])
+    argv_per_image = [model_flags + _flag_overrides(starts.get(image, {}), options.starts or "")
+                      for image in images]
+    configs = [parse(list(argv))[0] for argv in argv_per_image]
+    if experiments:
+        configs = [config.with_options(**experiments[min(i, len(experiments) - 1)].overrides)
+                   for i, config in enumerate(configs)]
+    for config in configs:
+        for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
+            if path is not None:
+                require_file(path)
+    return _run(options, images, configs, argv_per_image, model_flags)
+
+
+def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per_image: list[list[str]],
+         model_flags: list[str]) -> int:
+    import torch
+
+    from ..fit.output import fit_json, residual_picture
+    from ..fit.refine import FitImage, FitOptions, fit
+    from ..io.observed import read_observed
+    from ..setup import resolve
+
+    adc = options.adc
+    if adc is None and "-adc" in model_flags:
+        adc = configs[0].response.adc_offset_adu
+    fit_images = []
+    for name, config in zip(images, configs, strict=True):
+        setup = resolve(config)
+        for line in setup.warnings:
+            print(f"nbsim: warning: {line}", file=sys.stderr)
+        observed = read_observed(name, shape=tuple(setup.shape), adc_offset_adu=adc)
+        usable = ~observed.unusable()
+        if setup.mask is not None:
+            usable &= setup.mask.astype(bool)
+        gain = observed.gain_adu_per_photon or 1.0
+        fit_images.append(FitImage(name, setup, observed.counts / gain, usable))
+    readout_photons = configs[0].response.readout_noise_adu / (configs[0].response.gain_adu_per_photon or 1.0)
+    fit_options = FitOptions(
+        refine=tuple(options.refine), shared=tuple(options.shared), lattice=options.lattice,
+        shoebox_px=options.shoebox, max_spots=options.spots, observed_spots=not options.no_observed_spots,
+        background=options.background, likelihood=options.likelihood, readout_photons=readout_photons,
+        optimizer=options.optimizer, max_iterations=options.max_iterations, search_deg=options.search_deg,
+        restraints=dict(options.restrain), device=options.device,
+        dtype=torch.float64 if options.dtype == "float64" else torch.float32)
+    show = not options.quiet and sys.stderr.isatty()
+
+    def progress(stage: str, iteration: int, nll: float, gradient: float, seconds: float) -> None:
+        print(f"{stage} {iteration:4d}  -logL {nll:.8g}  max|grad| {gradient:.3g}  {seconds:.1f} s", file=sys.stderr)
+
+    result = fit(fit_images, fit_options, progress if show else None)
+    document = fit_json(result, argv_per_image)
+    if options.json:
+        atomic_write_text(options.json, json.dumps(document, indent=2) + "\n")
+    if options.flags:
+        import shlex
+
+        atomic_write_text(options.flags, "".join(shlex.join(shot["flags"]) + "\n" for shot in document["shots"]))
+    if options.plot:
+        residual_picture(result, options.plot)
+    for shot in document["shots"]:
+        cell = " ".join(f"{v:.4f}" for v in shot["cell"])
+        n_cells = " ".join(f"{v:.2f}" for v in shot["N"])
+        print(f"{shot['image']}: cell {cell}  N {n_cells}  scale {shot['scale']:.5g}  "
+              f"({shot['pixels']} pixels in {shot['shoeboxes']} shoeboxes)")
+    detector = document["detector"]
+    print(f"detector: distance {detector['distance_mm']:.4f} mm  beam {detector['beam_x_mm']:.4f} "
+          f"{detector['beam_y_mm']:.4f} mm")
+    print(f"converged: {str(result.converged).lower()} ({result.reason}); {result.iterations} iterations, "
+          f"{result.seconds:.1f} s")
+    return 0 if result.converged else 3

@@ -1,0 +1,210 @@
+"""What a fit reports: the JSON other tools read, the refined model as nanoBragg flags (so `nbsim`
+re-renders it), and a picture of observed, model and residual counts on the fitted pixels."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..io.atomic import atomic_write_with
+from ..nanobragg.flags import FLAGS, WAVELENGTH_FLAGS
+from ..setup import R_E_SQR_M2
+from .parameters import rotation_matrix
+from .refine import FitResult
+
+REPLACED_FLAGS = ("-cell", "-mat", "-misset", "-misset_seed", "-N", "-Na", "-Nb", "-Nc", "-xtal_size", "-xtalsize",
+                  "-sample_size", "-samplesize", "-xtal_thick", "-xtal_x", "-sample_thick", "-sample_x",
+                  "-xtal_width", "-xtal_y", "-sample_width", "-sample_y", "-xtal_depth", "-xtal_z",
+                  "-sample_depth", "-sample_z", "-mosaic", "-mosaicity", "-mosaic_spread", "-distance",
+                  "-close_distance", "-Xbeam", "-Ybeam", *WAVELENGTH_FLAGS, "-fluence", "-flux", "-exposure",
+                  "-beamsize")
+"""Flags a refined model replaces (whichever of them the start gave)."""
+
+
+def misset_deg(rotation: torch.Tensor) -> list[float]:
+    """Angles (x, y, z; degrees) of nanoBragg's -misset for a rotation U = Rz·Ry·Rx (rotations about x,
+    then y, then z, as nanoBragg's rotate())."""
+    u = rotation.detach().to(torch.float64)
+    angle_y = math.asin(max(-1.0, min(1.0, -float(u[2, 0]))))
+    angle_x = math.atan2(float(u[2, 1]), float(u[2, 2]))
+    angle_z = math.atan2(float(u[1, 0]), float(u[0, 0]))
+    return [math.degrees(angle) for angle in (angle_x, angle_y, angle_z)]
+
+
+def without_flags(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """`argv` less the flags in `names` and their values (-cell takes 6, -misset 1 or 3)."""
+    kept, index = [], 0
+    while index < len(argv):
+        flag = argv[index]
+        if flag in names:
+            if flag == "-cell":
+                count = 6
+            elif flag == "-misset":
+                count = 1 if index + 1 < len(argv) and argv[index + 1] == "random" else 3
+            else:
+                count = len(FLAGS.get(flag, ()))
+            index += 1 + count
+            continue
+        kept.append(flag)
+        index += 1
+    return kept
+
+
+def _numbers(values) -> list[str]:
+    return [f"{float(v):.10g}" for v in values]
+
+
+def refined_flags(result: FitResult, image: int, argv: Sequence[str]) -> list[str]:
+    """The image's starting flags with the refined crystal, beam and detector in place: N rounded to whole
+    cells (nanoBragg's -N is an integer; the JSON keeps the refined value)."""
+    model = result.model
+    values = {name: value.detach() for name, value in model.natural()[image].items()}
+    setup = model.setups[image]
+    rotation = rotation_matrix(values["orientation"]) @ model.start_rotations[image]
+    cell = model.cell(image, values)
+    fluence = setup.fluence * float(values["scale"][0])
+    flags = without_flags(argv, REPLACED_FLAGS)
+    flags += ["-cell", *_numbers(cell), "-misset", *_numbers(misset_deg(rotation))]
+    flags += [item for axis, n in zip(("-Na", "-Nb", "-Nc"), values["N"], strict=True)
+              for item in (axis, str(max(1, round(float(n)))))]
+    spread = float(values["mosaic"][0])
+    if spread > 0:
+        flags += ["-mosaic", *_numbers([spread])]
+    flags += ["-distance", *_numbers(values["distance"]), "-Xbeam", *_numbers(values["beam"][:1]),
+              "-Ybeam", *_numbers(values["beam"][1:]), "-lambda", *_numbers(values["wavelength"]),
+              "-fluence", f"{fluence:.10g}"]
+    return flags
+
+
+def _reported(model, image: int, internal: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The reported quantities of one image as functions of the internal coordinates (for the sigmas)."""
+    values = model.natural(internal)[image]
+    return {"cell": model.cell(image, values), "N": values["N"], "scale": values["scale"],
+            "mosaic_spread_deg": values["mosaic"], "orientation_deg": torch.rad2deg(values["orientation"]),
+            "distance_mm": values["distance"], "beam_mm": values["beam"], "wavelength_A": values["wavelength"]}
+
+
+def standard_errors(result: FitResult, image: int) -> dict[str, list[float]]:
+    """Standard errors of the reported quantities of one image: the internal covariance carried through the
+    Jacobian of the reparametrisation (None-free: NaN where there is no covariance)."""
+    model = result.model
+    point = model.internal.detach().clone()
+    names = list(_reported(model, image, point))
+    sizes = [v.numel() for v in _reported(model, image, point).values()]
+    if result.covariance is None or not model.size:
+        return {name: [math.nan if result.covariance is None and _refined(model, name) else 0.0] * size
+                for name, size in zip(names, sizes, strict=True)}
+
+    def flat(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([v.reshape(-1) for v in _reported(model, image, x).values()])
+
+    jacobian = torch.autograd.functional.jacobian(flat, point)
+    variance = torch.einsum("ij,jk,ik->i", jacobian, result.covariance, jacobian).clamp(min=0.0)
+    sigma = torch.sqrt(variance).tolist()
+    out, start = {}, 0
+    for name, size in zip(names, sizes, strict=True):
+        out[name] = sigma[start:start + size]
+        start += size
+    return out
+
+
+def _refined(model, name: str) -> bool:
+    own = {"cell": "cell", "N": "N", "scale": "scale", "mosaic_spread_deg": "mosaic", "orientation_deg": "orientation",
+           "distance_mm": "distance", "beam_mm": "beam", "wavelength_A": "wavelength"}
+    return own[name] in model.refine
+
+
+def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]]) -> dict:
+    """The fit as the JSON contract (docs/fitting.md): per shot the A matrix (rows a*, b*, c* in Å⁻¹ at
+    φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread and their standard errors; the detector;
+    the outcome."""
+    model = result.model
+    shots = []
+    for image, fit_image in enumerate(result.images):
+        values = {name: value.detach() for name, value in model.natural()[image].items()}
+        sigma = standard_errors(result, image)
+        shots.append({
+            "image": fit_image.name,
+            "A_matrix": model.a_matrix(image, values).tolist(),
+            "cell": model.cell(image, values).tolist(),
+            "N": values["N"].tolist(),
+            "scale": float(values["scale"][0]),
+            "mosaic_spread_deg": float(values["mosaic"][0]),
+            "wavelength_A": float(values["wavelength"][0]),
+            "distance_mm": float(values["distance"][0]),
+            "beam_x_mm": float(values["beam"][0]),
+            "beam_y_mm": float(values["beam"][1]),
+            "pixels": result.boxes[image].count,
+            "shoeboxes": len(result.boxes[image].centres),
+            "flags": refined_flags(result, image, argv_per_image[image]),
+            "sigma": {"A_rotation_deg": sigma["orientation_deg"], "cell": sigma["cell"], "N": sigma["N"],
+                      "scale": sigma["scale"][0], "mosaic_spread_deg": sigma["mosaic_spread_deg"][0],
+                      "wavelength_A": sigma["wavelength_A"][0]},
+        })
+    first = standard_errors(result, 0)
+    detector_values = {name: value.detach() for name, value in model.natural()[0].items()}
+    detector = {"distance_mm": float(detector_values["distance"][0]),
+                "beam_x_mm": float(detector_values["beam"][0]), "beam_y_mm": float(detector_values["beam"][1]),
+                "shared": [name for name in model.shared if name in ("distance", "beam", "wavelength")],
+                "sigma": {"distance_mm": first["distance_mm"][0], "beam_x_mm": first["beam_mm"][0],
+                          "beam_y_mm": first["beam_mm"][1]}}
+    return {"shots": shots, "detector": detector, "converged": result.converged, "reason": result.reason,
+            "iterations": result.iterations, "seconds": round(result.seconds, 3), "pixels": result.pixels,
+            "negative_log_likelihood": result.nll, "refined": list(model.refine), "shared": list(model.shared),
+            "photon_scale_per_unit": R_E_SQR_M2}
+
+
+def residual_picture(result: FitResult, path: str, boxes_per_image: int = 64) -> None:
+    """A PNG of observed counts, model and Pearson residual (observed − model)/√model, shoebox by shoebox
+    (the brightest `boxes_per_image` of each image, tiled), one row of three panels per image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with torch.no_grad():
+        values = result.model.natural()
+        expected = [(result.model.render(i, values[i]).double()
+                     + torch.as_tensor(b.background) * values[i]["background"][0]).numpy()
+                    for i, b in enumerate(result.boxes)]
+    figure, axes = plt.subplots(len(result.images), 3, figsize=(12, 4 * len(result.images)), squeeze=False)
+    for image, (fit_image, boxes) in enumerate(zip(result.images, result.boxes, strict=True)):
+        observed = fit_image.counts[boxes.rows, boxes.cols]
+        tiles = [_tiles(boxes, data, boxes_per_image) for data in
+                 (observed, expected[image], (observed - expected[image]) / np.sqrt(np.maximum(expected[image], 1e-3)))]
+        top = max(np.nanmax(tiles[0]), np.nanmax(tiles[1]), 1e-9)
+        for axis, tile, title, limits in zip(axes[image], tiles, ("observed", "model", "residual (σ)"),
+                                             ((0, top), (0, top), (-5, 5)), strict=True):
+            shown = axis.imshow(tile, cmap="RdBu_r" if title.startswith("residual") else "viridis",
+                                vmin=limits[0], vmax=limits[1], interpolation="nearest")
+            axis.set_title(f"{fit_image.name}: {title}" if title == "observed" else title)
+            axis.set_xticks([])
+            axis.set_yticks([])
+            figure.colorbar(shown, ax=axis, shrink=0.8)
+    figure.tight_layout()
+    atomic_write_with(path, lambda temporary: figure.savefig(temporary, dpi=100, format="png"))
+    plt.close(figure)
+
+
+def _tiles(boxes, data: np.ndarray, count: int) -> np.ndarray:
+    """The first `count` shoeboxes' values tiled in a square grid (NaN where a box has no fitted pixel)."""
+    extent = []
+    for index in range(min(count, len(boxes.centres))):
+        members = boxes.box == index
+        if members.any():
+            extent.append((index, boxes.rows[members].min(), boxes.cols[members].min(),
+                           boxes.rows[members].max() - boxes.rows[members].min() + 1,
+                           boxes.cols[members].max() - boxes.cols[members].min() + 1))
+    side = max(h for _, _, _, h, _ in extent) if extent else 1
+    width = max(w for _, _, _, _, w in extent) if extent else 1
+    columns = max(1, math.ceil(math.sqrt(len(extent))))
+    grid_rows = max(1, math.ceil(len(extent) / columns))
+    canvas = np.full((grid_rows * (side + 1), columns * (width + 1)), np.nan)
+    for position, (index, row0, col0, _, _) in enumerate(extent):
+        members = boxes.box == index
+        top, left = (position // columns) * (side + 1), (position % columns) * (width + 1)
+        canvas[top + boxes.rows[members] - row0, left + boxes.cols[members] - col0] = data[members]
+    return canvas
