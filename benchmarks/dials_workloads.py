@@ -23,12 +23,15 @@ METRICS_SCRIPT = REPO / "tests" / "dials_metrics.py"
 CHAIN = (
     ("dials.import", "{frames}"),
     ("dials.find_spots", "imported.expt", "nproc=2"),
-    ("dials.index", "imported.expt", "strong.refl", "space_group={space_group}"),
-    ("dials.refine", "indexed.expt", "indexed.refl"),
+    ("dials.index", "imported.expt", "strong.refl", "space_group={space_group}", "detector.fix=orientation"),
+    ("dials.refine", "indexed.expt", "indexed.refl", "detector.fix=orientation"),
     ("dials.integrate", "refined.expt", "refined.refl", "nproc=2"),
     ("dials.scale", "integrated.expt", "integrated.refl"),
     ("dials.merge", "scaled.expt", "scaled.refl"),
 )
+"""The programs and their options. The detector's orientation is held (its position refined): over a few
+degrees of rotation a turn of the crystal about the beam trades against one of the detector (measured on
+the test's 5°: 0.24° from the truth refined freely, 0.043° held). The space group is the model's."""
 LIMITS = {"indexed_fraction": 0.90, "cell_relative": 1e-3, "orientation_deg": 0.1, "rmsd_px": 0.5,
           "distance_mm": 0.2, "beam_centre_px": 0.5, "intensity_correlation": 0.9}
 """The issue's thresholds: indexed ≥ 90 %, cell ≤ 0.1 %, orientation ≤ 0.1°, RMSD ≤ 0.5 px, distance within
@@ -88,9 +91,8 @@ def run_chain(folder: Path, space_group: str) -> dict[str, float]:
     frames = sorted(p.name for p in folder.glob("frame_*.cbf"))
     seconds = {}
     for program, *arguments in CHAIN:
-        expanded = [a.format(space_group=space_group.replace(" ", "")) for a in arguments]
-        if expanded == ["{frames}"]:
-            expanded = frames
+        expanded = frames if arguments == ["{frames}"] else [
+            a.format(space_group=space_group.replace(" ", "")) for a in arguments]
         started = time.perf_counter()
         done = subprocess.run([program, *expanded], cwd=folder, capture_output=True, text=True)
         if done.returncode != 0:
@@ -102,10 +104,10 @@ def run_chain(folder: Path, space_group: str) -> dict[str, float]:
 def header_truth(cbf: Path) -> dict:
     """The miniCBF header's geometry and nbsim's truth lines."""
     text = cbf.read_bytes().split(b"_array_data.data")[0].decode("ascii", "replace")
-    lines = {m.group(1): m.group(2).split() for m in re.finditer(r"^# (nbsim \w+(?: \w)?|\w+) (.*)$", text, re.M)}
 
     def numbers(key: str) -> np.ndarray:
-        return np.array([float(v.strip("(),")) for v in lines[key] if re.match(r"^[-+(\d.]", v)])
+        line = re.search(rf"^# {key} (.*)$", text, re.M).group(1)
+        return np.array([float(v) for v in re.findall(r"[-+]?\d+\.?\d*(?:[eE][-+]?\d+)?", line)])
 
     return {"a_matrix": np.array([numbers(f"nbsim A_matrix_per_A {row}") for row in "abc"]),
             "unit_cell": numbers("nbsim unit_cell"), "beam": numbers("nbsim beam_direction"),
