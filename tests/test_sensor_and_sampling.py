@@ -105,3 +105,19 @@ def test_coarse_sampling_is_warned_about_and_advised_sampling_is_not():
     few_domains = resolve(config_from_args([*args, "-phisteps", str(advice.phi_steps), "-mosaic", "0.5",
                                             "-mosaic_dom", "2"])).warnings
     assert any("recommend -mosaic_domains" in w for w in few_domains)
+
+
+def test_the_shipped_model_reads_the_same_in_both_formats():
+    """config/examples ships the model as mmCIF and PDB (docs/formats.md): both give the same P1 table."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from nbsim.setup import p1_reflections
+
+    examples = Path(__file__).resolve().parents[1] / "config" / "examples"
+    tables = [p1_reflections(config_from_args(["-model", str(examples / name), "-N", "2", "-detpixels", "32",
+                                               "-pixel", "0.4", "-distance", "60"]))
+              for name in ("model.cif", "model.pdb")]
+    assert tables[0].shape == tables[1].shape and len(tables[0]) > 1000
+    np.testing.assert_allclose(tables[0], tables[1], rtol=1e-3, atol=1e-3)
