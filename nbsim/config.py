@@ -162,7 +162,10 @@ class DetectorConfig:
     curved: bool = False
     sensor_thickness_um: float = 0.0
     sensor_absorption_depth_um: float | None = None
-    """Attenuation depth; None uses nanoBragg's fallback, math.inf turns absorption off."""
+    """Attenuation depth; None uses nanoBragg's fallback (the thickness), math.inf turns absorption off. The
+    command line sets it to `sensor_material`'s attenuation length at λ where a thickness is given without it."""
+    sensor_material: str = "Si"
+    """What the sensor is made of (nbsim.sensors.MATERIALS), as the image headers describe it."""
     sensor_layers: int | None = None
     oversample: int | None = None
     oversample_thick: bool = False

@@ -220,6 +220,9 @@ def resolve(config: SimulationConfig) -> Setup:
                         f"size is {advice.reciprocal_pixel_m * 1e10:g} A: recommend -oversample {advice.recommended}")
 
     warnings += crystal_mod.default_warnings(config.crystal)
+    sampling_need = sampling_advice(lattice, n_cells, detector_d_min_A(panels, config.detector, sources),
+                                    math.degrees(phi.osc_rad), _mosaic_spread_deg(config))
+    warnings += sampling_warnings(sampling_need, phi.steps, mosaic.count)
     p1_table = files.hkl
     if config.structure.model_file:
         p1_table = model_reflections(config.structure.model_file, min(
@@ -277,27 +280,109 @@ def structure_factor_warnings(config: SimulationConfig, table: ReflectionTable |
     return warnings
 
 
-def model_d_min_A(geometry: DetectorGeometry, detector: DetectorConfig, sources: Sources,
-                  lattice: crystal_mod.Lattice) -> float:
-    """The resolution a model's |F| are computed to: the largest |s| = |d̂ − î|/λ at the detector's corners
-    (front and back of the sensor), for every source (the whole sphere 2/λ for a curved detector, or a
-    flat one reaching past 90°, where |s| can peak inside the panel), plus two reciprocal-cell diagonals
-    so that every node a pixel's lookup reads (nearest, or the 4×4×4 of interpolation) is present."""
+def _largest_scattering_per_A(geometry: DetectorGeometry, detector: DetectorConfig, sources: Sources) -> float:
+    """The largest |s| = |d̂ − î|/λ a pixel of this panel sees: at its corners (front and back of the
+    sensor), for every source (the whole sphere 2/λ for a curved detector, or a flat one reaching past 90°,
+    where |s| can peak inside the panel)."""
     inverse_wavelength = 1.0 / sources.wavelength_A.detach().double()
     thickness_m = sensor_layers(detector).thickness_m
     if detector.curved:
-        s_max = 2.0 * float(inverse_wavelength.max())
-    else:
-        extents = [(0.0, geometry.pixels_f * geometry.pixel_size_m), (0.0, geometry.pixels_s * geometry.pixel_size_m)]
-        corners = torch.stack([geometry.pix0_m.detach() + f * geometry.fdet + s * geometry.sdet + depth * geometry.odet
-                               for f in extents[0] for s in extents[1] for depth in (0.0, thickness_m)])
-        directions = corners / torch.linalg.vector_norm(corners, dim=1, keepdim=True)
-        s = torch.linalg.vector_norm(directions[:, None, :] - sources.incident.detach()[None], dim=2)
-        s_max = float((s * inverse_wavelength[None]).max())
-        if bool((directions @ sources.incident.detach().T < 0).any()):
-            s_max = 2.0 * float(inverse_wavelength.max())  # past 90°, |s| peaks inside the panel: whole sphere
+        return 2.0 * float(inverse_wavelength.max())
+    extents = [(0.0, geometry.pixels_f * geometry.pixel_size_m), (0.0, geometry.pixels_s * geometry.pixel_size_m)]
+    corners = torch.stack([geometry.pix0_m.detach() + f * geometry.fdet + s * geometry.sdet + depth * geometry.odet
+                           for f in extents[0] for s in extents[1] for depth in (0.0, thickness_m)])
+    directions = corners / torch.linalg.vector_norm(corners, dim=1, keepdim=True)
+    s = torch.linalg.vector_norm(directions[:, None, :] - sources.incident.detach()[None], dim=2)
+    if bool((directions @ sources.incident.detach().T < 0).any()):
+        return 2.0 * float(inverse_wavelength.max())  # past 90°, |s| peaks inside the panel: whole sphere
+    return float((s * inverse_wavelength[None]).max())
+
+
+def detector_d_min_A(panels: tuple[DetectorGeometry, ...], detector: DetectorConfig, sources: Sources) -> float:
+    """The finest resolution any pixel of the detector records, Å."""
+    return 1.0 / max(_largest_scattering_per_A(panel, detector, sources) for panel in panels)
+
+
+def model_d_min_A(geometry: DetectorGeometry, detector: DetectorConfig, sources: Sources,
+                  lattice: crystal_mod.Lattice) -> float:
+    """The resolution a model's |F| are computed to: the panel's largest |s| plus two reciprocal-cell
+    diagonals, so that every node a pixel's lookup reads (nearest, or the 4×4×4 of interpolation) is present."""
     margin = 2.0 * float(torch.linalg.vector_norm(lattice.reciprocal_per_A.detach(), dim=1).sum())
-    return 1.0 / (s_max + margin)
+    return 1.0 / (_largest_scattering_per_A(geometry, detector, sources) + margin)
+
+
+SAMPLES_PER_SPOT_WIDTH = 3
+"""φ steps (and mosaic domains across the spread) per spot width that the sampling advice asks for."""
+SINC_FWHM = 0.886
+"""Full width at half maximum of sinc²(πNx), in units of 1/N: a spot's reciprocal width times N·cell."""
+
+
+@dataclass(frozen=True)
+class SamplingAdvice:
+    """How finely a rotation (φ steps per frame) and a mosaic spread (domains) must be sampled so that every
+    spot is rendered, not hit or missed between samples. The narrowest spot is at the detector's finest
+    resolution d_min: its reciprocal width 0.886/(N·cell) along the crystal's longest extent sweeps through
+    the Ewald sphere in about 0.886·d_min/(N·cell) radians of rotation."""
+
+    spot_width_deg: float
+    """The narrowest spot's rotation width (FWHM), degrees."""
+    d_min_A: float
+    osc_deg: float
+    mosaic_spread_deg: float
+
+    @property
+    def phi_steps(self) -> int:
+        """φ steps over the oscillation: SAMPLES_PER_SPOT_WIDTH per spot width (1 for a still)."""
+        if self.osc_deg <= 0:
+            return 1
+        return max(math.ceil(SAMPLES_PER_SPOT_WIDTH * self.osc_deg / self.spot_width_deg), 1)
+
+    @property
+    def mosaic_domains(self) -> int:
+        """Domains that fill the mosaic cap with a domain every 1/SAMPLES_PER_SPOT_WIDTH spot width across
+        (the cap is two-dimensional: the square of the count across it); 1 without a spread."""
+        if self.mosaic_spread_deg <= 0:
+            return 1
+        return max(math.ceil((SAMPLES_PER_SPOT_WIDTH * self.mosaic_spread_deg / self.spot_width_deg) ** 2), 1)
+
+
+def sampling_advice(lattice: crystal_mod.Lattice, n_cells: tuple[int, int, int], d_min_A: float, osc_deg: float,
+                    mosaic_spread_deg: float) -> SamplingAdvice:
+    """The φ steps and mosaic domains a crystal of `n_cells` needs on a detector reaching `d_min_A`."""
+    extent_A = max(float(length) * n for length, n in zip(norm(lattice.real_A.detach()), n_cells, strict=True))
+    width_deg = math.degrees(SINC_FWHM * d_min_A / extent_A)
+    return SamplingAdvice(width_deg, d_min_A, osc_deg, max(mosaic_spread_deg, 0.0))
+
+
+def config_sampling_advice(config: SimulationConfig) -> SamplingAdvice:
+    """`sampling_advice` for a configuration (its lattice, sources and detector built, no input file read):
+    for the dataset and fit defaults, and `nbsim show`."""
+    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, Ran1())
+    panels = detector_panels(config.detector)
+    sources = build_sources(config.beam, panels[0].beam, panels[0].polar, panels[0].vertical)
+    phi = crystal_mod.phi_sampling(config.crystal)
+    return sampling_advice(lattice, crystal_mod.cell_counts(config.crystal, lattice),
+                           detector_d_min_A(panels, config.detector, sources), math.degrees(phi.osc_rad),
+                           _mosaic_spread_deg(config))
+
+
+def _mosaic_spread_deg(config: SimulationConfig) -> float:
+    spread = config.crystal.mosaic_spread_deg
+    return 0.0 if spread is None else float(scalar_value(spread))
+
+
+def sampling_warnings(advice: SamplingAdvice, phi_steps: int, mosaic_domains: int) -> list[str]:
+    """Warnings where the φ steps or mosaic domains are coarser than `advice` asks, like the oversample one."""
+    warnings = []
+    if phi_steps < advice.phi_steps:
+        warnings.append(f"phi steps of {advice.osc_deg / phi_steps:g} deg are coarser than the narrowest spot "
+                        f"({advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A): recommend -phisteps "
+                        f"{advice.phi_steps}")
+    if mosaic_domains < advice.mosaic_domains:
+        warnings.append(f"{mosaic_domains} mosaic domain(s) over a {advice.mosaic_spread_deg:g} deg spread leave gaps "
+                        f"between spots {advice.spot_width_deg:.3g} deg wide: recommend -mosaic_domains "
+                        f"{advice.mosaic_domains}")
+    return warnings
 
 
 def _validate(config: SimulationConfig) -> None:

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nbsim"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("nbsim", "nbsim.errors", "nbsim.vectors", "nbsim.cpu", "nbsim.cache", "nbsim.rng", "nbsim.workloads",
-     "nbsim.devices", "nbsim.modes"),
+     "nbsim.devices", "nbsim.modes", "nbsim.sensors"),
     ("nbsim.config",),
     ("nbsim.io",),
     ("nbsim.nanobragg",),
@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nbsim.kernel",),
     ("nbsim.render", "nbsim.detector"),
     ("nbsim.timing",),
+    ("nbsim.fit",),
     ("nbsim.sweep",),
     ("nbsim.cli",),
 )

@@ -219,12 +219,24 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
         notes=(f"convention {g.convention} pivot {g.pivot}",
                f"seeds: mosaic {crystal.mosaic_seed} misset {crystal.misset_seed} noise {noise_seed}",
                f"mosaic domains {setup.mosaic.count} phi steps {setup.phi.steps}",
+               *_sensor_notes(setup),
                *_table_notes(setup)),
         modules=tuple(DetectorModule(panel.name, p.pixel_size_m, p.pixels_f, p.pixels_s, _plain(p.pix0_m),
                                      _plain(p.fdet), _plain(p.sdet))
                       for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)),
         spectrum=beam.spectrum, adc_offset_adu=setup.config.response.adc_offset_adu,
-        gain_adu_per_photon=setup.config.response.gain_adu_per_photon if noise_seed is not None else 1.0)
+        gain_adu_per_photon=setup.config.response.gain_adu_per_photon if noise_seed is not None else 1.0,
+        sensor_material=setup.config.detector.sensor_material)
+
+
+def _sensor_notes(setup: Setup) -> tuple[str, ...]:
+    """The sensor as simulated: its material, thickness and attenuation length (none without a thickness)."""
+    sensor = setup.sensor
+    if sensor.thickness_m <= 0:
+        return ()
+    length = f"{1.0 / sensor.mu_per_m:.6g}" if sensor.mu_per_m > 0 else "inf"
+    return (f"sensor {setup.config.detector.sensor_material} thickness_m {sensor.thickness_m:.6g} "
+            f"attenuation_length_m {length} layers {sensor.layers}",)
 
 
 def _table_notes(setup: Setup) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
     from ..devices import resolve_device, resolve_dtype
     from ..kernel.policy import COMPILED_SPEEDUP, plan_compile
     from ..render import Renderer
-    from ..setup import resolve
+    from ..setup import config_sampling_advice, resolve
 
     device, dtype = resolve_device(device_name), resolve_dtype(dtype_name)
     setup = resolve(config)
@@ -63,6 +63,7 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
     missing = cache.missing(plan.structure, dtype, device)
     build_s = plan_compile(Compile.AUTO, device, dtype, False, plan.structure, cache).estimated_build_s
     eager_s = renderer.eager_estimate_s()
+    advice = config_sampling_advice(config)
     compiled_s = eager_s / COMPILED_SPEEDUP
     lines = [
         f"detector: {setup.shape[1]} x {setup.shape[0]} pixels (fast x slow), {pixels} rendered, pixel "
@@ -70,6 +71,8 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
         f"steps per pixel: {renderer.steps_per_pixel} = {sources} source(s) x {mosaic} mosaic domain(s) x {phi} "
         f"phi step(s) x {layers} sensor layer(s) x {subpixels} sub-pixel(s)",
         f"oversample: {setup.oversample} ({'-oversample' if config.detector.oversample else 'automatic'})",
+        f"sampling advice: {advice.phi_steps} phi step(s), {advice.mosaic_domains} mosaic domain(s) (narrowest spot "
+        f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic})",
         f"sources: {sources} = {setup.sources.divergence_points} divergence point(s) x "
         f"{setup.sources.dispersion.steps} wavelength(s)",
         f"kernel structure: {plan.structure.name}",

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import NbsimError
+from ..sensors import DEFAULT_MATERIAL, MATERIALS
 from .atomic import atomic_write_with
 
 MINI_CBF_CONVENTION = "GENERIC_MINI"
@@ -79,6 +80,8 @@ class ExperimentRecord:
     """What the counts carry on top of the photons' ADU (nanoBragg's -adc)."""
     gain_adu_per_photon: float = 1.0
     """ADU per photon of the counts (1 for -intfile counts, which are scaled photons)."""
+    sensor_material: str = DEFAULT_MATERIAL
+    """The sensor's material (nbsim.sensors.MATERIALS), described where the sensor has a thickness."""
 
 
 def _unit(vector: np.ndarray, what: str) -> np.ndarray:
@@ -103,7 +106,8 @@ def mini_cbf_header(record: ExperimentRecord, start_time: datetime.datetime) -> 
         start_time.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3],
         "Detector: nbsim simulated detector, S/N 000",
         f"Pixel_size {r.pixel_size_m:.6e} m x {r.pixel_size_m:.6e} m",
-        f"Silicon sensor, thickness {r.sensor_thickness_m:.6f} m" if r.sensor_thickness_m > 0 else None,
+        f"{MATERIALS[r.sensor_material].header_name} sensor, thickness {r.sensor_thickness_m:.6f} m"
+        if r.sensor_thickness_m > 0 else None,
         f"Exposure_time {r.exposure_s:.7f} s",
         f"Exposure_period {r.exposure_s:.7f} s",
         f"Count_cutoff {COUNT_CUTOFF} counts",
@@ -249,7 +253,7 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             detector = instrument.create_group("detector")
             detector.attrs["NX_class"] = "NXdetector"
             detector["description"] = "nbsim simulated detector"
-            detector["sensor_material"] = "Si"
+            detector["sensor_material"] = r.sensor_material
             detector["sensor_thickness"] = r.sensor_thickness_m * 1000.0
             detector["sensor_thickness"].attrs["units"] = "mm"
             detector["count_time"] = r.exposure_s

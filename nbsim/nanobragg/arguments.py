@@ -25,6 +25,7 @@ from ..config import (
 from ..errors import NbsimError
 from ..io.text import read_mosflm_matrix, read_source_file, read_spectrum_file
 from ..modes import Compile
+from ..sensors import DEFAULT_MATERIAL, sensor_material
 from .flags import (
     DETECTOR_FLAGS,
     NBSIM_ONLY,
@@ -89,7 +90,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         state["intfile"] = None
     if "-spectrumfile" in nbsim_options:
         config = _with_spectrum(config, nbsim_options["-spectrumfile"], any(flag in argv for flag in WAVELENGTH_FLAGS))
-    config = _with_cell_from_file(config)
+    config = _with_sensor(_with_cell_from_file(config), nbsim_options.get("-sensor_material", DEFAULT_MATERIAL))
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
@@ -117,6 +118,16 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
     return config, run
+
+
+def _with_sensor(config: SimulationConfig, material: str) -> SimulationConfig:
+    """The sensor's material and, where a thickness is given without -detector_abs, its attenuation length at
+    the wavelength as the attenuation depth (nanoBragg would take the thickness)."""
+    detector = config.detector
+    depth_um = detector.sensor_absorption_depth_um
+    if detector.sensor_thickness_um > 0 and depth_um is None:
+        depth_um = sensor_material(material).attenuation_length_um(float(config.beam.wavelength_A))
+    return config.with_options(sensor_material=material, sensor_absorption_depth_um=depth_um)
 
 
 def _check_panel_flags(argv: list[str]) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import NbsimError, did_you_mean
+from ..sensors import MATERIALS
 
 NUM, INT, WORD, PATH = "number", "integer", "word", "file"
 VARIABLE = None
@@ -107,7 +108,8 @@ _add(DETECTOR, "-pix0_vector", V3, "X Y Z", "vector from the sample to the first
 _add(DETECTOR, "-curved_det", (), "", "every pixel at the same distance from the sample")
 _add(DETECTOR, "-point_pixel", (), "", "no pixel solid-angle correction (obliquity and 1/r²)")
 _add(DETECTOR, "-detector_thick", N1, "UM", "sensor thickness, µm", "0")
-_add(DETECTOR, "-detector_abs -detector_absorb", (WORD,), "UM|inf", "sensor attenuation depth, µm", "inf")
+_add(DETECTOR, "-detector_abs -detector_absorb", (WORD,), "UM|inf", "sensor attenuation depth, µm",
+     "-sensor_material's at λ")
 _add(DETECTOR, "-img", P1, "FILE", "take the detector's values from an SMV image's header", "none")
 _add(DETECTOR, "-mask", P1, "FILE", "SMV image: pixels of value 0 are not rendered", "none")
 _add(SAMPLING, "-oversample", I1, "N", "sub-pixels per pixel side", "auto: from crystal size and pixel")
@@ -150,6 +152,8 @@ _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-m
 _add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
 _add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
 _add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
+_add(NBSIM, "-sensor_material", (WORD,), "Si|CdTe", "sensor material: with -detector_thick and no -detector_abs, "
+     "the attenuation depth is its NIST attenuation length at λ (docs/detector.md)", "Si")
 _add(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, header "
      "energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength")
 _add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
@@ -274,7 +278,8 @@ def _check_value(flag: str, kind: str, value: str) -> None:
     if kind == WORD:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
                    "-compile": ("auto", "on", "off"), "-noise_generator": ("nanobragg", "philox"),
-                   "-psf": ("none", "gaussian", "fiber")}.get(flag)
+                   "-psf": ("none", "gaussian", "fiber"),
+                   "-sensor_material": tuple(MATERIALS)}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):
                 raise NbsimError(f"{flag} expects an attenuation depth in um or 'inf', got '{value}'")
