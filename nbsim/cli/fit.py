@@ -111,6 +111,9 @@ def main(argv: list[str]) -> int:
         argument_parser().print_help()
         return 0
     options = argument_parser().parse_args(own)
+    from ..fit.parameters import check_names, check_shared
+
+    check_shared(check_names(options.shared, "shared"), check_names(options.refine, "refined"))
     for path in (options.json, options.flags, options.plot):
         if path is not None:
             check_writable(path)

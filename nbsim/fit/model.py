@@ -27,12 +27,12 @@ from ..setup import Setup
 from ..vectors import cross, dot
 from .parameters import (
     DETECTOR,
-    PER_IMAGE_ONLY,
     REFINABLE,
     LatticeSystem,
     Quantity,
     cell_from_free,
     check_names,
+    check_shared,
     lattice_system,
     quantity,
     real_vectors,
@@ -105,10 +105,7 @@ class DiffractionModel(nn.Module):
         if len(setups) != len(pixels):
             raise NbsimError(f"{len(setups)} set-ups but {len(pixels)} pixel lists")
         refine = check_names(list(refine), "refined")
-        shared = check_names(list(shared), "shared")
-        bad = [name for name in shared if name in PER_IMAGE_ONLY]
-        if bad:
-            raise NbsimError(f"{bad[0]} belongs to each image and cannot be shared")
+        check_shared(check_names(list(shared), "shared"), refine)
         for setup in setups:
             check_fittable(setup, refine)
         self.setups = list(setups)

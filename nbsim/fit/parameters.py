@@ -38,6 +38,15 @@ def check_names(names: list[str], what: str) -> list[str]:
     return names
 
 
+def check_shared(shared: list[str], refine: list[str]) -> None:
+    """Shared quantities must be refined and may not belong to one image only."""
+    for name in shared:
+        if name in PER_IMAGE_ONLY:
+            raise NbsimError(f"{name} belongs to each image and cannot be shared")
+        if name not in refine:
+            raise NbsimError(f"{name} is shared but not refined: add it to --refine")
+
+
 @dataclass(frozen=True)
 class LatticeSystem:
     """A lattice system's free cell parameters: `free` indexes (a, b, c, alpha, beta, gamma), and `tied`
