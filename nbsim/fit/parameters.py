@@ -89,7 +89,8 @@ def lattice_system(cell: tuple[float, ...], name: str | None = None) -> LatticeS
         return LATTICE_SYSTEMS["tetragonal" if same(a, b) else "orthorhombic"]
     if same(a, b) and right(alpha) and right(beta) and right(gamma, 120.0):
         return LATTICE_SYSTEMS["hexagonal"]
-    if same(a, b) and same(b, c) and abs(alpha - beta) <= ANGLE_TOLERANCE_DEG and abs(beta - gamma) <= ANGLE_TOLERANCE_DEG:
+    equal_angles = abs(alpha - beta) <= ANGLE_TOLERANCE_DEG and abs(beta - gamma) <= ANGLE_TOLERANCE_DEG
+    if same(a, b) and same(b, c) and equal_angles:
         return LATTICE_SYSTEMS["rhombohedral"]
     if right(alpha) and right(gamma):
         return LATTICE_SYSTEMS["monoclinic"]
