@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import INT32_MAX_COUNT
 from ..errors import NbsimError
 from .atomic import atomic_write_with
 
 MINI_CBF_CONVENTION = "GENERIC_MINI"
-COUNT_CUTOFF = 65535
-"""The largest count (the SMV images' 16-bit limit); saturated pixels hold it."""
 THINNEST_SENSOR_MM = 1e-6
 """NXmx's sensor_thickness when none was simulated (-detector_thick 0: photons recorded where they meet the
 detector's face). dxtbx's NXmx reader needs a positive thickness (its parallax model asserts t0 > 0); a
@@ -79,6 +78,8 @@ class ExperimentRecord:
     """The panels of a multi-panel detector (empty: the one panel the fields above describe)."""
     spectrum: tuple[tuple[float, float], ...] | None = None
     """The -spectrumfile channels, (wavelength in Å, weight), or None for one wavelength."""
+    saturation_counts: int = INT32_MAX_COUNT
+    """The largest count (-saturation): saturated pixels hold it; the overload value of the headers."""
 
 
 def _unit(vector: np.ndarray, what: str) -> np.ndarray:
@@ -106,7 +107,7 @@ def mini_cbf_header(record: ExperimentRecord, start_time: datetime.datetime) -> 
         f"Silicon sensor, thickness {r.sensor_thickness_m:.6f} m" if r.sensor_thickness_m > 0 else None,
         f"Exposure_time {r.exposure_s:.7f} s",
         f"Exposure_period {r.exposure_s:.7f} s",
-        f"Count_cutoff {COUNT_CUTOFF} counts",
+        f"Count_cutoff {r.saturation_counts} counts",
         f"Wavelength {r.wavelength_A:.6f} A",
         f"Detector_distance {r.distance_m:.6f} m",
         f"Beam_xy ({r.beam_fast_px:.2f}, {r.beam_slow_px:.2f}) pixels",
@@ -251,7 +252,7 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             for name in ("count_time", "frame_time"):
                 detector[name] = r.exposure_s
                 detector[name].attrs["units"] = "s"
-            detector["saturation_value"] = COUNT_CUTOFF
+            detector["saturation_value"] = np.int64(r.saturation_counts)
             detector["depends_on"] = "/entry/instrument/detector/transformations/two_theta"
             placement = detector.create_group("transformations")
             placement.attrs["NX_class"] = "NXtransformations"

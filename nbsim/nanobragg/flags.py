@@ -150,6 +150,9 @@ _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-m
 _add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
 _add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
 _add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
+_add(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, their overload value: higher "
+     "counts read it (the SMV files keep nanoBragg's 65535; their -adc pedestal is added only when -adc is given)",
+     "2147483647, int32's largest")
 _add(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, header "
      "energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength")
 _add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
@@ -182,7 +185,7 @@ FLAGS: dict[str, tuple[str, ...]] = {n: f.kinds for f in TABLE if f.kinds is not
 _VARIABLE = tuple(n for f in TABLE if f.kinds is VARIABLE for n in f.names)
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
-                    "-wavelength", "-energy", "-beamsize", "-exposure"}
+                    "-wavelength", "-energy", "-beamsize", "-exposure", "-saturation"}
 MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-mosaicity", "-mosaic_spread",
                         "-mosaic_domains", "-mosaic_dom", "-phisteps", "-dispersion", "-dispsteps", "-divergence",
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
