@@ -1,7 +1,7 @@
 """Every output flag writes *into* an existing character device, symbolic link or FIFO, never replacing it
 (issue 34: `-floatfile /dev/null` as root once replaced the system's /dev/null with a regular file). The
-device here is one the test makes itself (a null device's numbers, in a temporary folder); /dev/null and
-/dev/zero are checked to be untouched by the whole module."""
+device here is one the test makes itself (a null device's numbers, in a temporary folder); conftest.py checks
+that /dev/null and /dev/zero are untouched by the whole session."""
 
 from __future__ import annotations
 
@@ -29,16 +29,6 @@ SMALL = ["-cell", "40", "50", "60", "90", "90", "90", "-N", "3", "-detpixels", "
 TIMES = ("start_time", "end_time", "end_time_estimated")
 NULL_DEVICE = os.makedev(1, 3)
 READER_WAIT_S = 60.0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def system_devices_untouched():
-    """/dev/null and /dev/zero are the same character devices after these tests as before."""
-    before = {name: os.lstat(name) for name in ("/dev/null", "/dev/zero")}
-    yield
-    for name, was in before.items():
-        now = os.lstat(name)
-        assert stat.S_ISCHR(now.st_mode) and (now.st_rdev, now.st_ino) == (was.st_rdev, was.st_ino), name
 
 
 @pytest.fixture
