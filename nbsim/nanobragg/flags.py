@@ -150,9 +150,9 @@ _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-m
 _add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
 _add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
 _add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
-_add(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, their overload value: higher "
-     "counts read it (the SMV files keep nanoBragg's 65535; their -adc pedestal is added only when -adc is given)",
-     "2147483647, int32's largest")
+_add(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, written as their overload "
+     "value; higher counts read it. Those files add -adc only when it is given (the SMV files keep nanoBragg's "
+     "65535 and -adc 40)", "2147483647, int32's largest")
 _add(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, header "
      "energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength")
 _add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
