@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args
 if TYPE_CHECKING:
     import torch
 
+INT32_MAX_COUNT = 2**31 - 1
+"""The largest count an int32 image (miniCBF, NXmx) holds: their saturation unless -saturation sets one."""
+
 Scalar = Union[float, "torch.Tensor"]  # noqa: UP007 - a string forward reference keeps torch unimported
 Vector3 = tuple[float, float, float]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,18 @@ def private_compile_cache(tmp_path_factory):
     # background build turn it on themselves).
     os.environ.setdefault("NBSIM_BACKGROUND_BUILD", "off")
     yield Path(os.environ["NBSIM_CACHE_DIR"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def system_devices_untouched():
+    """/dev/null and /dev/zero are the same character devices after the session as before: no test (run as
+    root) may replace one with a file, as an output once did (issue 34)."""
+    before = {name: os.lstat(name) for name in ("/dev/null", "/dev/zero")}
+    yield
+    for name, was in before.items():
+        now = os.lstat(name)
+        assert stat.S_ISCHR(now.st_mode) and (now.st_rdev, now.st_ino) == (was.st_rdev, was.st_ino), \
+            f"{name} was replaced during the tests"
 
 
 # The longest test files, longest first (by their time in `make test`): each goes to a worker early, so

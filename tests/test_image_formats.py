@@ -39,7 +39,7 @@ def test_cbf_counts_and_header_match_the_simulation(tmp_path, monkeypatch, capsy
     cbf = fabio.open(str(tmp_path / "image.cbf"))
     smv = fabio.open(str(tmp_path / "int.img"))
     assert cbf.data.dtype == np.int32
-    np.testing.assert_array_equal(cbf.data, smv.data)
+    np.testing.assert_array_equal(cbf.data + 40, smv.data)  # the SMV's -adc pedestal (40), not the miniCBF's
     assert cbf.header["_array_data.header_convention"] == "GENERIC_MINI"
     header = _header(tmp_path / "image.cbf")
     geometry = build_geometry(parse(argv)[0].detector)
@@ -52,7 +52,7 @@ def test_cbf_counts_and_header_match_the_simulation(tmp_path, monkeypatch, capsy
     assert header["Start_angle"] == "10.0000 deg."
     assert header["Angle_increment"] == "0.5000 deg."
     assert header["Exposure_time"] == header["Exposure_period"] == "2.0000000 s"
-    assert header["Count_cutoff"] == "65535 counts"
+    assert header["Count_cutoff"] == "2147483647 counts"
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}$", fabio.open(str(tmp_path / "image.cbf"))
                     .header["_array_data.header_contents"].splitlines()[0][2:])
     assert "image.cbf" in capsys.readouterr().out
@@ -60,7 +60,7 @@ def test_cbf_counts_and_header_match_the_simulation(tmp_path, monkeypatch, capsy
 
 def test_cbf_holds_the_noise_image_when_there_is_one(tmp_path, monkeypatch):
     _render(tmp_path, monkeypatch, "-noisefile", "noise.img", "-cbffile", "image.cbf")
-    np.testing.assert_array_equal(fabio.open(str(tmp_path / "image.cbf")).data,
+    np.testing.assert_array_equal(fabio.open(str(tmp_path / "image.cbf")).data + 40,
                                   fabio.open(str(tmp_path / "noise.img")).data)
     assert "Silicon sensor, thickness" not in _header(tmp_path / "image.cbf")
 
@@ -114,8 +114,11 @@ def test_nxmx_reader_gives_back_the_simulated_geometry(case, tmp_path, monkeypat
         assert beam.total_flux.magnitude > 0
         omega = nxmx.get_dependency_chain(entry.samples[0].depends_on)
         assert omega[0][()].to("deg").magnitude == pytest.approx([10.0])
-        np.testing.assert_array_equal(entry.data[0][entry.data[0].signal][0],
+        np.testing.assert_array_equal(entry.data[0][entry.data[0].signal][0] + 40,
                                       fabio.open(str(tmp_path / "int.img")).data)
+        assert detector.saturation_value == 2**31 - 1
+        assert detector.frame_time.to("s").magnitude == detector.count_time.to("s").magnitude == 2.0
+        assert omega[0].end[()].to("deg").magnitude == pytest.approx([10.5])
     # The beam travels along +z in NeXus: where it meets the module, in pixels, and how far, must be nbsim's.
     normal = np.cross(fast, slow)
     distance_mm = origin_mm @ normal / normal[2]
@@ -172,7 +175,7 @@ def test_export_writes_a_rotation_series_as_nxmx_and_numbered_cbfs(tmp_path, cap
                  "--cbf", str(tmp_path / "frame")]) == 0
     assert "10 frames" in capsys.readouterr().out
     setup = resolve(config)
-    expected = [integer_image(image, setup, 55000.0 / float(images.max()), 40.0) for image in images]
+    expected = [integer_image(image, setup, 55000.0 / float(images.max()), 0.0, 2**31 - 1) for image in images]
     with h5py.File(tmp_path / "series.nxs") as handle:
         entry = nxmx.NXmx(handle).entries[0]
         omega = nxmx.get_dependency_chain(entry.samples[0].depends_on)[0]
@@ -216,7 +219,7 @@ def test_cbf_header_reads_as_dxtbx_formatcbfmini_reads_it(tmp_path, monkeypatch)
     assert [float(v) for v in fields["Beam_xy"].replace("(", "").replace(")", "").replace(",", "").split()[:2]] \
         == pytest.approx([21.0, 21.0])
     assert float(fields["Start_angle"].split()[0]) == 10.0 and float(fields["Angle_increment"].split()[0]) == 0.5
-    assert int(fields["Count_cutoff"].split()[0]) == 65535
+    assert int(fields["Count_cutoff"].split()[0]) == 2**31 - 1
 
 
 @pytest.mark.parametrize("convention", ["-mosflm", "-denzo", "-adxv", "-xds", "-dials"])
@@ -275,3 +278,61 @@ def test_a_tilted_detector_refuses_a_mini_cbf(tilt, tmp_path, monkeypatch, capsy
     assert main([*SMALL, *tilt, "-nonoise", "-cbffile", "image.cbf"]) == 2
     assert "write -nxmxfile instead" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_int32_counts_clamp_at_saturation_and_add_a_pedestal_only_when_asked(tmp_path, monkeypatch, capsys):
+    """The miniCBF and NXmx counts: round(value·scale) up to -saturation (no 65535), plus -adc only when given;
+    the SMV image keeps nanoBragg's pedestal and 16-bit clamp."""
+    _render(tmp_path, monkeypatch, "-nonoise", "-scale", "1e6", "-saturation", "100000", "-cbffile", "image.cbf",
+            "-nxmxfile", "image.nxs")
+    floats = np.fromfile(tmp_path / "float.bin", dtype=np.float32).reshape(40, 40).astype(np.float64)
+    expected = np.minimum(np.floor(floats * 1e6 + 0.5), 100000)
+    assert expected.max() == 100000 and (floats * 1e6 > 65535).sum() > 10
+    cbf = fabio.open(str(tmp_path / "image.cbf"))
+    np.testing.assert_array_equal(cbf.data, expected)
+    assert _header(tmp_path / "image.cbf")["Count_cutoff"] == "100000 counts"
+    with h5py.File(tmp_path / "image.nxs") as handle:
+        np.testing.assert_array_equal(handle["entry/data/data"][0], expected)
+        assert handle["entry/instrument/detector/saturation_value"][()] == 100000
+    smv = fabio.open(str(tmp_path / "int.img")).data  # rounded in float32, as nanoBragg does: within 1
+    assert np.abs(smv - np.minimum(np.floor(floats * 1e6 + 40 + 0.5), 65535)).max() <= 1 and smv.max() == 65535
+    _render(tmp_path, monkeypatch, "-nonoise", "-scale", "1e6", "-adc", "10", "-cbffile", "pedestal.cbf")
+    np.testing.assert_array_equal(fabio.open(str(tmp_path / "pedestal.cbf")).data, np.floor(floats * 1e6 + 10.5))
+
+
+def test_saturation_values_outside_int32_are_refused_and_a_useless_one_is_noted(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for value in ("2147483648", "0", "-5", "1.5"):
+        assert main([*SMALL, "-saturation", value, "-cbffile", "x.cbf"]) == 2
+        assert capsys.readouterr().err.startswith("nbsim: error: -saturation")
+    assert not (tmp_path / "x.cbf").exists()
+    _render(tmp_path, monkeypatch, "-nonoise", "-saturation", "1000")
+    assert "-saturation sets the counts of -cbffile and -nxmxfile, and neither is written" in capsys.readouterr().out
+
+
+def test_export_writes_noise_frames_each_with_its_seed_in_its_header(tmp_path, capsys):
+    from dataclasses import replace
+
+    from nbsim.detector import detector_image, layout_of
+    from nbsim.setup import resolve
+
+    phis = [10.0, 10.5, 11.0]
+    images, config = _rotation_sweep(tmp_path, phis)
+    assert main(["export", str(tmp_path / "sweep.zarr"), "--noise-cbf", str(tmp_path / "noisy"),
+                 "--noise-nxmx", str(tmp_path / "noisy.nxs"), "--seed", "500", "--saturation", "12"]) == 0
+    assert "seeds 500 .. 502" in capsys.readouterr().out
+    setup = resolve(config)
+    with h5py.File(tmp_path / "noisy.nxs") as handle:
+        frames = handle["entry/data/data"][()]
+        assert "noise seed of frame k: 500 + k - 1" in handle["entry/notes"][()].decode()
+    for k in range(len(phis)):
+        response = replace(config.response, noise_seed=500 + k, adc_offset_adu=0.0)
+        expected = detector_image(torch.from_numpy(images[k]), response, layout_of(setup), saturation_adu=12).adu
+        cbf = tmp_path / f"noisy_{k + 1:05d}.cbf"
+        np.testing.assert_array_equal(fabio.open(str(cbf)).data, expected.numpy())
+        np.testing.assert_array_equal(frames[k], expected.numpy())
+        assert f"seeds: mosaic {config.crystal.mosaic_seed} misset {config.crystal.misset_seed} noise {500 + k}" \
+            in fabio.open(str(cbf)).header["_array_data.header_contents"]
+    assert not np.array_equal(frames[0], frames[1])
+    assert frames.max() == 12 and frames.min() == 0
+    assert sorted(p.name for p in tmp_path.glob("noisy_*.cbf")) == [f"noisy_{k:05d}.cbf" for k in (1, 2, 3)]

@@ -25,14 +25,16 @@ USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|f
        nbsim bench [--device D] [--dtype T] [--repeats N] [--warmup K] [--compile on|off|auto]
                    [--threads N] [--floatfile F] [--c-binary PATH] [--json F] -- <nanoBragg options>
        nbsim worker start|stop|status   (a resident process that serves nbsim commands)
-       nbsim export SWEEP_ZARR [--nxmx FILE] [--cbf PREFIX]   (a sweep's rotation series for DIALS/XDS)
        nbsim fit IMAGE... [--refine orientation,cell,N,scale] [--json F] -- <nanoBragg options>
                    (refine a model against observed images; nbsim fit -h)
+       nbsim export SWEEP_ZARR [--nxmx FILE] [--cbf PREFIX] [--noise-nxmx FILE] [--noise-cbf PREFIX]
+                   (a sweep's rotation series for DIALS/XDS; see nbsim export -h)
 
 nbsim renders the image nanoBragg renders for the same options and writes the same files
 (-floatfile, -intfile, -pgmfile, -noisefile; nanoBragg's default names when not given), and, for
 processing software (DIALS, XDS, CrystFEL), -cbffile F (miniCBF) and -nxmxfile F (NeXus NXmx HDF5): the
-noise image's counts (the -intfile image's under -nonoise) with the geometry in the header (docs/formats.md).
+noise image's counts (the -intfile image's under -nonoise) with the geometry in the header, as int32 counts: no
+-adc pedestal unless -adc is given, clamped at -saturation, not 65535 (docs/formats.md).
 -noisefile is nanoBragg's noise image, bit for bit, unless detector effects are asked for (docs/detector.md):
 -noise_generator nanobragg|philox, -nopoisson, -flicker F, -calibration F [-calibration_seed N],
 -psf gaussian|fiber -psf_fwhm UM, -gain ADU_PER_PHOTON, -readout_noise ADU, -beamstop RADIUS_MM,

@@ -1,9 +1,13 @@
 """`nbsim export`: a sweep's rotation series (the images of one detector size in a scenario's `sweep.zarr`,
-one value on every axis but one) as one NXmx file with every frame and its ω, and a numbered miniCBF set.
+one value on every axis but one) as one NXmx file with every frame and its ω, and a numbered miniCBF set;
+noiseless, and with the detector's noise (each frame its own seed, written in its records) as well.
 Help and argument errors are answered without importing torch.
 
-The frames are the -intfile images nanoBragg would write, with one scale for the whole series (55000 over
-the brightest pixel of any frame, unless --scale) so that frames compare; each frame's ω is its point's φ.
+The noiseless frames are the -intfile images nanoBragg would write, with one scale for the whole series (55000
+over the brightest pixel of any frame, unless --scale) so that frames compare; the noise frames are the
+detector's counts of the photons themselves (the points' detector response, -noisefile's). Both are int32
+counts as -cbffile writes them: no pedestal unless --adc, clamped at --saturation. Each frame's ω is its
+point's φ.
 """
 
 from __future__ import annotations
@@ -11,18 +15,24 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..config import INT32_MAX_COUNT
 from ..errors import NbsimError
 from ..io.paths import check_writable
 
-USAGE = """usage: nbsim export SWEEP_ZARR [--size N] [--nxmx FILE] [--cbf PREFIX] [--scale S] [--adc A]
+USAGE = """usage: nbsim export SWEEP_ZARR [--size N] [--nxmx FILE] [--cbf PREFIX] [--noise-nxmx FILE]
+                    [--noise-cbf PREFIX] [--seed N] [--scale S] [--adc A] [--saturation COUNTS]
 
 Writes the rotation series in a scenario's sweep.zarr (one value on every axis but the rotated one, e.g.
-phi) as one NXmx file (--nxmx) and/or miniCBF files PREFIX_00001.cbf, PREFIX_00002.cbf, ... (--cbf).
-The counts are the -intfile images (one scale for the series: --scale, default 55000 over the brightest
-pixel); each frame's omega is its point's -phi. See docs/formats.md."""
+phi) as one NXmx file (--nxmx) and/or miniCBF files PREFIX_00001.cbf, PREFIX_00002.cbf, ... (--cbf):
+the -intfile images (one scale for the series: --scale, default 55000 over the brightest pixel). With
+--noise-nxmx and --noise-cbf, the same with the detector's noise (the points' detector response): frame k
+drawn with seed N + k - 1 (--seed N, default the points' noise seed, else the clock), written in its
+header. Counts are int32: no pedestal unless --adc A, none above --saturation (default 2147483647).
+Each frame's omega is its point's -phi. See docs/formats.md."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,16 +49,46 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--size", type=int)
     parser.add_argument("--nxmx", type=Path)
     parser.add_argument("--cbf", type=Path)
+    parser.add_argument("--noise-nxmx", type=Path)
+    parser.add_argument("--noise-cbf", type=Path)
+    parser.add_argument("--seed", type=int)
     parser.add_argument("--scale", type=float, default=0.0)
-    parser.add_argument("--adc", type=float, default=40.0)
+    parser.add_argument("--adc", type=float, default=0.0)
+    parser.add_argument("--saturation", type=int, default=INT32_MAX_COUNT)
     options = parser.parse_args(argv)
-    if options.nxmx is None and options.cbf is None:
-        raise NbsimError("export: nothing to write; give --nxmx FILE and/or --cbf PREFIX")
-    for path in (options.nxmx, options.cbf):
+    files = SeriesFiles(options.nxmx, options.cbf, options.noise_nxmx, options.noise_cbf)
+    if files == SeriesFiles():
+        raise NbsimError("export: nothing to write; give --nxmx FILE, --cbf PREFIX, --noise-nxmx FILE and/or "
+                         "--noise-cbf PREFIX")
+    if not 0 < options.saturation <= INT32_MAX_COUNT:
+        raise NbsimError(f"export: --saturation must be from 1 to {INT32_MAX_COUNT}, got {options.saturation}")
+    for path in (files.nxmx, files.cbf_prefix, files.noise_nxmx, files.noise_cbf_prefix):
         if path is not None:
             check_writable(path)
-    export_series(options.store, options.size, options.nxmx, options.cbf, options.scale, options.adc)
+    export_series(options.store, options.size, files, CountOptions(options.scale, options.adc, options.saturation,
+                                                                   options.seed))
     return 0
+
+
+@dataclass(frozen=True)
+class SeriesFiles:
+    """What `nbsim export` writes: NXmx files and miniCBF prefixes, noiseless and with noise (None: not)."""
+
+    nxmx: Path | None = None
+    cbf_prefix: Path | None = None
+    noise_nxmx: Path | None = None
+    noise_cbf_prefix: Path | None = None
+
+
+@dataclass(frozen=True)
+class CountOptions:
+    """How the frames become int32 counts: the noiseless frames' scale (0: 55000 over the brightest pixel),
+    the pedestal, the saturation, and the first noise frame's seed (None: the points', else the clock)."""
+
+    scale: float = 0.0
+    pedestal: float = 0.0
+    saturation: int = INT32_MAX_COUNT
+    seed: int | None = None
 
 
 def _series(store: Path, size: int | None):
@@ -89,12 +129,13 @@ def _check_rotation_series(store: Path, configs: list, omega_deg) -> None:
                          f"each frame oscillates {osc_deg:g} deg (-osc)")
 
 
-def export_series(store: Path, size: int | None, nxmx_path: Path | None, cbf_prefix: Path | None,
-                  scale: float, adc: float) -> None:
-    """Write the series in `store` as NXmx and/or numbered miniCBF files (see the module's docstring)."""
+def export_series(store: Path, size: int | None, files: SeriesFiles, options: CountOptions) -> None:
+    """Write the series in `store` as `files` say (see the module's docstring)."""
     import numpy as np
+    import torch
 
     from ..config import SimulationConfig
+    from ..detector import detector_image, layout_of
     from ..io.detector_images import write_mini_cbf, write_nxmx
     from ..setup import resolve
     from ..sweep.spec import dataclass_from_dict
@@ -110,22 +151,47 @@ def export_series(store: Path, size: int | None, nxmx_path: Path | None, cbf_pre
     omega_deg = np.array([config.crystal.phi_start_deg for config in configs], dtype=np.float64)
     _check_rotation_series(store, configs, omega_deg)
     setup = resolve(configs[0])
+    scale = options.scale
     if scale <= 0:
         brightest = max(float(np.nanmax(images[frame].values)) for frame in range(frames))
         scale = 55000.0 / brightest if brightest > 0 else 1.0
+    first_seed = options.seed
+    if first_seed is None:
+        first_seed = configs[0].response.noise_seed
+    if first_seed is None:
+        first_seed = int(time.time())
+
+    def photons(frame: int) -> np.ndarray:
+        return np.asarray(images[frame].values, dtype=np.float32)
 
     def counts(frame: int) -> np.ndarray:
-        return integer_image(np.asarray(images[frame].values, dtype=np.float32), setup, scale, adc)
+        return integer_image(photons(frame), setup, scale, options.pedestal, options.saturation)
 
-    record = replace(experiment_record(setup, noise_seed=None), adc_offset_adu=adc)
+    def noise_counts(frame: int) -> np.ndarray:
+        response = replace(configs[frame].response, noise_seed=first_seed + frame, adc_offset_adu=options.pedestal)
+        return detector_image(torch.from_numpy(photons(frame)), response, layout_of(setup),
+                              saturation_adu=options.saturation).adu.numpy()
+
     print(f"exporting {frames} frames of {images.shape[-1]}x{images.shape[-2]} pixels, omega "
           f"{omega_deg[0]:g} to {omega_deg[-1]:g} deg, intfile_scale = {scale:g}")
-    if cbf_prefix is not None:
+    noise_seeds = f"noise seed of frame k: {first_seed} + k - 1"
+    if files.noise_nxmx is not None or files.noise_cbf_prefix is not None:
+        print(f"noise frames drawn with seeds {first_seed} .. {first_seed + frames - 1} ({noise_seeds})")
+    for prefix, noise in ((files.cbf_prefix, False), (files.noise_cbf_prefix, True)):
+        if prefix is None:
+            continue
         for frame in range(frames):
-            path = cbf_prefix.with_name(f"{cbf_prefix.name}_{frame + 1:05d}.cbf")
-            write_mini_cbf(path, counts(frame), replace(record, phi_start_deg=float(omega_deg[frame])), started)
-        print(f"wrote {cbf_prefix}_00001.cbf .. {cbf_prefix}_{frames:05d}.cbf")
-    if nxmx_path is not None:
-        write_nxmx(nxmx_path, (counts(frame) for frame in range(frames)), omega_deg, record, started,
-                   datetime.datetime.now(datetime.timezone.utc))
-        print(f"wrote {nxmx_path} (NXmx, {frames} frames)")
+            record = experiment_record(setup, first_seed + frame if noise else None, options.saturation, options.pedestal)
+            write_mini_cbf(prefix.with_name(f"{prefix.name}_{frame + 1:05d}.cbf"),
+                           (noise_counts if noise else counts)(frame),
+                           replace(record, phi_start_deg=float(omega_deg[frame])), started)
+        print(f"wrote {prefix}_00001.cbf .. {prefix}_{frames:05d}.cbf" + (" (with noise)" if noise else ""))
+    for path, noise in ((files.nxmx, False), (files.noise_nxmx, True)):
+        if path is None:
+            continue
+        record = experiment_record(setup, first_seed if noise else None, options.saturation, options.pedestal)
+        if noise:
+            record = replace(record, notes=(*record.notes, noise_seeds))
+        write_nxmx(path, ((noise_counts if noise else counts)(frame) for frame in range(frames)), omega_deg,
+                   record, started, datetime.datetime.now(datetime.timezone.utc))
+        print(f"wrote {path} (NXmx, {frames} frames{', with noise' if noise else ''})")

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import DetectorConfig, PanelConfig, scalar_value
+from ..config import INT32_MAX_COUNT, DetectorConfig, PanelConfig, scalar_value
 from ..detector import direct_beam_px
+from ..detector.response import OVERLOAD_ADU
 from ..errors import NbsimError
 from ..geometry import DetectorGeometry
 from ..io.detector_images import DetectorModule, ExperimentRecord
@@ -122,21 +123,29 @@ def panel_statistics(panels: list[np.ndarray], setup: Setup) -> tuple[ImageStati
                            rms=math.sqrt(squares / max(total - 1, 1)), rmsd=rmsd), brightest
 
 
-def panel_counts(panels: list[np.ndarray], setup: Setup, scale: float, adc: float) -> np.ndarray:
-    """The integer image of each panel, as a (panels, slow, fast) array zero-padded like the float image."""
-    counts = np.zeros(setup.shape, dtype=np.uint16)
+def panel_counts(panels: list[np.ndarray], setup: Setup, scale: float, adc: float,
+                 saturation: int | None = None) -> np.ndarray:
+    """The integer image of each panel (`integer_image`), as a (panels, slow, fast) array zero-padded like the
+    float image."""
+    counts = np.zeros(setup.shape, dtype=np.uint16 if saturation is None else np.int32)
     for index, (image, panel) in enumerate(zip(panels, setup.panel_setups(), strict=True)):
-        counts[index, :image.shape[0], :image.shape[1]] = integer_image(image, panel, scale, adc)
+        counts[index, :image.shape[0], :image.shape[1]] = integer_image(image, panel, scale, adc, saturation)
     return counts
 
 
-def integer_image(image: np.ndarray, setup: Setup, scale: float, adc: float) -> np.ndarray:
-    """16-bit pixels floor(clamp(value·scale + adc, 0, 65535) + ½) inside the ROI, 0 outside."""
-    pixels = np.empty(image.size, dtype=np.uint16)
+def integer_image(image: np.ndarray, setup: Setup, scale: float, adc: float,
+                  saturation: int | None = None) -> np.ndarray:
+    """Pixels floor(clamp(value·scale + adc, 0, saturation) + ½) inside the ROI, 0 outside. Without a
+    saturation: nanoBragg's 16-bit SMV pixels (clamped at 65535, rounded in float32 as the C does); with one,
+    the int32 files' counts (computed in float64, exact up to int32's largest)."""
+    sixteen_bit = saturation is None
+    ceiling = float(OVERLOAD_ADU if sixteen_bit else saturation)
+    pixels = np.empty(image.size, dtype=np.uint16 if sixteen_bit else np.int32)
     for index, chunk in enumerate(_chunks(torch.from_numpy(image))):
-        counts = chunk.mul_(scale).add_(adc).clamp_(0.0, 65535.0).add_(0.5)
+        counts = chunk.mul_(scale).add_(adc).clamp_(0.0, ceiling).add_(0.5)
         begin = index * CHUNK_PIXELS
-        pixels[begin:begin + counts.numel()] = torch.floor(counts.to(torch.float32)).to(torch.int32).numpy()
+        rounded = torch.floor(counts.to(torch.float32) if sixteen_bit else counts)
+        pixels[begin:begin + counts.numel()] = rounded.to(torch.int32 if sixteen_bit else torch.int64).numpy()
     pixels = pixels.reshape(image.shape)
     if not setup.roi_is_whole_detector:
         pixels[~roi_mask(setup)] = 0
@@ -195,8 +204,10 @@ def refuse_tilted_mini_cbf(detector: DetectorConfig) -> None:
                          "tilted (-twotheta, -detector_rot* or custom vectors); write -nxmxfile instead")
 
 
-def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
-    """What was simulated, for the headers of the miniCBF and NXmx files (`noise_seed`: None without noise)."""
+def experiment_record(setup: Setup, noise_seed: int | None, saturation_counts: int = INT32_MAX_COUNT,
+                      pedestal_adu: float = 0.0) -> ExperimentRecord:
+    """What was simulated, for the headers of the miniCBF and NXmx files (`noise_seed`: None without noise;
+    `saturation_counts`: their largest count; `pedestal_adu`: the ADC offset their counts carry)."""
     g = setup.geometry
     beam = setup.config.beam
     crystal = setup.config.crystal
@@ -224,9 +235,9 @@ def experiment_record(setup: Setup, noise_seed: int | None) -> ExperimentRecord:
         modules=tuple(DetectorModule(panel.name, p.pixel_size_m, p.pixels_f, p.pixels_s, _plain(p.pix0_m),
                                      _plain(p.fdet), _plain(p.sdet))
                       for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)),
-        spectrum=beam.spectrum, adc_offset_adu=setup.config.response.adc_offset_adu,
+        spectrum=beam.spectrum, adc_offset_adu=pedestal_adu,
         gain_adu_per_photon=setup.config.response.gain_adu_per_photon if noise_seed is not None else 1.0,
-        sensor_material=setup.config.detector.sensor_material)
+        sensor_material=setup.config.detector.sensor_material, saturation_counts=saturation_counts)
 
 
 def _sensor_notes(setup: Setup) -> tuple[str, ...]:

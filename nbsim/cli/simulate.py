@@ -12,7 +12,7 @@ import torch
 
 from .. import __version__
 from ..cache import configure_compile_cache
-from ..config import SimulationConfig
+from ..config import DetectorResponseConfig, SimulationConfig
 from ..detector import detector_image, layout_of
 from ..detector.native import load as load_compiled_noise
 from ..devices import resolve_device, resolve_dtype
@@ -76,25 +76,24 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
     scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
     print(f"intfile_scale = {scale:g}")
-    counts = integer_image(image, setup, scale, run.adc) if run.intfile or run.wants_counts else None
     if run.intfile:
         print(f"writing {run.intfile} as 2-byte integers")
-        write_smv(run.intfile, counts, fields)
+        write_smv(run.intfile, integer_image(image, setup, scale, run.adc), fields)
     if run.pgmfile:
         pgm_scale = run.pgm_scale if run.pgm_scale > 0 else (250.0 / (5.0 * stats.rmsd) if stats.rmsd > 0 else scale)
         print(f"pgm_scale = {pgm_scale:g}")
         print(f"writing {run.pgmfile} as 1-byte integers")
         write_pgm(run.pgmfile, pgm_image(image, setup, pgm_scale), pgm_scale)
+    response = dataclasses.replace(config.response, noise_seed=run.seed)
     if run.noisefile:
-        response = dataclasses.replace(config.response, noise_seed=run.seed)
         detected = detector_image(torch.from_numpy(image), response, layout_of(setup))
-        counts = detected.adu.numpy().astype(np.uint16)
         print(f"{detected.total_photons:.0f} photons on noise image ({detected.overloads} overloads)")
         print(f"writing {run.noisefile} as 2-byte integers")
-        write_smv(run.noisefile, counts, fields)
+        write_smv(run.noisefile, detected.adu.numpy().astype(np.uint16), fields)
     if run.wants_counts:
         seed = run.seed if run.noisefile else None
-        _write_processing_images(run, counts, experiment_record(setup, seed), started)
+        record = experiment_record(setup, seed, run.saturation_counts, run.counts_pedestal)
+        _write_processing_images(run, _processing_counts(image, setup, run, scale, response), record, started)
     if run.p1_table_file and setup.p1_table is not None:
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
@@ -117,12 +116,23 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
     scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
     print(f"intfile_scale = {scale:g}")
     if run.nxmxfile:
-        _write_processing_images(run, panel_counts(panels, setup, scale, run.adc), experiment_record(setup, None),
-                                 started)
+        counts = panel_counts(panels, setup, scale, run.counts_pedestal, run.saturation_counts)
+        _write_processing_images(run, counts, experiment_record(setup, None, run.saturation_counts, run.counts_pedestal), started)
     if run.p1_table_file and setup.p1_table is not None:
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
     return 0
+
+
+def _processing_counts(image: np.ndarray, setup: Setup, run: RunOptions, scale: float,
+                       response: DetectorResponseConfig) -> np.ndarray:
+    """The int32 files' counts: the noise image's when there is one, else the -intfile image's; clamped at
+    -saturation, not at the SMV's 65535, and with no pedestal unless -adc is given (docs/formats.md)."""
+    if run.noisefile:
+        pedestal = dataclasses.replace(response, adc_offset_adu=run.counts_pedestal)
+        return detector_image(torch.from_numpy(image), pedestal, layout_of(setup),
+                              saturation_adu=run.saturation_counts).adu.numpy()
+    return integer_image(image, setup, scale, run.counts_pedestal, run.saturation_counts)
 
 
 def _write_processing_images(run: RunOptions, counts: np.ndarray, record: ExperimentRecord,

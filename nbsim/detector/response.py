@@ -57,10 +57,11 @@ def layout_of(setup: Setup) -> PixelLayout:
 class DetectorImage:
     """The detector's read-out and what a dataset's labels keep of it.
 
-    `adu`: int32 tensor of 16-bit values (0..65535) on the photon image's device, 0 outside the ROI (as
-    nanoBragg writes it). `photons`: float64, what reached the read-out (after Poisson, calibration and
-    point-spread). `total_photons`, `max_photons`: sum and maximum of the Poisson draws in the ROI (the sum
-    nanoBragg prints). `overloads`: ROI pixels whose ADU exceeded 65535 before clamping.
+    `adu`: int32 tensor of values from 0 to the saturation (65535, the 16-bit SMV's, unless asked) on the
+    photon image's device, 0 outside the ROI (as nanoBragg writes it). `photons`: float64, what reached the
+    read-out (after Poisson, calibration and point-spread). `total_photons`, `max_photons`: sum and maximum
+    of the Poisson draws in the ROI (the sum nanoBragg prints). `overloads`: ROI pixels whose ADU exceeded
+    the saturation before clamping.
     """
 
     adu: torch.Tensor
@@ -70,8 +71,10 @@ class DetectorImage:
     overloads: int
 
 
-def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout) -> DetectorImage:
-    """The detector image of a noise-free (slow, fast) photon image under `response` (checked first).
+def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
+                   saturation_adu: float = OVERLOAD_ADU) -> DetectorImage:
+    """The detector image of a noise-free (slow, fast) photon image under `response` (checked first), its
+    ADU clamped at `saturation_adu` (the int32 files take a larger one; hot pixels read it).
 
     Same arguments, device and dtype: the same bits. With generator "nanobragg" the Poisson draws are
     nanoBragg's serial sequence over the float32-rounded image (its noise image, bit for bit, with the
@@ -118,13 +121,15 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
         adu += response.adc_offset_adu
     if response.readout_noise_adu > 0.0:
         adu = adu + response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index)
-    overloads = int(torch.count_nonzero(adu[window] > OVERLOAD_ADU))
-    adu = adu.clamp_(0.0, OVERLOAD_ADU)
+    if saturation_adu > OVERLOAD_ADU:
+        adu = adu.to(torch.float64)  # float32 would round int32's largest count up, past the int32 range
+    overloads = int(torch.count_nonzero(adu[window] > saturation_adu))
+    adu = adu.clamp_(0.0, saturation_adu)
     if response.hot_pixel_fraction > 0.0 or response.dead_pixel_fraction > 0.0:
         draw = philox.uniforms(response.defect_seed, STREAM_DEFECTS, 0, index)
         hot = draw < response.hot_pixel_fraction
         dead = ~hot & (draw < response.hot_pixel_fraction + response.dead_pixel_fraction)
-        adu = adu.masked_fill_(hot, OVERLOAD_ADU).masked_fill_(dead, 0.0)
+        adu = adu.masked_fill_(hot, saturation_adu).masked_fill_(dead, 0.0)
     if layout.roi is None:
         counts = adu.to(torch.int32)
     else:

@@ -2,7 +2,13 @@
 folder there, so that writers which record the file's name see the real one), which is then
 renamed over the destination (`os.replace`), so a reader sees the old file or the whole new one, never a
 part; when writing fails the temporary file is removed. Used for images, the kernel cache's descriptions
-and the sweep's JSON records."""
+and the sweep's JSON records.
+
+What is renamed over is only ever a regular file or a new name. A symbolic link is followed: its target is
+replaced (atomically, beside the target) and the link kept. A FIFO or a character or block device (say,
+/dev/null) is written into, never replaced: the bytes are streamed into it, and a library's file (HDF5,
+CBF: written by name, seeking) is built whole in a temporary folder first, then copied in, so a failed
+write sends nothing."""
 
 from __future__ import annotations
 
@@ -11,15 +17,22 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from .paths import check_writable, current_umask
+from ..errors import NbsimError
+from .paths import check_writable, current_umask, is_stream, write_destination
+
+COPY_CHUNK_BYTES = 1 << 20
 
 
 def atomic_write(path: str | Path, *parts: bytes | memoryview) -> None:
     """Write the parts, in order, as the whole content of `path` (created with the usual permissions:
     0o666 less the umask)."""
+    if is_stream(path):
+        check_writable(path)
+        _stream_into(Path(path), parts)
+        return
 
     def write_parts(temporary: Path) -> None:
         with open(temporary, "wb") as stream:
@@ -31,21 +44,40 @@ def atomic_write(path: str | Path, *parts: bytes | memoryview) -> None:
 
 def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
     """Let `write` (a library's writer: fabio, h5py) create the file under its own name in a temporary
-    folder beside `path`, then rename it over `path`; on failure the temporary folder is removed."""
+    folder beside `path` (its target, for a symbolic link), then rename it over that; on failure the
+    temporary folder is removed. Into a FIFO or device the finished file is copied instead."""
     path = Path(path)
     check_writable(path)
+    streamed = is_stream(path)
+    destination = write_destination(path)
     folder = None
     try:
         with _termination_deferred():
-            folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-        temporary = folder / path.name
+            folder = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp",
+                                           dir=None if streamed else destination.parent))
+        temporary = folder / destination.name
         write(temporary)
+        if streamed:
+            with open(temporary, "rb") as built:
+                _stream_into(path, iter(lambda: built.read(COPY_CHUNK_BYTES), b""))
+            return
         os.chmod(temporary, 0o666 & ~current_umask())
-        os.replace(temporary, path)
+        os.replace(temporary, destination)
     finally:
         if folder is not None:
             with _termination_deferred():
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stream_into(path: Path, parts: Iterable[bytes | memoryview]) -> None:
+    """Write the parts into an existing FIFO or device, in order. Opened without O_CREAT, so a path that
+    vanished meanwhile is an error, never a new file; a FIFO's open waits for its reader."""
+    try:
+        with open(os.open(path, os.O_WRONLY), "wb") as stream:
+            for part in parts:
+                stream.write(part)
+    except OSError as error:
+        raise NbsimError(f"cannot write {path}: {error.strerror or error}") from None
 
 
 @contextlib.contextmanager

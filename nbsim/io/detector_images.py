@@ -17,13 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import INT32_MAX_COUNT
 from ..errors import NbsimError
 from ..sensors import DEFAULT_MATERIAL, MATERIALS
 from .atomic import atomic_write_with
 
 MINI_CBF_CONVENTION = "GENERIC_MINI"
-COUNT_CUTOFF = 65535
-"""The largest count (the SMV images' 16-bit limit); saturated pixels hold it."""
+THINNEST_SENSOR_MM = 1e-6
+"""NXmx's sensor_thickness when none was simulated (-detector_thick 0: photons recorded where they meet the
+detector's face). dxtbx's NXmx reader needs a positive thickness (its parallax model asserts t0 > 0); a
+1 nm sensor moves a spot by under 1e-6 mm, nothing against a pixel."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class ExperimentRecord:
     """ADU per photon of the counts (1 for -intfile counts, which are scaled photons)."""
     sensor_material: str = DEFAULT_MATERIAL
     """The sensor's material (nbsim.sensors.MATERIALS), described where the sensor has a thickness."""
+    saturation_counts: int = INT32_MAX_COUNT
+    """The largest count (-saturation): saturated pixels hold it; the overload value of the headers."""
 
 
 def _unit(vector: np.ndarray, what: str) -> np.ndarray:
@@ -110,7 +115,7 @@ def mini_cbf_header(record: ExperimentRecord, start_time: datetime.datetime) -> 
         if r.sensor_thickness_m > 0 else None,
         f"Exposure_time {r.exposure_s:.7f} s",
         f"Exposure_period {r.exposure_s:.7f} s",
-        f"Count_cutoff {COUNT_CUTOFF} counts",
+        f"Count_cutoff {r.saturation_counts} counts",
         f"Wavelength {r.wavelength_A:.6f} A",
         f"Detector_distance {r.distance_m:.6f} m",
         f"Beam_xy ({r.beam_fast_px:.2f}, {r.beam_slow_px:.2f}) pixels",
@@ -209,7 +214,9 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
                start_time: datetime.datetime, end_time: datetime.datetime) -> None:
     """An NXmx file: the (slow, fast) counts of each frame (taken one at a time) and its ω, the detector placed
     by a two-theta axis and its module's offset and pixel directions (the detector rotations are folded into
-    those), the beam, and the sample's ω axis and orientation, in the McStas frame. A multi-panel record's
+    those), the beam, and the sample's ω axis and orientation, in the McStas frame. Each frame's ω range is
+    `omega` to `omega_end` and its exposure `frame_time` (and `count_time`): dxtbx reads a frame's oscillation
+    and exposure from those, so one frame imports as a one-image sweep, not a still. A multi-panel record's
     frames are (panels, slow, fast), zero-padded to the largest panel, and each panel is an NXdetector_module
     named after it whose data_origin (panel, 0, 0) and data_size (1, slow, fast) cut it out."""
     import h5py
@@ -254,11 +261,12 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             detector.attrs["NX_class"] = "NXdetector"
             detector["description"] = "nbsim simulated detector"
             detector["sensor_material"] = r.sensor_material
-            detector["sensor_thickness"] = r.sensor_thickness_m * 1000.0
+            detector["sensor_thickness"] = r.sensor_thickness_m * 1000.0 or THINNEST_SENSOR_MM
             detector["sensor_thickness"].attrs["units"] = "mm"
-            detector["count_time"] = r.exposure_s
-            detector["count_time"].attrs["units"] = "s"
-            detector["saturation_value"] = COUNT_CUTOFF
+            for name in ("count_time", "frame_time"):
+                detector[name] = r.exposure_s
+                detector[name].attrs["units"] = "s"
+            detector["saturation_value"] = np.int64(r.saturation_counts)
             detector["depends_on"] = "/entry/instrument/detector/transformations/two_theta"
             placement = detector.create_group("transformations")
             placement.attrs["NX_class"] = "NXtransformations"
@@ -281,6 +289,8 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             _axis(goniometer, "omega", omega_deg, "rotation", to_mcstas @ np.array(r.spindle_axis), ".", "deg")
             goniometer["omega_increment_set"] = r.osc_deg
             goniometer["omega_increment_set"].attrs["units"] = "deg"
+            goniometer["omega_end"] = np.atleast_1d(np.asarray(omega_deg, dtype=np.float64)) + r.osc_deg
+            goniometer["omega_end"].attrs["units"] = "deg"
             sample["unit_cell"] = np.array([r.unit_cell_A_deg], dtype=np.float64)
             sample["ub_matrix"] = (to_mcstas @ a_matrix.T)[np.newaxis]
             sample["ub_matrix"].attrs["units"] = "1/angstrom"

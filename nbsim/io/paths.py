@@ -4,6 +4,7 @@ line's fast answers use them), and the process's file-creation mask."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from ..errors import InputFileError, NbsimError
@@ -21,13 +22,38 @@ def require_file(path: str | Path) -> None:
 
 
 def check_writable(path: str | Path) -> None:
-    """A one-line error, before any work, when `path` cannot be written: its folder is missing or it is a
-    folder itself."""
+    """A one-line error, before any work, when `path` cannot be written: its folder (for a symbolic link, its
+    target's) is missing, or it is a folder or a socket. A FIFO or device is written into (io/atomic.py)."""
     path = Path(path)
-    if not path.parent.is_dir():
-        raise NbsimError(f"cannot write {path}: folder {path.parent} does not exist")
+    folder = write_destination(path).parent
+    if not is_stream(path) and not folder.is_dir():
+        raise NbsimError(f"cannot write {path}: folder {folder} does not exist")
     if path.is_dir():
         raise NbsimError(f"cannot write {path}: it is a folder")
+    if path.is_socket():
+        raise NbsimError(f"cannot write {path}: it is a socket")
+
+
+def write_destination(path: str | Path) -> Path:
+    """The file a write to `path` lands in: `path` itself, or the file its symbolic links lead to (written
+    there, so the links are kept). A link that leads round in a loop is a one-line error."""
+    path = Path(path)
+    if not path.is_symlink():
+        return path
+    target = Path(os.path.realpath(path))
+    if target.is_symlink():
+        raise NbsimError(f"cannot write {path}: its symbolic links lead round in a loop")
+    return target
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether `path` (links followed) is a FIFO or a character or block device: something a write goes
+    into as a stream of bytes, never a file to be renamed over."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
 def current_umask() -> int:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import (
+    INT32_MAX_COUNT,
     BeamConfig,
     CrystalConfig,
     DetectorConfig,
@@ -61,6 +62,11 @@ class RunOptions:
     """AUTO (compile when the kernel is cached or building it pays), ON or OFF."""
     p1_table_file: str | None = None
     """Where -p1_out writes the P1 table used, as nanoBragg's h k l F text."""
+    saturation_counts: int = INT32_MAX_COUNT
+    """-saturation: the largest count of the int32 files (-cbffile, -nxmxfile), written as their overload value."""
+    counts_pedestal: float = 0.0
+    """What the int32 files add to every count: -adc when it is given, else nothing (photon-counting detectors
+    have no pedestal; the SMV files add -adc, default 40, as nanoBragg does)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -104,6 +110,11 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     if "vectors" in state.values and "pix0" in state["vectors"]:
         notes.append("-pix0_vector selects the custom convention; as in nanoBragg its value is then recomputed "
                      "from the beam centre and pivot")
+    saturation = int(nbsim_options.get("-saturation", INT32_MAX_COUNT))
+    if saturation > INT32_MAX_COUNT:
+        raise NbsimError(f"-saturation must not exceed {INT32_MAX_COUNT} (an int32 count), got {saturation}")
+    if "-saturation" in nbsim_options and not ("-cbffile" in nbsim_options or "-nxmxfile" in nbsim_options):
+        notes.append("-saturation sets the counts of -cbffile and -nxmxfile, and neither is written")
     config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], state["seed"]))
     noise_is_nanobraggs = bool(state["calculate_noise"]) and config.response.generator == "nanobragg"
     seed = state["seed"] if state["seed"] is not None else int(time.time())
@@ -116,7 +127,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         nxmxfile=nbsim_options.get("-nxmxfile"), device=nbsim_options.get("-device", "cpu"),
         dtype=nbsim_options.get("-dtype", "float64" if noise_is_nanobraggs else "float32"),
         compile=Compile.of(nbsim_options.get("-compile", "auto")),
-        p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
+        p1_table_file=nbsim_options.get("-p1_out"), saturation_counts=saturation,
+        counts_pedestal=state["adc"] if "-adc" in argv else 0.0, notes=notes)
     return config, run
 
 

@@ -154,6 +154,9 @@ _add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (d
 _add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
 _add(NBSIM, "-sensor_material", (WORD,), "Si|CdTe", "sensor material: with -detector_thick and no -detector_abs, "
      "the attenuation depth is its NIST attenuation length at λ (docs/detector.md)", "Si")
+_add(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, written as their overload "
+     "value; higher counts read it. Those files add -adc only when it is given (the SMV files keep nanoBragg's "
+     "65535 and -adc 40)", "2147483647, int32's largest")
 _add(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, header "
      "energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength")
 _add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
@@ -186,7 +189,7 @@ FLAGS: dict[str, tuple[str, ...]] = {n: f.kinds for f in TABLE if f.kinds is not
 _VARIABLE = tuple(n for f in TABLE if f.kinds is VARIABLE for n in f.names)
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
-                    "-wavelength", "-energy", "-beamsize", "-exposure"}
+                    "-wavelength", "-energy", "-beamsize", "-exposure", "-saturation"}
 MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-mosaicity", "-mosaic_spread",
                         "-mosaic_domains", "-mosaic_dom", "-phisteps", "-dispersion", "-dispsteps", "-divergence",
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
