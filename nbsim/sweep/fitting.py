@@ -31,11 +31,9 @@ from ..errors import NbsimError
 from .plan import Batch, Point, scenario_args
 from .progress import Progress
 from .spec import PointSpec, dataclass_from_dict, dataclass_to_dict
-from .store import DETECTOR_IMAGE, write_json
+from .store import write_json
 
 if TYPE_CHECKING:
-    from ..config import SimulationConfig
-    from ..fit.refine import FitResult
     from ..setup import Setup
 
 log = logging.getLogger(__name__)
@@ -162,16 +160,16 @@ def perturbed_start(spec: PointSpec, truth: Setup, settings: Mapping[str, Any], 
         return _generator(settings["seed"], owner, key)
 
     cell = list(base.lattice.cell_parameters())
-    system = lattice_system(tuple(cell))
+    system = lattice_system(tuple(cell), settings["lattice"])
     free = [cell[index] for index in system.free]
-    if "cell_percent" in perturb or "cell_angle_deg" in perturb:
-        for key, moved in (("cell_percent", lambda i: i < 3), ("cell_angle_deg", lambda i: i >= 3)):
-            rng = generator(key) if key in perturb else None
-            for position, index in enumerate(system.free):
-                if rng is None or not moved(index):
-                    continue
-                amount = _sign(rng) * perturb[key]
-                free[position] = free[position] * (1 + amount / 100) if key == "cell_percent" else free[position] + amount
+    if "cell_percent" in perturb:
+        rng = generator("cell_percent")
+        free = [value * (1 + _sign(rng) * perturb["cell_percent"] / 100) if index < 3 else value
+                for value, index in zip(free, system.free, strict=True)]
+    if "cell_angle_deg" in perturb:
+        rng = generator("cell_angle_deg")
+        free = [value + _sign(rng) * perturb["cell_angle_deg"] if index >= 3 else value
+                for value, index in zip(free, system.free, strict=True)]
     start_cell = cell_from_free(torch.tensor(cell, dtype=torch.float64), system,
                                 torch.tensor(free, dtype=torch.float64)).tolist()
     rotation = true_rotation(base)
@@ -218,7 +216,8 @@ def observed_counts(spec: PointSpec, truth: Setup, store: Path, job: FitJob) -> 
     else:
         from ..detector import detector_image, layout_of
 
-        noise_seed = int(_generator(job.settings["seed"], f"{job.scenario}/{spec.name}", "noise").integers(1, 2**31 - 1))
+        noise = _generator(job.settings["seed"], f"{job.scenario}/{spec.name}", "noise")
+        noise_seed = int(noise.integers(1, 2**31 - 1))
         response = dataclasses.replace(spec.config.response, poisson=True, generator="philox", noise_seed=noise_seed)
         image = read_observed(f"{store}#{spec.name}", shape=tuple(truth.shape))
         adu = detector_image(torch.as_tensor(image.counts), response, layout_of(truth)).adu.cpu().numpy()
@@ -252,7 +251,7 @@ def _rotation_offset_deg(rotation: np.ndarray, reference: np.ndarray) -> np.ndar
 
 
 def shot_rows(truth: Setup, start: Setup, shot: Mapping[str, Any], sigma: Mapping[str, Sequence[float]],
-              refine: Sequence[str]) -> list[dict[str, Any]]:
+              refine: Sequence[str], fixed_angles: Sequence[int] = ()) -> list[dict[str, Any]]:
     """One row per refined parameter of one fitted shot: true, start and refined values, refined − true
     (`error`), start − true (`start_error`) and the fit's standard error (`sigma`; `sigma` as
     nbsim.fit.output.standard_errors gives it for the shot). The orientation is the rotation vector from the
@@ -275,9 +274,10 @@ def shot_rows(truth: Setup, start: Setup, shot: Mapping[str, Any], sigma: Mappin
         row("misorientation_deg", "°", 0.0, float(np.linalg.norm(begin)), float(np.linalg.norm(refined)), None)
     if "cell" in refine:
         true_cell, start_cell = truth.lattice.cell_parameters(), start.lattice.cell_parameters()
-        for (name, unit), true, first, last, error_sigma in zip(CELL_NAMES, true_cell, start_cell, shot["cell"],
-                                                                 sigma["cell"], strict=True):
-            row(name, unit, float(true), float(first), float(last), error_sigma)
+        for position, ((name, unit), true, first, last, error_sigma) in enumerate(
+                zip(CELL_NAMES, true_cell, start_cell, shot["cell"], sigma["cell"], strict=True)):
+            if position not in fixed_angles:
+                row(name, unit, float(true), float(first), float(last), error_sigma)
     if "N" in refine:
         for axis, true, first, last, error_sigma in zip("abc", truth.n_cells, start.n_cells, shot["N"], sigma["N"],
                                                          strict=True):
@@ -357,7 +357,8 @@ def run_fit_job(job: FitJob, store: Path, output: Path) -> dict:
             continue
         document = fit_json(result, [list(p[0].argv) for p in prepared])
         for index, ((spec, truth, start, _, _), shot) in enumerate(zip(prepared, document["shots"], strict=True)):
-            rows = shot_rows(truth, start, shot, standard_errors(result, index), result.model.refine)
+            fixed = [position for position, tie in enumerate(result.model.systems[index].tied) if tie < 0]
+            rows = shot_rows(truth, start, shot, standard_errors(result, index), result.model.refine, fixed)
             shots.append({"point": spec.name, "axes": dict(spec.axes), "status": "ok",
                           "converged": document["converged"], "reason": document["reason"],
                           "iterations": document["iterations"], "seconds": document["seconds"],
@@ -376,7 +377,8 @@ def start_values(start: Setup) -> dict[str, Any]:
 
     from ..fit.output import misset_deg
 
-    return {"cell": list(start.lattice.cell_parameters()), "misset_deg": misset_deg(torch.as_tensor(true_rotation(start))),
+    return {"cell": list(start.lattice.cell_parameters()),
+            "misset_deg": misset_deg(torch.as_tensor(true_rotation(start))),
             "N": [float(n) for n in start.n_cells], "fluence_photons_per_m2": float(start.fluence),
             "mosaic_spread_deg": start.config.crystal.mosaic_spread_deg,
             "distance_mm": float(start.geometry.distance_m) * 1e3, "beam_x_mm": float(start.geometry.beam_x_m) * 1e3,

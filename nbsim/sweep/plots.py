@@ -166,8 +166,8 @@ def _previews(rows: list[dict], stores: dict[str, Path], axes: list[str], path: 
 
 
 def plot_fit_errors(rows: list[dict[str, Any]], path: Path) -> None:
-    """refined − true (and start − true, grey) of every fitted shot, one panel per parameter: a benchmark of
-    refinement at a glance (rows: nbsim.sweep.fitting.fit_rows)."""
+    """refined − true of every fitted shot, one panel per parameter, each titled with the median |start − true|
+    it started from: a benchmark of refinement at a glance (rows: nbsim.sweep.fitting.fit_rows)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,20 +182,19 @@ def plot_fit_errors(rows: list[dict[str, Any]], path: Path) -> None:
     for axis, parameter in zip(axes.flat, parameters, strict=False):
         members = [row for row in fitted if row["parameter"] == parameter]
         where = [shots.index(row["point"]) for row in members]
-        axis.scatter(where, [row["start_error"] for row in members], s=12, color="0.7", label="start − true")
         converged = [bool(row["converged"]) for row in members]
-        axis.scatter(where, [row["error"] for row in members], s=14, label="refined − true",
+        axis.scatter(where, [row["error"] for row in members], s=14,
                      c=["tab:blue" if ok else "tab:red" for ok in converged])
         axis.axhline(0.0, color="0.3", linewidth=0.8)
         unit = members[0]["unit"] if members else ""
-        axis.set_title(f"{parameter} ({unit})", fontsize=9)
+        started = float(np.median([abs(row["start_error"]) for row in members])) if members else math.nan
+        axis.set_title(f"{parameter} ({unit})\nmedian |start − true| {started:.3g}", fontsize=8)
         axis.set_xlabel("shot", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(True, alpha=0.3)
     for axis in list(axes.flat)[len(parameters):]:
         axis.set_visible(False)
-    axes.flat[0].legend(fontsize=7)
-    figure.suptitle("refined − true per shot (red: not converged)", fontsize=10)
+    figure.suptitle("refined − true per shot (red: the fit did not converge)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
