@@ -408,13 +408,6 @@ def fit_rows(records: Sequence[Path]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_fit_table(rows: list[dict[str, Any]], axes: Sequence[str], csv_path: Path) -> None:
-    """tables/fit.csv: one row per shot and parameter, every digit."""
-    from .collate import write_table
-
-    write_table(rows, list(axes), csv_path, FIT_COLUMNS)
-
-
 def write_fit_variables(store, rows: list[dict[str, Any]], grid, axes: Sequence[str]) -> None:
     """`fit_<value>` (axes, fit_parameter) and per-shot `fit_<value>` (axes) in a collated store, aligned with
     `grid` (the sweep's rows gridded over the axes: NaN where a point has no fit)."""

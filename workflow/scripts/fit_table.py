@@ -2,14 +2,15 @@
 
 from pathlib import Path
 
-from nbsim.sweep.fitting import fit_rows, write_fit_table
+from nbsim.sweep.collate import write_table
+from nbsim.sweep.fitting import FIT_COLUMNS, fit_rows
 from nbsim.sweep.plots import plot_fit_errors
 from nbsim.sweep.progress import run_logged
 
 
 def fit_table(inputs, outputs, params) -> None:
     rows = fit_rows([Path(p) for p in inputs.fits])
-    write_fit_table(rows, params.axes, Path(outputs.csv))
+    write_table(rows, params.axes, Path(outputs.csv), FIT_COLUMNS)
     plot_fit_errors(rows, Path(outputs.plot))
 
 
