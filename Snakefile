@@ -18,6 +18,7 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/simulate.smk"
 include: "workflow/rules/collate.smk"
+include: "workflow/rules/fit.smk"
 
 
 report: "workflow/report/workflow.rst"

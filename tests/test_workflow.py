@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -480,3 +481,42 @@ def test_dataset_sweep_has_labels_and_no_references(tmp_path):
     assert all(float(row["bytes_per_image"]) > 0 for row in timing)
     again = snakemake(tmp_path)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_fit_section_benchmarks_refinement(tmp_path):
+    """config/examples/fit_dataset.yaml, shrunk to three shots of fewer spots in two fit jobs: every shot fitted
+    from its perturbed start, one row per shot and refined parameter with finite values in tables/fit.csv,
+    the plot, and the fit_* variables of sweep.zarr on the draw axis."""
+    import xarray as xr
+
+    config = yaml.safe_load((REPO_ROOT / "config" / "examples" / "fit_dataset.yaml").read_text())
+    config.update(results="results", compile_cache="results/compile-cache")
+    config["sweep"]["draws"]["count"] = 3
+    config["fit"].update(batch_size=2, max_spots=40)
+    write_config(tmp_path, config)
+    plan = planned_jobs(snakemake(tmp_path, "--dry-run"))
+    assert plan["simulate"] == 1 and plan["fit"] == 2 and plan["fit_table"] == 1
+    result = snakemake(tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = tmp_path / "results" / "shots"
+    rows = list(csv.DictReader((results / "tables" / "fit.csv").open()))
+    parameters = ["orientation_x_deg", "orientation_y_deg", "orientation_z_deg", "misorientation_deg", "a_A", "b_A",
+                  "c_A", "Na", "Nb", "Nc", "scale"]  # orthorhombic: the angles are not refined
+    assert sorted((int(row["draw"]), row["parameter"]) for row in rows) == sorted(
+        (draw, parameter) for draw in range(3) for parameter in parameters)
+    for row in rows:
+        assert row["status"] == "ok"
+        values = [float(row[key]) for key in ("true", "start", "refined", "error", "start_error")]
+        assert all(math.isfinite(v) for v in values)
+        assert float(row["error"]) == pytest.approx(float(row["refined"]) - float(row["true"]))
+    started = {row["parameter"]: abs(float(row["start_error"])) for row in rows if row["draw"] == "0"}
+    assert started["misorientation_deg"] == pytest.approx(0.15)
+    assert started["a_A"] == pytest.approx(0.32) and started["Na"] == pytest.approx(1.5)
+    assert (results / "plots" / "fit_errors.png").read_bytes()[:4] == b"\x89PNG"
+    dataset = xr.open_zarr(results / "sweep.zarr")
+    error = dataset["fit_error"].squeeze()
+    assert error.dims == ("draw", "fit_parameter") and list(dataset["fit_parameter"].values) == parameters
+    by_table = {(int(row["draw"]), row["parameter"]): float(row["error"]) for row in rows}
+    assert all(float(error.sel(draw=d, fit_parameter=p)) == v for (d, p), v in by_table.items())
+    assert dataset["fit_converged"].squeeze().dims == ("draw",)

@@ -27,6 +27,7 @@ import pandas as pd
 import xarray as xr
 
 from ..errors import NbsimError
+from .fitting import write_fit_variables
 from .progress import Progress
 from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
 
@@ -135,10 +136,11 @@ def _format_exact(value: Any) -> str:
 
 
 def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], axes: list[str], output: Path,
-                         label: str = "collate") -> None:
+                         label: str = "collate", fits: list[dict[str, Any]] | None = None) -> None:
     """The collated store (see the module's docstring); `stores` maps a batch name to its store. The rows
     are gridded over the axes by pandas and xarray (a DataFrame indexed by the axes, as a Dataset: sorted
-    coordinates, NaN where no point is); the images are then copied one shard at a time."""
+    coordinates, NaN where no point is); the images are then copied one shard at a time. `fits`: the rows of
+    a `fit:` section (nbsim.sweep.fitting.fit_rows), kept as `fit_*` variables."""
     grid = xr.Dataset.from_dataframe(pd.DataFrame(rows).set_index(axes))
     attributes = {"description": "nbsim sweep: one entry per point, every variable over the sweep axes", "axes": axes}
     with AtomicStore(output, attributes) as store:
@@ -168,6 +170,8 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
             coordinates += ["slow_mm", "fast_mm"]
         for image in _copy_images(store, rows, grid, axes, stores, image_arrays, pixels, label):
             image.attrs["coordinates"] = " ".join(coordinates)
+        if fits:
+            write_fit_variables(store, fits, grid, axes)
         store.commit()
 
 

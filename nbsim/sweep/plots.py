@@ -163,3 +163,38 @@ def _previews(rows: list[dict], stores: dict[str, Path], axes: list[str], path: 
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
+
+
+def plot_fit_errors(rows: list[dict[str, Any]], path: Path) -> None:
+    """refined − true of every fitted shot, one panel per parameter, each titled with the median |start − true|
+    it started from: a benchmark of refinement at a glance (rows: nbsim.sweep.fitting.fit_rows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fitted = [row for row in rows if row["status"] == "ok"]
+    parameters = list(dict.fromkeys(row["parameter"] for row in fitted)) or ["(no fitted shot)"]
+    columns = min(4, len(parameters))
+    lines = math.ceil(len(parameters) / columns)
+    figure, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.6 * lines), squeeze=False)
+    shots = list(dict.fromkeys(row["point"] for row in fitted))
+    for axis, parameter in zip(axes.flat, parameters, strict=False):
+        members = [row for row in fitted if row["parameter"] == parameter]
+        where = [shots.index(row["point"]) for row in members]
+        converged = [bool(row["converged"]) for row in members]
+        axis.scatter(where, [row["error"] for row in members], s=14,
+                     c=["tab:blue" if ok else "tab:red" for ok in converged])
+        axis.axhline(0.0, color="0.3", linewidth=0.8)
+        unit = members[0]["unit"] if members else ""
+        started = float(np.median([abs(row["start_error"]) for row in members])) if members else math.nan
+        axis.set_title(f"{parameter} ({unit})\nmedian |start − true| {started:.3g}", fontsize=8)
+        axis.set_xlabel("shot", fontsize=8)
+        axis.tick_params(labelsize=7)
+        axis.grid(True, alpha=0.3)
+    for axis in list(axes.flat)[len(parameters):]:
+        axis.set_visible(False)
+    figure.suptitle("refined − true per shot (red: the fit did not converge)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import NbsimError, did_you_mean
 from .draws import RANDOM_ORIENTATION, Draw, check_draws
+from .fitting import check_fit
 from .plan import (
     CORE_AXES,
     Point,
@@ -155,6 +156,8 @@ def check_config(config: dict, base: Path) -> None:
                 raise NbsimError(f"sweep.draws.values.{name}: also an axis of sweep.extra; give it one or the other")
     if sweep.get("detector") is not None:
         _check_detector(sweep["detector"], draws is not None)
+    if "fit" in config:
+        check_fit(config, base)
     axes = [*CORE_AXES, *(axis_name(name) for name in extra), *(["draw"] if draws is not None else [])]
     clash = sorted({a for a in axes if axes.count(a) > 1})
     if clash:

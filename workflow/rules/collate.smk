@@ -5,6 +5,7 @@ rule collate:
     input:
         records=lambda w: batch_files(w, "records.json"),
         references=reference_records,
+        fits=fit_files,
     output:
         **collate_outputs(),
     log:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from nbsim.errors import NbsimError
 from nbsim.modes import Compile
 from nbsim.sweep import plan, validate
+from nbsim.sweep.fitting import FitJob, fit_chunks
 from nbsim.sweep.spec import BatchJob
 
 
@@ -42,12 +43,18 @@ COMPILED_NBSIM_REFERENCE = REFERENCE and not C_BINARY and config["reference"]["c
 KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE,
                                             Path(".snakemake") / "nbsim-structures.json")
 AXES = plan.sweep_axes(config)
+# fit: (docs/sweeps.md, "Fitting every shot"): each batch's shots fitted in chunks, one fit job each.
+FIT = config.get("fit")
+FIT_CHUNKS = (
+    {key: dict(fit_chunks(batch, FIT["batch_size"])) for key, batch in PLAN.batches.items()} if FIT else {}
+)
 
 
 wildcard_constraints:
     scenario="|".join(re.escape(s) for s in config["scenarios"]),
     batch=r"[A-Za-z0-9._-]+",
     kernel=r"[A-Za-z0-9._-]+",
+    chunk=r"f[0-9]+",
 
 
 def batch_of(wildcards):
@@ -151,6 +158,26 @@ def reference_records(wildcards):
             for b in PLAN.scenario_references(wildcards.scenario)]
 
 
+def fit_job(wildcards):
+    """The fit job's parameters: its shots' specs (as their batch rendered them) and the `fit:` block."""
+    points = FIT_CHUNKS[(wildcards.scenario, wildcards.batch)][wildcards.chunk]
+    specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT) for p in points)
+    return FitJob(scenario=wildcards.scenario, batch=wildcards.batch, chunk=wildcards.chunk, points=specs,
+                  settings=FIT, detector="detector" in config["sweep"]).to_dict()
+
+
+def fit_summary(wildcards):
+    points = FIT_CHUNKS[(wildcards.scenario, wildcards.batch)][wildcards.chunk]
+    return f"{len(points)} shots, {points[0].name} .. {points[-1].name}"
+
+
+def fit_files(wildcards):
+    """A scenario's fit jobs' outputs (none without a `fit:` section)."""
+    return [f"{RESULTS}/{wildcards.scenario}/fits/{batch}/{chunk}.json"
+            for (scenario, batch), chunks in FIT_CHUNKS.items() if scenario == wildcards.scenario
+            for chunk in chunks]
+
+
 def collate_outputs():
     """Timing tables and the collated store; correlation tables with a reference, labels with draws."""
     outputs = dict(
@@ -226,5 +253,6 @@ def all_outputs():
             f"{RESULTS}/{scenario}/plots/speedup.png",
             f"{RESULTS}/{scenario}/plots/warm_time.png",
             f"{RESULTS}/{scenario}/plots/previews.png",
+            *([f"{RESULTS}/{scenario}/tables/fit.csv", f"{RESULTS}/{scenario}/plots/fit_errors.png"] if FIT else []),
         ]
     return outputs

@@ -11,6 +11,7 @@ from nbsim.sweep.collate import (
     write_labels,
     write_table,
 )
+from nbsim.sweep.fitting import fit_rows
 from nbsim.sweep.progress import run_logged
 from nbsim.sweep.report import CORRELATION_VIEW, TIMING_VIEW, write_reader_tables
 
@@ -27,7 +28,8 @@ def collate(inputs, outputs, params, scenario) -> None:
     if hasattr(outputs, "labels_csv"):
         write_labels(rows, Path(outputs.labels_csv))
     stores = {Path(p).parent.name: Path(p) for p in params.stores}
-    write_collated_store(rows, stores, params.axes, Path(outputs.store), f"collate {scenario}")
+    fits = fit_rows([Path(p) for p in inputs.fits])
+    write_collated_store(rows, stores, params.axes, Path(outputs.store), f"collate {scenario}", fits)
 
 
 run_logged(snakemake.log[0], collate, snakemake.input, snakemake.output, snakemake.params,  # noqa: F821
