@@ -61,10 +61,12 @@ class Point:
 
     @property
     def name(self) -> str:
+        """The point's name: size, dtype, device, compile setting, extra values and draw."""
         return f"n{self.size}-{self.dtype}-{self.device}-compile_{self.compile.value}" + self._extras_suffix
 
     @property
     def reference_name(self) -> str:
+        """Its reference point's name: size, extra values and draw."""
         return f"n{self.size}" + self._extras_suffix
 
     @property
@@ -187,9 +189,11 @@ class SweepPlan:
     references: dict[tuple[str, str], Batch]
 
     def scenario_batches(self, scenario: str) -> list[Batch]:
+        """A scenario's point batches."""
         return [b for (s, _), b in self.batches.items() if s == scenario]
 
     def scenario_references(self, scenario: str) -> list[Batch]:
+        """A scenario's reference batches."""
         return [b for (s, _), b in self.references.items() if s == scenario]
 
 
@@ -421,6 +425,7 @@ def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Poi
 
 
 def c_binary_path(config: dict, base: Path) -> str | None:
+    """The C reference binary (`reference.c_binary`, on PATH or relative to the config), or None."""
     import shutil
 
     binary = (config.get("reference") or {}).get("c_binary")
