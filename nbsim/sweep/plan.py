@@ -295,8 +295,8 @@ class PointBuilds:
     the parse of each distinct argv (shared by the points of every dtype, device, compile setting, option
     value and draw of options) and each point's configuration (shared by validation, the kernel jobs and the
     batch specs). The Snakefile keeps one for its whole planning; a function given none makes its own.
-    Measured (docs/benchmarks.md, "Planning"): config/examples/dataset.yaml's 10,000 shots plan in 2.4 s of CPU
-    with one, 3.0 s without its configurations, 5.5 s with one per call."""
+    Measured (docs/benchmarks.md, "Planning"): config/examples/dataset.yaml's 10,000 shots plan in 2.5 s of CPU
+    with one, 3.1 s keeping parses alone, 5.4 s with one per call."""
 
     def __init__(self) -> None:
         self._arguments: dict[tuple[str | tuple, Path], tuple[str, ...]] = {}
