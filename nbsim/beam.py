@@ -63,6 +63,7 @@ class Sources:
 
     @property
     def count(self) -> int:
+        """How many sources."""
         return len(self.positions_m)
 
 

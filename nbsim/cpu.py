@@ -22,6 +22,7 @@ def _cpuinfo_field(name: str) -> str | None:
 
 
 def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo, else what `platform` says)."""
     return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 

@@ -34,6 +34,7 @@ class Lattice:
         return _cell_parameters(self.real_A, self.reciprocal_per_A, self.volume_A3)
 
     def reciprocal_parameters(self) -> tuple[float, ...]:
+        """The reciprocal cell's a*, b*, c* (Å⁻¹) and angles (degrees)."""
         return _cell_parameters(self.reciprocal_per_A, self.real_A, 1.0 / self.volume_A3)
 
 
@@ -156,6 +157,7 @@ class PhiSampling:
     osc_rad: float
 
     def angles_rad(self) -> np.ndarray:
+        """Every phi step's angle, radians."""
         return np.array([self.start_rad + self.step_rad * k for k in range(self.steps)])
 
 
@@ -213,6 +215,7 @@ class MosaicDomains:
 
     @property
     def count(self) -> int:
+        """How many mosaic domains."""
         return len(self.axes)
 
     def matrices(self) -> torch.Tensor:

@@ -20,6 +20,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype named `float32` or `float64`."""
     return DTYPES[name]
 
 

@@ -179,6 +179,7 @@ class Setup:
 
     @property
     def roi_is_whole_detector(self) -> bool:
+        """Whether every pixel is rendered (no -roi short of the detector; always for panels)."""
         return self.panels is not None or self.roi == (0, self.shape[1] - 1, 0, self.shape[0] - 1)
 
     def panel_setups(self) -> list[Setup]:

@@ -23,10 +23,12 @@ class HKLGrid:
 
     @property
     def shape(self) -> tuple[int, int, int]:
+        """Nodes along h, k and l."""
         return self.values.shape
 
     @property
     def index_max(self) -> tuple[int, int, int]:
+        """The largest h, k and l of the grid."""
         return tuple(m + n - 1 for m, n in zip(self.index_min, self.shape, strict=True))
 
     def padded(self, default_F: float) -> np.ndarray:

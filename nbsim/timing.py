@@ -211,6 +211,7 @@ def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of two images (1 for two equal constant images, NaN for other constant ones)."""
     a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
     if a.std() == 0 or b.std() == 0:
         return 1.0 if np.array_equal(a, b) else math.nan

@@ -28,12 +28,14 @@ def dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def cross(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Cross product along the last axis."""
     return torch.stack((u[..., 1] * v[..., 2] - u[..., 2] * v[..., 1],
                         u[..., 2] * v[..., 0] - u[..., 0] * v[..., 2],
                         u[..., 0] * v[..., 1] - u[..., 1] * v[..., 0]), -1)
 
 
 def norm(u: torch.Tensor) -> torch.Tensor:
+    """Euclidean length along the last axis."""
     return torch.sqrt(dot(u, u))
 
 

@@ -213,3 +213,17 @@ def test_help_gives_every_flag_a_line_with_its_meaning(capsys):
     usage = text.split("\n\n")[0]
     for command in ("show", "kernels", "bench", "worker", "export"):
         assert f"nbsim {command} " in usage
+
+
+def test_parser_state_is_typed_and_refuses_unknown_variables():
+    """nanoBragg's variables after parsing are CState's fields: a rule naming a misspelt variable fails when
+    it is made, and nothing can add one to a state."""
+    from nbsim.nanobragg.rules import CState, _set, run_nanobragg_rules
+
+    state = run_nanobragg_rules("-Xclose 12 -distance 120".split())
+    assert isinstance(state, CState) and state.distance_mm == 120.0 and state.Xclose == 12.0
+    assert state.pivot == "beam"  # -distance, the later flag, sets the beam pivot as in the C
+    with pytest.raises(AttributeError):
+        state.distanse_mm = 1.0
+    with pytest.raises(AttributeError, match="distanse_mm"):
+        _set("distanse_mm")

@@ -211,13 +211,14 @@ def test_a_sase_draw_gives_each_shot_its_own_recorded_spectrum(tmp_path):
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"spectrum": {"sase": {"centre_A": 1.3, "bandwidth_percent": 0.5}}}, "sase: channels is missing"),
+    ({"spectrum": {"sase": {"centre_A": 1.3, "bandwidth_percent": 0.5}}},
+     "sweep.draws.values.spectrum.sase: 'channels' is a required property"),
     ({"spectrum": {"sase": {"centre_A": 1.3, "centre_eV": 9000, "bandwidth_percent": 0.5, "channels": 5}}},
      "give one of centre_A and centre_eV"),
     ({"spectrum": {"sase": {"centre_A": -1.3, "bandwidth_percent": 0.5, "channels": 5}}},
-     "sase.centre_A: expects a positive number, got -1.3"),
+     "sase.centre_A: -1.3 is not valid here (exclusiveMinimum: 0)"),
     ({"spectrum": {"sase": {"centre_A": 1.3, "bandwidth_percent": 0.5, "channels": 2.5}}},
-     "sase.channels: expects a whole number of at least 1"),
+     "sase.channels: 2.5 is not valid here (type: \"integer\")"),
     ({"-N": SASE}, "sweep.draws.values.-N: 'sase' draws a spectrum"),
     ({"spectrum": {"uniform": [1, 2]}}, "sweep.draws.values.spectrum: 'sase' draws a spectrum"),
 ])

@@ -239,6 +239,25 @@ def test_any_config_survives_its_json_round_trip(config):
     assert repr(_through_json(config)) == repr(config)
 
 
+def test_one_planning_parses_each_argv_once(tmp_path, monkeypatch):
+    """With one PointBuilds (as the Snakefile keeps), validation and the specs share a parse per distinct
+    argv: two -phi values and three mosaic spreads (an option) are two parses, not six nor twelve."""
+    import nbsim.nanobragg
+    from nbsim.sweep.plan import PointBuilds
+
+    parsed: list[tuple[str, ...]] = []
+    parse = nbsim.nanobragg.config_from_args
+    monkeypatch.setattr(nbsim.nanobragg, "config_from_args", lambda argv: parsed.append(tuple(argv)) or parse(argv))
+    config = config_with({"-phi": [0.5, 1.0], "mosaic_spread_deg": [0.1, 0.2, 0.3]})
+    builds = PointBuilds()
+    validate_config(config, SCHEMA, tmp_path, builds=builds)
+    specs = [point_spec(config, point, tmp_path, {}, builds=builds) for point in sweep_points(config)]
+    assert len(specs) == 6 and len({spec.config for spec in specs}) == 6
+    assert len(parsed) == len(set(parsed)) == 2
+    point_spec(config, sweep_points(config)[0], tmp_path, {})  # without one: a parse of its own
+    assert len(parsed) == 3
+
+
 def test_point_spec_round_trip_and_no_parsing_after_planning(tmp_path):
     """A spec carries the parsed configuration: the batch job renders `spec.config` as planned, and the
     argv is there only for the C binary and the reader."""

@@ -47,7 +47,9 @@ def snakemake(folder: Path, *arguments: str, config: str = "config.yaml",
 
 
 def write_config(folder: Path, config: dict, name: str = "config.yaml") -> None:
-    """The config file and the HKL file TINY's scenario reads (validation reads every input file)."""
+    """The config file and the HKL file TINY's scenario reads (validation reads every input file), in a
+    temporary `folder`: never into the checkout (a config.yaml and inputs/ once landed at its root)."""
+    assert not folder.resolve().is_relative_to(REPO_ROOT), f"{folder} is inside the checkout"
     hkl = folder / "inputs" / "tiny.hkl"
     if not hkl.exists():
         hkl.parent.mkdir(exist_ok=True)

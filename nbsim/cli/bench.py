@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """`nbsim bench`: time a command cold and warm (and the C binary, given one); the exit status."""
     from ..devices import resolve_device, resolve_dtype
 
     try:

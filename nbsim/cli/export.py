@@ -41,6 +41,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str]) -> int:
+    """`nbsim export`: a sweep's -phi series as one NXmx file and numbered miniCBFs; the exit status."""
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

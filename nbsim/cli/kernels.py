@@ -19,6 +19,7 @@ list: the cached kernels, with what each was built for."""
 
 
 def main(argv: list[str]) -> int:
+    """`nbsim kernels build|list` (USAGE says what each does); the exit status."""
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
@@ -35,6 +36,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_command(argv: list[str]) -> int:
+    """`nbsim kernels build`: the common structures' kernels, or those of the options after --."""
     split = argv.index("--") if "--" in argv else len(argv)
     parser = _Parser(prog="nbsim kernels build", add_help=False)
     parser.add_argument("--dtype", nargs="+", default=["float32", "float64"], choices=("float32", "float64"))
@@ -74,6 +76,7 @@ def _structures(nanobragg_args: list[str]):
 
 
 def list_command(argv: list[str]) -> int:
+    """`nbsim kernels list`: the cached kernels, with what each was built for."""
     if argv:
         raise NbsimError(f"kernels list takes no arguments (got {' '.join(argv)})")
     from ..kernel.cache import KernelCache, runs_here

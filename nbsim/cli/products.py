@@ -153,6 +153,7 @@ def integer_image(image: np.ndarray, setup: Setup, scale: float, adc: float,
 
 
 def pgm_image(image: np.ndarray, setup: Setup, scale: float) -> np.ndarray:
+    """nanoBragg's 8-bit PGM pixels: the image times `scale`, clipped to 0..255, 0 outside the ROI."""
     inside = roi_mask(setup)
     values = np.minimum(image.astype(np.float64) * scale, 255.0)
     return np.where(inside, np.trunc(np.maximum(values, 0.0)), 0).astype(np.uint8)

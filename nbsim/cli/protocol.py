@@ -91,6 +91,7 @@ def connect(timeout_s: float | None = None) -> socket.socket | None:
 
 
 def send_request(connection: socket.socket, message: dict) -> None:
+    """Send one message to the worker: a JSON line."""
     connection.sendall(json.dumps(message).encode() + b"\n")
 
 

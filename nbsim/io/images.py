@@ -23,6 +23,7 @@ def write_float_image(path: str | Path, image: np.ndarray) -> None:
 
 
 def byte_order() -> str:
+    """This machine's byte order as SMV headers spell it."""
     return "little_endian" if sys.byteorder == "little" else "big_endian"
 
 
@@ -71,6 +72,7 @@ class SMVHeader:
         return c_atof(self.text[equals + 1:])
 
     def byte_order(self) -> str:
+        """The header's BYTE_ORDER (the last one), else this machine's."""
         found = re.findall(r"BYTE_ORDER=(\w+)", self.text)
         return found[-1] if found else byte_order()
 

@@ -27,6 +27,7 @@ def c_atof(text: str) -> float:
 
 
 def c_atoi(text: str) -> int:
+    """C's atoi: the leading integer of `text`, 0 when there is none (as nanoBragg reads flags)."""
     match = _C_INT_PREFIX.match(text)
     return int(match.group(0)) if match else 0
 

@@ -57,7 +57,8 @@ class AotStage:
 class PackageRunner(Protocol):
     """An opened ahead-of-time package (PyTorch's AOTIModelPackageLoader)."""
 
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The package's outputs for its flattened inputs."""
 
 
 def load_package(cache: KernelCache, variant: StageVariant, dtype: torch.dtype, device: torch.device,

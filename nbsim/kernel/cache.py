@@ -69,10 +69,12 @@ class KernelCache:
         return {**build_environment(), **variant.identity(dtype, device)}
 
     def key(self, variant: StageVariant, dtype: torch.dtype, device: torch.device) -> str:
+        """The package's file name stem: a digest of what the kernel depends on (`description`)."""
         text = json.dumps(self.description(variant, dtype, device), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def package(self, variant: StageVariant, dtype: torch.dtype, device: torch.device) -> Path:
+        """Where the package of a stage variant, dtype and device is kept."""
         return self.kernels / f"{self.key(variant, dtype, device)}.pt2"
 
     def missing(self, structure: Structure, dtype: torch.dtype, device: torch.device) -> list[StageVariant]:

@@ -369,6 +369,7 @@ def terms_from_projections(projections: torch.Tensor, inverse_path: torch.Tensor
 
 def step_terms(f: PixelFrame, t: KernelTensors, options: KernelOptions,
                lookup: str | None = None) -> StepTerms:
+    """A step's Miller indices and factors per (pixel, sub-step, source, orientation) (`StepTerms`)."""
     return terms_from_projections(cell_projections(f, t, options), f.inverse_path, t, options, lookup)
 
 

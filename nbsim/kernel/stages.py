@@ -47,6 +47,7 @@ class Stage:
 
     @property
     def name(self) -> str:
+        """The stage's name: its function's."""
         return self.function.__name__
 
     def vectors_for(self, options: KernelOptions, device: torch.device) -> int:
@@ -132,10 +133,12 @@ class Structure:
         return "-".join(["single" if self.single_step else "steps", self.options.shape, self.options.lookup, *flags])
 
     def to_json(self) -> str:
+        """The structure as JSON (its kernel options and whether it is single-step)."""
         return json.dumps({"options": dataclasses.asdict(self.options), "single_step": self.single_step})
 
     @staticmethod
     def from_json(text: str) -> Structure:
+        """The structure `to_json` wrote."""
         data = json.loads(text)
         return Structure(KernelOptions(**data["options"]), bool(data["single_step"]))
 

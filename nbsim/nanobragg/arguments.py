@@ -80,9 +80,9 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     validate(argv)
     state = run_nanobragg_rules(argv)
     nbsim_options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in NBSIM_ONLY}
-    if "-column" in nbsim_options and state["hkl"] is None:
+    if "-column" in nbsim_options and state.hkl is None:
         raise NbsimError("-column picks a column of the -hkl file: give -hkl FILE")
-    if "-p1_out" in nbsim_options and state["hkl"] is None and "-model" not in nbsim_options:
+    if "-p1_out" in nbsim_options and state.hkl is None and "-model" not in nbsim_options:
         raise NbsimError("-p1_out writes the table of -hkl or -model: give one of them")
     config = _config_from_state(state).with_options(column=nbsim_options.get("-column"),
                                                     model_file=nbsim_options.get("-model"))
@@ -92,8 +92,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         from ..io.panels import read_panel_file  # numpy: only where a panel file is given
 
         config = config.with_options(panels=read_panel_file(panel_file), panel_file=panel_file)
-        state["write_pgm"] = state["calculate_noise"] = False
-        state["intfile"] = None
+        state.write_pgm = state.calculate_noise = False
+        state.intfile = None
     if "-spectrumfile" in nbsim_options:
         config = _with_spectrum(config, nbsim_options["-spectrumfile"], any(flag in argv for flag in WAVELENGTH_FLAGS))
     config = _with_sensor(_with_cell_from_file(config), nbsim_options.get("-sensor_material", DEFAULT_MATERIAL))
@@ -101,13 +101,13 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
              for flag in NO_EFFECT if flag in argv]
-    if not state["calculate_noise"]:
+    if not state.calculate_noise:
         notes += [f"{flag} changes only the -noisefile image, which -nonoise turns off"
                   for flag in DETECTOR_FLAGS if flag in argv]
-    if "-tophat_xtal" in argv and state["shape"] != "tophat":
+    if "-tophat_xtal" in argv and state.shape != "tophat":
         notes.append("-tophat_xtal is not a nanoBragg option and nanoBragg ignores it (shape stays "
-                     f"{state['shape']}); use -tophat_spots for flat-topped spots")
-    if "vectors" in state.values and "pix0" in state["vectors"]:
+                     f"{state.shape}); use -tophat_spots for flat-topped spots")
+    if "pix0" in state.vectors:
         notes.append("-pix0_vector selects the custom convention; as in nanoBragg its value is then recomputed "
                      "from the beam centre and pivot")
     saturation = int(nbsim_options.get("-saturation", INT32_MAX_COUNT))
@@ -115,20 +115,20 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         raise NbsimError(f"-saturation must not exceed {INT32_MAX_COUNT} (an int32 count), got {saturation}")
     if "-saturation" in nbsim_options and not ("-cbffile" in nbsim_options or "-nxmxfile" in nbsim_options):
         notes.append("-saturation sets the counts of -cbffile and -nxmxfile, and neither is written")
-    config = dataclasses.replace(config, response=_response(argv, nbsim_options, state["adc"], state["seed"]))
-    noise_is_nanobraggs = bool(state["calculate_noise"]) and config.response.generator == "nanobragg"
-    seed = state["seed"] if state["seed"] is not None else int(time.time())
+    config = dataclasses.replace(config, response=_response(argv, nbsim_options, state.adc, state.seed))
+    noise_is_nanobraggs = bool(state.calculate_noise) and config.response.generator == "nanobragg"
+    seed = state.seed if state.seed is not None else int(time.time())
     run = RunOptions(
-        floatfile=state["floatfile"], intfile=state["intfile"],
-        pgmfile=state["pgmfile"] if state["write_pgm"] else None,
-        noisefile=state["noisefile"] if state["calculate_noise"] else None,
-        intfile_scale=state["intfile_scale"], pgm_scale=state["pgm_scale"], adc=state["adc"], seed=seed,
-        printout_pixel=state["printout_pixel"], cbffile=nbsim_options.get("-cbffile"),
+        floatfile=state.floatfile, intfile=state.intfile,
+        pgmfile=state.pgmfile if state.write_pgm else None,
+        noisefile=state.noisefile if state.calculate_noise else None,
+        intfile_scale=state.intfile_scale, pgm_scale=state.pgm_scale, adc=state.adc, seed=seed,
+        printout_pixel=state.printout_pixel, cbffile=nbsim_options.get("-cbffile"),
         nxmxfile=nbsim_options.get("-nxmxfile"), device=nbsim_options.get("-device", "cpu"),
         dtype=nbsim_options.get("-dtype", "float64" if noise_is_nanobraggs else "float32"),
         compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), saturation_counts=saturation,
-        counts_pedestal=state["adc"] if "-adc" in argv else 0.0, notes=notes)
+        counts_pedestal=state.adc if "-adc" in argv else 0.0, notes=notes)
     return config, run
 
 
@@ -182,42 +182,42 @@ def _response(argv: list[str], options: dict[str, str], adc: float, seed: int | 
 
 def _config_from_state(state: CState) -> SimulationConfig:
     crystal = CrystalConfig(
-        cell_A_deg=tuple(state["cell"]) if state["user_cell"] else None,
-        mosflm_matrix=read_mosflm_matrix(state["mat"]) if state["mat"] else None,
-        misset_deg=state["misset"], misset_random=state["misset_random"],
-        misset_seed=state["misset_seed"] if state["misset_seed"] is not None else state["seed"],
-        n_cells=(state["Na"], state["Nb"], state["Nc"]), crystal_size_mm=tuple(state["sample_mm"]),
-        shape=state["shape"], fudge=state["fudge"], mosaic_spread_deg=state["mosaic_deg"],
-        mosaic_domains=state["mosaic_domains"], mosaic_seed=state["mosaic_seed"], phi_start_deg=state["phi_deg"],
-        osc_range_deg=state["osc_deg"], phi_step_deg=state["phistep_deg"], phi_steps=state["phisteps"])
+        cell_A_deg=tuple(state.cell) if state.user_cell else None,
+        mosflm_matrix=read_mosflm_matrix(state.mat) if state.mat else None,
+        misset_deg=state.misset, misset_random=state.misset_random,
+        misset_seed=state.misset_seed if state.misset_seed is not None else state.seed,
+        n_cells=(state.Na, state.Nb, state.Nc), crystal_size_mm=tuple(state.sample_mm),
+        shape=state.shape, fudge=state.fudge, mosaic_spread_deg=state.mosaic_deg,
+        mosaic_domains=state.mosaic_domains, mosaic_seed=state.mosaic_seed, phi_start_deg=state.phi_deg,
+        osc_range_deg=state.osc_deg, phi_step_deg=state.phistep_deg, phi_steps=state.phisteps)
     beam = BeamConfig(
-        wavelength_A=state["lambda_A"], dispersion_percent=state["dispersion_pct"],
-        dispersion_steps=state["dispsteps"], hdiv_range_mrad=state["hdivrange"],
-        vdiv_range_mrad=state["vdivrange"], hdiv_step_mrad=state["hdivstep"], vdiv_step_mrad=state["vdivstep"],
-        hdiv_steps=state["hdivsteps"], vdiv_steps=state["vdivsteps"], round_divergence=state["round_div"],
-        sources=read_source_file(state["sourcefile"]) if state["sourcefile"] else None,
-        kahn_polarization=state["polarization"], no_polarization=state["nopolar"],
-        fluence_photons_per_m2=state["fluence"], flux_photons_per_s=state["flux"], exposure_s=state["exposure"],
-        beamsize_mm=state["beamsize_mm"], water_thickness_um=state["water_um"], dmin_A=state["dmin_A"])
-    vectors = state["vectors"] if state["convention"] == "custom" else {}
+        wavelength_A=state.lambda_A, dispersion_percent=state.dispersion_pct,
+        dispersion_steps=state.dispsteps, hdiv_range_mrad=state.hdivrange,
+        vdiv_range_mrad=state.vdivrange, hdiv_step_mrad=state.hdivstep, vdiv_step_mrad=state.vdivstep,
+        hdiv_steps=state.hdivsteps, vdiv_steps=state.vdivsteps, round_divergence=state.round_div,
+        sources=read_source_file(state.sourcefile) if state.sourcefile else None,
+        kahn_polarization=state.polarization, no_polarization=state.nopolar,
+        fluence_photons_per_m2=state.fluence, flux_photons_per_s=state.flux, exposure_s=state.exposure,
+        beamsize_mm=state.beamsize_mm, water_thickness_um=state.water_um, dmin_A=state.dmin_A)
+    vectors = state.vectors if state.convention == "custom" else {}
     detector = DetectorConfig(
-        distance_mm=state["distance_mm"], close_distance_mm=_nan_to_none(state["close_distance_mm"]),
-        detsize_f_mm=state["detsize_f_mm"], detsize_s_mm=state["detsize_s_mm"], pixels_f=state["fpixels"] or None,
-        pixels_s=state["spixels"] or None, pixel_size_mm=state["pixel_mm"], convention=state["convention"],
-        pivot=state["pivot"],
-        beam_x_mm=_nan_to_none(state["Xbeam"]), beam_y_mm=_nan_to_none(state["Ybeam"]),
-        close_x_mm=_nan_to_none(state["Xclose"]), close_y_mm=_nan_to_none(state["Yclose"]),
-        orgx_px=_nan_to_none(state["ORGX"]), orgy_px=_nan_to_none(state["ORGY"]),
-        twotheta_deg=state["twotheta_deg"], rotation_deg=tuple(state["rot_deg"]),
+        distance_mm=state.distance_mm, close_distance_mm=_nan_to_none(state.close_distance_mm),
+        detsize_f_mm=state.detsize_f_mm, detsize_s_mm=state.detsize_s_mm, pixels_f=state.fpixels or None,
+        pixels_s=state.spixels or None, pixel_size_mm=state.pixel_mm, convention=state.convention,
+        pivot=state.pivot,
+        beam_x_mm=_nan_to_none(state.Xbeam), beam_y_mm=_nan_to_none(state.Ybeam),
+        close_x_mm=_nan_to_none(state.Xclose), close_y_mm=_nan_to_none(state.Yclose),
+        orgx_px=_nan_to_none(state.ORGX), orgy_px=_nan_to_none(state.ORGY),
+        twotheta_deg=state.twotheta_deg, rotation_deg=tuple(state.rot_deg),
         fdet_vector=vectors.get("fdet"), sdet_vector=vectors.get("sdet"), odet_vector=vectors.get("odet"),
         beam_vector=vectors.get("beam"), polar_vector=vectors.get("polar"), spindle_axis=vectors.get("spindle"),
-        twotheta_axis=vectors.get("twotheta"), point_pixel=state["point_pixel"], curved=state["curved"],
-        sensor_thickness_um=state["detector_thick_um"], sensor_absorption_depth_um=state["absorption_depth_um"],
-        sensor_layers=state["thicksteps"], oversample=state["oversample"],
-        oversample_thick=state["oversample_thick"], oversample_polar=state["oversample_polar"],
-        oversample_omega=state["oversample_omega"], roi=state["roi"], mask_file=state["mask"])
-    structure = StructureFactorConfig(hkl_file=state["hkl"], default_F=state["default_F"],
-                                      interpolate=state["interpolate"])
+        twotheta_axis=vectors.get("twotheta"), point_pixel=state.point_pixel, curved=state.curved,
+        sensor_thickness_um=state.detector_thick_um, sensor_absorption_depth_um=state.absorption_depth_um,
+        sensor_layers=state.thicksteps, oversample=state.oversample,
+        oversample_thick=state.oversample_thick, oversample_polar=state.oversample_polar,
+        oversample_omega=state.oversample_omega, roi=state.roi, mask_file=state.mask)
+    structure = StructureFactorConfig(hkl_file=state.hkl, default_F=state.default_F,
+                                      interpolate=state.interpolate)
     return SimulationConfig(crystal=crystal, beam=beam, detector=detector, structure=structure)
 
 

@@ -1,5 +1,5 @@
-"""The flags nbsim accepts (nanoBragg's, plus nbsim's own): one table (`TABLE`, an `_add` line per flag
-and its aliases, with its group, the kinds of its values, what it sets with units, and its default) from
+"""The flags nbsim accepts (nanoBragg's, plus nbsim's own): one literal table (`TABLE`, a `Flag` per
+flag and its aliases, with its group, the kinds of its values, what it sets with units, and its default) from
 which `nbsim -h` and every list here are derived; their limits and conflicts, and the strict validation
 that turns any mistake into a one-line error (nanoBragg itself rejects nothing)."""
 
@@ -19,170 +19,180 @@ VARIABLE = None
 
 @dataclass(frozen=True)
 class Flag:
-    """One line of `nbsim -h`: a flag, its aliases, the kinds of its values, what it sets (with units) and
-    its default ('' for a switch, which is off unless given)."""
+    """One line of `nbsim -h`: its group, a flag and its aliases, the kinds of its values, what it sets (with
+    units) and its default ('' for a switch, which is off unless given)."""
 
-    names: tuple[str, ...]
-    kinds: tuple[str, ...] | None
     group: str
+    spellings: str
+    """The flag and its aliases, separated by spaces."""
+    kinds: tuple[str, ...] | None
     values: str
     text: str
     default: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The flag and its aliases."""
+        return tuple(self.spellings.split())
 
 
 GROUPS = ("crystal", "beam", "detector", "sampling", "outputs", "nbsim's own",
           "nbsim's detector response (the -noisefile image; docs/detector.md)", "accepted, no effect in nbsim")
 CRYSTAL, BEAM, DETECTOR, SAMPLING, OUTPUTS, NBSIM, RESPONSE, IGNORED = GROUPS
-TABLE: list[Flag] = []
-
-
-def _add(group: str, names: str, kinds: tuple[str, ...] | None, values: str, text: str, default: str = "") -> None:
-    TABLE.append(Flag(tuple(names.split()), kinds, group, values, text, default))
-
-
 N1, I1, P1, V3 = (NUM,), (INT,), (PATH,), (NUM, NUM, NUM)
-_add(CRYSTAL, "-cell", VARIABLE, "A B C AL BE GA", "unit cell: lengths in Å, angles in degrees",
-     "from -mat, -hkl or -model")
-_add(CRYSTAL, "-mat", P1, "FILE", "MOSFLM orientation matrix: three reciprocal cell vectors times λ, Å⁻¹", "none")
-_add(CRYSTAL, "-misset", VARIABLE, "X Y Z|random", "crystal rotations about x, y, z, degrees, or a random orientation",
-     "0 0 0")
-_add(CRYSTAL, "-misset_seed", I1, "N", "random-number seed of -misset random", "-seed")
-_add(CRYSTAL, "-hkl", P1, "FILE", "structure factors: h k l F text, MTZ or sf-mmCIF table (P1-expanded)", "none")
-_add(CRYSTAL, "-default_F", N1, "F", "structure factor of every reflection not in -hkl, electrons", "0")
-_add(CRYSTAL, "-N", I1, "N", "unit cells along a, b and c", "1")
-_add(CRYSTAL, "-Na -Nb -Nc", I1, "N", "unit cells along one axis", "1")
-_add(CRYSTAL, "-xtalsize -xtal_size -samplesize -sample_size", N1, "MM", "crystal full width along a, b and c, mm "
-     "(sets -N)", "0: use -N")
-_add(CRYSTAL, "-xtal_thick -xtal_x -sample_thick -sample_x", N1, "MM", "crystal width along a, mm (sets -Na)", "0")
-_add(CRYSTAL, "-xtal_width -xtal_y -sample_width -sample_y -width", N1, "MM", "crystal width along b, mm (sets -Nb)",
-     "0")
-_add(CRYSTAL, "-xtal_height -xtal_z -sample_height -sample_z -height", N1, "MM", "crystal width along c, mm (sets -Nc)",
-     "0")
-_add(CRYSTAL, "-square_xtal", (), "", "parallelepiped crystal: sinc-shaped spots (the default shape)")
-_add(CRYSTAL, "-round_xtal", (), "", "ellipsoidal crystal")
-_add(CRYSTAL, "-gauss_xtal", (), "", "Gaussian spots, no inter-Bragg maxima")
-_add(CRYSTAL, "-tophat_spots -binary_spots", (), "", "spots clipped at their FWHM, no inter-Bragg maxima")
-_add(CRYSTAL, "-tophat_xtal", (), "", "not a nanoBragg option: ignored as nanoBragg ignores it (use -tophat_spots)")
-_add(CRYSTAL, "-fudge", N1, "X", "scale of the spot shape's width", "1")
-_add(CRYSTAL, "-mosaic -mosaicity -mosaic_spread", N1, "DEG", "isotropic mosaic spread, degrees (90: powder)", "0")
-_add(CRYSTAL, "-phi", N1, "DEG", "starting rotation about the spindle axis, degrees", "0")
-_add(CRYSTAL, "-osc", N1, "DEG", "rotation range about the spindle axis, degrees", "-phistep × -phisteps")
-_add(CRYSTAL, "-spindle_axis", V3, "X Y Z", "unit vector of the right-handed phi rotation axis", "by convention")
-_add(CRYSTAL, "-water", N1, "UM", "water around the crystal (background), µm", "0")
-_add(BEAM, "-lambda -wave -wavelength", N1, "Å", "X-ray wavelength, Å", "1")
-_add(BEAM, "-energy", N1, "EV", "X-ray photon energy, eV (instead of -lambda)", "12398.42")
-_add(BEAM, "-dispersion", N1, "PCT", "spectral width Δλ/λ, percent", "0")
-_add(BEAM, "-divergence", N1, "MRAD", "beam divergence, horizontal and vertical, mrad", "0")
-_add(BEAM, "-hdivrange -vdivrange", N1, "MRAD", "horizontal or vertical beam divergence, mrad", "0")
-_add(BEAM, "-sourcefile", P1, "FILE", "sources, one a line: position X Y Z (m), weight, λ (m)", "none")
-_add(BEAM, "-polar", N1, "K", "Kahn polarization factor", "0")
-_add(BEAM, "-nopolar", (), "", "no polarization correction")
-_add(BEAM, "-polar_vector", V3, "X Y Z", "unit vector of the X-ray E-vector", "by convention")
-_add(BEAM, "-beam_vector", V3, "X Y Z", "unit vector of the X-ray beam direction", "by convention")
-_add(BEAM, "-fluence", N1, "PH/M2", "incident photons per m²", "1.26e29")
-_add(BEAM, "-flux", N1, "PH/S", "incident photons per second (fluence from -flux, -exposure, -beamsize)", "0")
-_add(BEAM, "-exposure", N1, "S", "exposure time with -flux, s", "1")
-_add(BEAM, "-beamsize", N1, "MM", "beam width with -flux, mm", "0.1")
-_add(DETECTOR, "-distance", N1, "MM", "distance from the sample to the detector, mm", "100")
-_add(DETECTOR, "-close_distance", N1, "MM", "distance from the sample to the detector plane, mm", "from -distance")
-_add(DETECTOR, "-detsize", N1, "MM", "detector width and height, mm", "102.4")
-_add(DETECTOR, "-detsize_f -detsize_s", N1, "MM", "detector width along fast or slow, mm", "102.4")
-_add(DETECTOR, "-detpixels", I1, "N", "detector width and height, pixels", "-detsize / -pixel")
-_add(DETECTOR, "-detpixels_f -detpixels_x -detpixels_s -detpixels_y", I1, "N", "pixels along fast (x) or slow (y)",
-     "-detsize / -pixel")
-_add(DETECTOR, "-pixel", N1, "MM", "pixel size, mm", "0.1")
-_add(DETECTOR, "-Xbeam -Ybeam", N1, "MM", "direct-beam position on the detector, fast (X) and slow (Y), mm", "centre")
-_add(DETECTOR, "-Xclose -Yclose", N1, "MM", "position of the point of the detector closest to the sample, mm", "centre")
-_add(DETECTOR, "-ORGX -ORGY", N1, "PX", "XDS-convention beam centre, pixels", "centre")
-_add(DETECTOR, "-mosflm -denzo -adxv -xds -dials", (), "", "detector convention of the beam centre and axes (default "
-     "-mosflm)")
-_add(DETECTOR, "-pivot", (WORD,), "beam|sample", "what stays put when the detector turns", "by convention")
-_add(DETECTOR, "-twotheta", N1, "DEG", "detector rotation about the two-theta axis, degrees", "0")
-_add(DETECTOR, "-twotheta_axis", V3, "X Y Z", "unit vector of the two-theta axis", "by convention")
-_add(DETECTOR, "-detector_rotx -detector_roty -detector_rotz", N1, "DEG", "detector rotation about x, y or z, degrees",
-     "0")
-_add(DETECTOR, "-fdet_vector -sdet_vector", V3, "X Y Z", "unit vector of increasing fast or slow pixel index",
-     "by convention")
-_add(DETECTOR, "-odet_vector", V3, "X Y Z", "unit vector of increasing detector distance", "by convention")
-_add(DETECTOR, "-pix0_vector", V3, "X Y Z", "vector from the sample to the first pixel, m", "beam on the centre")
-_add(DETECTOR, "-curved_det", (), "", "every pixel at the same distance from the sample")
-_add(DETECTOR, "-point_pixel", (), "", "no pixel solid-angle correction (obliquity and 1/r²)")
-_add(DETECTOR, "-detector_thick", N1, "UM", "sensor thickness, µm", "0")
-_add(DETECTOR, "-detector_abs -detector_absorb", (WORD,), "UM|inf", "sensor attenuation depth, µm",
-     "-sensor_material's at λ")
-_add(DETECTOR, "-img", P1, "FILE", "take the detector's values from an SMV image's header", "none")
-_add(DETECTOR, "-mask", P1, "FILE", "SMV image: pixels of value 0 are not rendered", "none")
-_add(SAMPLING, "-oversample", I1, "N", "sub-pixels per pixel side", "auto: from crystal size and pixel")
-_add(SAMPLING, "-oversample_thick -oversample_polar -oversample_omega", (), "",
-     "sensor absorption, polarization or solid angle per sub-pixel (default: per pixel)")
-_add(SAMPLING, "-mosaic_domains -mosaic_dom", I1, "N", "mosaic domains", "10 with -mosaic, else 1")
-_add(SAMPLING, "-mosaic_seed", I1, "N", "random-number seed of the mosaic domains", "12345678")
-_add(SAMPLING, "-phisteps", I1, "N", "rotation steps over -osc", "1")
-_add(SAMPLING, "-phistep", N1, "DEG", "rotation step, degrees", "-osc / -phisteps")
-_add(SAMPLING, "-dispsteps", I1, "N", "wavelengths over -dispersion", "auto")
-_add(SAMPLING, "-hdivsteps -vdivsteps -divsteps", I1, "N", "source points across the horizontal, vertical or both "
-     "divergences", "auto")
-_add(SAMPLING, "-hdivstep -vdivstep", N1, "MRAD", "angle between source points, mrad", "auto")
-_add(SAMPLING, "-round_div", (), "", "divergence grid with its corners cut off (the default)")
-_add(SAMPLING, "-square_div", (), "", "full divergence grid")
-_add(SAMPLING, "-detector_thicksteps -thicksteps", I1, "N", "sensor layers", "1")
-_add(SAMPLING, "-interpolate -nointerpolate", (), "", "force or forbid tricubic interpolation of F between reflections "
-     "(default: on when a crystal is under 3 cells wide)")
-_add(SAMPLING, "-dmin", N1, "Å", "resolution limit: nothing beyond it is rendered, Å", "0: no limit")
-_add(SAMPLING, "-roi", (INT, INT, INT, INT), "XMIN XMAX YMIN YMAX", "render only these pixels", "the whole detector")
-_add(OUTPUTS, "-floatfile -floatimage", P1, "FILE", "image as raw 4-byte floats", "floatimage.bin")
-_add(OUTPUTS, "-intfile -intimage", P1, "FILE", "noiseless SMV image", "intimage.img")
-_add(OUTPUTS, "-scale", N1, "X", "scale of -intfile", "auto")
-_add(OUTPUTS, "-adc", N1, "N", "offset added to the -intfile and -noisefile pixels", "40")
-_add(OUTPUTS, "-noisefile -noiseimage", P1, "FILE", "SMV detector image: nanoBragg's Poisson noise and the "
-     "detector response below", "noiseimage.img")
-_add(OUTPUTS, "-nonoise", (), "", "no -noisefile")
-_add(OUTPUTS, "-seed", I1, "N", "random-number seed of the noise", "the time")
-_add(OUTPUTS, "-pgmfile -pgmimage", P1, "FILE", "8-bit PGM image", "image.pgm")
-_add(OUTPUTS, "-pgmscale", N1, "X", "relative scale of -pgmfile", "auto")
-_add(OUTPUTS, "-nopgm", (), "", "no -pgmfile")
-_add(OUTPUTS, "-printout_pixel", (INT, INT), "F S", "print this pixel's value (fast, slow index)", "none")
-_add(NBSIM, "-device", (WORD,), "cpu|cuda[:N]", "where to render", "cpu")
-_add(NBSIM, "-dtype", (WORD,), "float32|float64", "precision of the rendering",
-     "float64 when -noisefile is nanoBragg's, else float32")
-_add(NBSIM, "-compile", (WORD,), "auto|on|off", "compiled kernel: when cached or quicker, always, never", "auto")
-_add(NBSIM, "-model", P1, "FILE", "atomic model (PDB or mmCIF): its |F| instead of -hkl", "none")
-_add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-mmCIF -hkl",
-     "the first amplitude, else intensity")
-_add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
-_add(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none")
-_add(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none")
-_add(NBSIM, "-sensor_material", (WORD,), "Si|CdTe", "sensor material: with -detector_thick and no -detector_abs, "
-     "the attenuation depth is its NIST attenuation length at λ (docs/detector.md)", "Si")
-_add(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, written as their overload "
-     "value; higher counts read it. Those files add -adc only when it is given (the SMV files keep nanoBragg's "
-     "65535 and -adc 40)", "2147483647, int32's largest")
-_add(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, header "
-     "energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength")
-_add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
-     "(docs/formats.md)", "one panel")
-_add(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own "
-     "(its noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg")
-_add(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)")
-_add(RESPONSE, "-flicker", N1, "FRACTION", "flicker noise: relative rms of the expected photons", "0")
-_add(RESPONSE, "-calibration", N1, "FRACTION", "calibration error: relative rms, fixed per pixel", "0")
-_add(RESPONSE, "-calibration_seed", I1, "N", "random-number seed of the calibration error", "123456789")
-_add(RESPONSE, "-psf", (WORD,), "none|gaussian|fiber", "point-spread function, integrated over each pixel", "none")
-_add(RESPONSE, "-psf_fwhm", N1, "UM", "full width at half maximum of the point-spread function, µm", "0")
-_add(RESPONSE, "-gain", N1, "ADU", "ADU per photon", "1")
-_add(RESPONSE, "-readout_noise", N1, "ADU", "readout noise, rms ADU", "0")
-_add(RESPONSE, "-beamstop", N1, "MM", "beam-stop radius around the direct beam: no photons inside, mm", "0")
-_add(RESPONSE, "-hot_pixels", N1, "FRACTION", "fraction of pixels that read 65535", "0")
-_add(RESPONSE, "-dead_pixels", N1, "FRACTION", "fraction of pixels that read 0", "0")
-_add(RESPONSE, "-defect_seed", I1, "N", "random-number seed of the hot and dead pixels", "1")
-_add(IGNORED, "-density -sample_density", N1, "G/CM3", "sample density (no effect on the image, as in nanoBragg)", "1")
-_add(IGNORED, "-MW -molecular_weight", N1, "G/MOL", "molecular weight (no effect on the image, as in nanoBragg)", "18")
-_add(IGNORED, "-stol -4stol -Q", P1, "FILE", "F of the background against sin(θ)/λ (not used, as in nanoBragg)", "none")
-_add(IGNORED, "-stolout", P1, "FILE", "F against sin(θ)/λ, written by nanoBragg (not by nbsim)", "none")
-_add(IGNORED, "-dump", P1, "FILE", "nanoBragg's binary cache of F (neither written nor read)", "none")
-_add(IGNORED, "-coherent", (), "", "coherent sum (no effect, as in nanoBragg)")
-_add(IGNORED, "-printout", (), "", "print every pixel's value (nbsim prints none)")
-_add(IGNORED, "-progress -noprogress", (), "", "progress meter (nbsim prints none)")
+"""The kinds of one number, one integer, one file and three numbers."""
+
+TABLE: tuple[Flag, ...] = (
+    Flag(CRYSTAL, "-cell", VARIABLE, "A B C AL BE GA",
+         "unit cell: lengths in Å, angles in degrees", "from -mat, -hkl or -model"),
+    Flag(CRYSTAL, "-mat", P1, "FILE", "MOSFLM orientation matrix: three reciprocal cell vectors times λ, Å⁻¹", "none"),
+    Flag(CRYSTAL, "-misset", VARIABLE, "X Y Z|random", "crystal rotations about x, y, z, degrees, or a random "
+         "orientation", "0 0 0"),
+    Flag(CRYSTAL, "-misset_seed", I1, "N", "random-number seed of -misset random", "-seed"),
+    Flag(CRYSTAL, "-hkl", P1, "FILE", "structure factors: h k l F text, MTZ or sf-mmCIF table (P1-expanded)", "none"),
+    Flag(CRYSTAL, "-default_F", N1, "F", "structure factor of every reflection not in -hkl, electrons", "0"),
+    Flag(CRYSTAL, "-N", I1, "N", "unit cells along a, b and c", "1"),
+    Flag(CRYSTAL, "-Na -Nb -Nc", I1, "N", "unit cells along one axis", "1"),
+    Flag(CRYSTAL, "-xtalsize -xtal_size -samplesize -sample_size", N1, "MM", "crystal full width along a, b and c, mm "
+         "(sets -N)", "0: use -N"),
+    Flag(CRYSTAL, "-xtal_thick -xtal_x -sample_thick -sample_x", N1, "MM", "crystal width along a, mm (sets -Na)", "0"),
+    Flag(CRYSTAL, "-xtal_width -xtal_y -sample_width -sample_y -width", N1, "MM",
+         "crystal width along b, mm (sets -Nb)", "0"),
+    Flag(CRYSTAL, "-xtal_height -xtal_z -sample_height -sample_z -height", N1, "MM", "crystal width along c, mm (sets "
+         "-Nc)", "0"),
+    Flag(CRYSTAL, "-square_xtal", (), "", "parallelepiped crystal: sinc-shaped spots (the default shape)"),
+    Flag(CRYSTAL, "-round_xtal", (), "", "ellipsoidal crystal"),
+    Flag(CRYSTAL, "-gauss_xtal", (), "", "Gaussian spots, no inter-Bragg maxima"),
+    Flag(CRYSTAL, "-tophat_spots -binary_spots", (), "", "spots clipped at their FWHM, no inter-Bragg maxima"),
+    Flag(CRYSTAL, "-tophat_xtal", (), "",
+         "not a nanoBragg option: ignored as nanoBragg ignores it (use -tophat_spots)"),
+    Flag(CRYSTAL, "-fudge", N1, "X", "scale of the spot shape's width", "1"),
+    Flag(CRYSTAL, "-mosaic -mosaicity -mosaic_spread", N1, "DEG", "isotropic mosaic spread, degrees (90: powder)", "0"),
+    Flag(CRYSTAL, "-phi", N1, "DEG", "starting rotation about the spindle axis, degrees", "0"),
+    Flag(CRYSTAL, "-osc", N1, "DEG", "rotation range about the spindle axis, degrees", "-phistep × -phisteps"),
+    Flag(CRYSTAL, "-spindle_axis", V3, "X Y Z", "unit vector of the right-handed phi rotation axis", "by convention"),
+    Flag(CRYSTAL, "-water", N1, "UM", "water around the crystal (background), µm", "0"),
+    Flag(BEAM, "-lambda -wave -wavelength", N1, "Å", "X-ray wavelength, Å", "1"),
+    Flag(BEAM, "-energy", N1, "EV", "X-ray photon energy, eV (instead of -lambda)", "12398.42"),
+    Flag(BEAM, "-dispersion", N1, "PCT", "spectral width Δλ/λ, percent", "0"),
+    Flag(BEAM, "-divergence", N1, "MRAD", "beam divergence, horizontal and vertical, mrad", "0"),
+    Flag(BEAM, "-hdivrange -vdivrange", N1, "MRAD", "horizontal or vertical beam divergence, mrad", "0"),
+    Flag(BEAM, "-sourcefile", P1, "FILE", "sources, one a line: position X Y Z (m), weight, λ (m)", "none"),
+    Flag(BEAM, "-polar", N1, "K", "Kahn polarization factor", "0"),
+    Flag(BEAM, "-nopolar", (), "", "no polarization correction"),
+    Flag(BEAM, "-polar_vector", V3, "X Y Z", "unit vector of the X-ray E-vector", "by convention"),
+    Flag(BEAM, "-beam_vector", V3, "X Y Z", "unit vector of the X-ray beam direction", "by convention"),
+    Flag(BEAM, "-fluence", N1, "PH/M2", "incident photons per m²", "1.26e29"),
+    Flag(BEAM, "-flux", N1, "PH/S", "incident photons per second (fluence from -flux, -exposure, -beamsize)", "0"),
+    Flag(BEAM, "-exposure", N1, "S", "exposure time with -flux, s", "1"),
+    Flag(BEAM, "-beamsize", N1, "MM", "beam width with -flux, mm", "0.1"),
+    Flag(DETECTOR, "-distance", N1, "MM", "distance from the sample to the detector, mm", "100"),
+    Flag(DETECTOR, "-close_distance", N1, "MM", "distance from the sample to the detector plane, mm", "from -distance"),
+    Flag(DETECTOR, "-detsize", N1, "MM", "detector width and height, mm", "102.4"),
+    Flag(DETECTOR, "-detsize_f -detsize_s", N1, "MM", "detector width along fast or slow, mm", "102.4"),
+    Flag(DETECTOR, "-detpixels", I1, "N", "detector width and height, pixels", "-detsize / -pixel"),
+    Flag(DETECTOR, "-detpixels_f -detpixels_x -detpixels_s -detpixels_y", I1, "N",
+         "pixels along fast (x) or slow (y)", "-detsize / -pixel"),
+    Flag(DETECTOR, "-pixel", N1, "MM", "pixel size, mm", "0.1"),
+    Flag(DETECTOR, "-Xbeam -Ybeam", N1, "MM",
+         "direct-beam position on the detector, fast (X) and slow (Y), mm", "centre"),
+    Flag(DETECTOR, "-Xclose -Yclose", N1, "MM",
+         "position of the point of the detector closest to the sample, mm", "centre"),
+    Flag(DETECTOR, "-ORGX -ORGY", N1, "PX", "XDS-convention beam centre, pixels", "centre"),
+    Flag(DETECTOR, "-mosflm -denzo -adxv -xds -dials", (), "", "detector convention of the beam centre and axes "
+         "(default -mosflm)"),
+    Flag(DETECTOR, "-pivot", (WORD,), "beam|sample", "what stays put when the detector turns", "by convention"),
+    Flag(DETECTOR, "-twotheta", N1, "DEG", "detector rotation about the two-theta axis, degrees", "0"),
+    Flag(DETECTOR, "-twotheta_axis", V3, "X Y Z", "unit vector of the two-theta axis", "by convention"),
+    Flag(DETECTOR, "-detector_rotx -detector_roty -detector_rotz", N1, "DEG", "detector rotation about x, y or z, "
+         "degrees", "0"),
+    Flag(DETECTOR, "-fdet_vector -sdet_vector", V3, "X Y Z",
+         "unit vector of increasing fast or slow pixel index", "by convention"),
+    Flag(DETECTOR, "-odet_vector", V3, "X Y Z", "unit vector of increasing detector distance", "by convention"),
+    Flag(DETECTOR, "-pix0_vector", V3, "X Y Z", "vector from the sample to the first pixel, m", "beam on the centre"),
+    Flag(DETECTOR, "-curved_det", (), "", "every pixel at the same distance from the sample"),
+    Flag(DETECTOR, "-point_pixel", (), "", "no pixel solid-angle correction (obliquity and 1/r²)"),
+    Flag(DETECTOR, "-detector_thick", N1, "UM", "sensor thickness, µm", "0"),
+    Flag(DETECTOR, "-detector_abs -detector_absorb", (WORD,), "UM|inf", "sensor attenuation depth, µm",
+         "-sensor_material's at λ"),
+    Flag(DETECTOR, "-img", P1, "FILE", "take the detector's values from an SMV image's header", "none"),
+    Flag(DETECTOR, "-mask", P1, "FILE", "SMV image: pixels of value 0 are not rendered", "none"),
+    Flag(SAMPLING, "-oversample", I1, "N", "sub-pixels per pixel side", "auto: from crystal size and pixel"),
+    Flag(SAMPLING, "-oversample_thick -oversample_polar -oversample_omega", (), "", "sensor absorption, polarization "
+         "or solid angle per sub-pixel (default: per pixel)"),
+    Flag(SAMPLING, "-mosaic_domains -mosaic_dom", I1, "N", "mosaic domains", "10 with -mosaic, else 1"),
+    Flag(SAMPLING, "-mosaic_seed", I1, "N", "random-number seed of the mosaic domains", "12345678"),
+    Flag(SAMPLING, "-phisteps", I1, "N", "rotation steps over -osc", "1"),
+    Flag(SAMPLING, "-phistep", N1, "DEG", "rotation step, degrees", "-osc / -phisteps"),
+    Flag(SAMPLING, "-dispsteps", I1, "N", "wavelengths over -dispersion", "auto"),
+    Flag(SAMPLING, "-hdivsteps -vdivsteps -divsteps", I1, "N", "source points across the horizontal, vertical or both "
+         "divergences", "auto"),
+    Flag(SAMPLING, "-hdivstep -vdivstep", N1, "MRAD", "angle between source points, mrad", "auto"),
+    Flag(SAMPLING, "-round_div", (), "", "divergence grid with its corners cut off (the default)"),
+    Flag(SAMPLING, "-square_div", (), "", "full divergence grid"),
+    Flag(SAMPLING, "-detector_thicksteps -thicksteps", I1, "N", "sensor layers", "1"),
+    Flag(SAMPLING, "-interpolate -nointerpolate", (), "", "force or forbid tricubic interpolation of F between "
+         "reflections (default: on when a crystal is under 3 cells wide)"),
+    Flag(SAMPLING, "-dmin", N1, "Å", "resolution limit: nothing beyond it is rendered, Å", "0: no limit"),
+    Flag(SAMPLING, "-roi", (INT, INT, INT, INT), "XMIN XMAX YMIN YMAX",
+         "render only these pixels", "the whole detector"),
+    Flag(OUTPUTS, "-floatfile -floatimage", P1, "FILE", "image as raw 4-byte floats", "floatimage.bin"),
+    Flag(OUTPUTS, "-intfile -intimage", P1, "FILE", "noiseless SMV image", "intimage.img"),
+    Flag(OUTPUTS, "-scale", N1, "X", "scale of -intfile", "auto"),
+    Flag(OUTPUTS, "-adc", N1, "N", "offset added to the -intfile and -noisefile pixels", "40"),
+    Flag(OUTPUTS, "-noisefile -noiseimage", P1, "FILE", "SMV detector image: nanoBragg's Poisson noise and the "
+         "detector response below", "noiseimage.img"),
+    Flag(OUTPUTS, "-nonoise", (), "", "no -noisefile"),
+    Flag(OUTPUTS, "-seed", I1, "N", "random-number seed of the noise", "the time"),
+    Flag(OUTPUTS, "-pgmfile -pgmimage", P1, "FILE", "8-bit PGM image", "image.pgm"),
+    Flag(OUTPUTS, "-pgmscale", N1, "X", "relative scale of -pgmfile", "auto"),
+    Flag(OUTPUTS, "-nopgm", (), "", "no -pgmfile"),
+    Flag(OUTPUTS, "-printout_pixel", (INT, INT), "F S", "print this pixel's value (fast, slow index)", "none"),
+    Flag(NBSIM, "-device", (WORD,), "cpu|cuda[:N]", "where to render", "cpu"),
+    Flag(NBSIM, "-dtype", (WORD,), "float32|float64",
+         "precision of the rendering", "float64 when -noisefile is nanoBragg's, else float32"),
+    Flag(NBSIM, "-compile", (WORD,), "auto|on|off", "compiled kernel: when cached or quicker, always, never", "auto"),
+    Flag(NBSIM, "-model", P1, "FILE", "atomic model (PDB or mmCIF): its |F| instead of -hkl", "none"),
+    Flag(NBSIM, "-column", (WORD,), "LABEL",
+         "the amplitude column of an MTZ or sf-mmCIF -hkl", "the first amplitude, else intensity"),
+    Flag(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none"),
+    Flag(NBSIM, "-cbffile", P1, "FILE", "miniCBF of the counts, with the geometry (docs/formats.md)", "none"),
+    Flag(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none"),
+    Flag(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, "
+         "header energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength"),
+    Flag(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
+         "(docs/formats.md)", "one panel"),
+    Flag(NBSIM, "-sensor_material", (WORD,), "Si|CdTe", "sensor material: with -detector_thick and no -detector_abs, "
+         "the attenuation depth is its NIST attenuation length at λ (docs/detector.md)", "Si"),
+    Flag(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, written as their overload "
+         "value; higher counts read it. Those files add -adc only when it is given (the SMV files keep nanoBragg's "
+         "65535 and -adc 40)", "2147483647, int32's largest"),
+    Flag(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own (its "
+         "noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg"),
+    Flag(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)"),
+    Flag(RESPONSE, "-flicker", N1, "FRACTION", "flicker noise: relative rms of the expected photons", "0"),
+    Flag(RESPONSE, "-calibration", N1, "FRACTION", "calibration error: relative rms, fixed per pixel", "0"),
+    Flag(RESPONSE, "-calibration_seed", I1, "N", "random-number seed of the calibration error", "123456789"),
+    Flag(RESPONSE, "-psf", (WORD,), "none|gaussian|fiber", "point-spread function, integrated over each pixel", "none"),
+    Flag(RESPONSE, "-psf_fwhm", N1, "UM", "full width at half maximum of the point-spread function, µm", "0"),
+    Flag(RESPONSE, "-gain", N1, "ADU", "ADU per photon", "1"),
+    Flag(RESPONSE, "-readout_noise", N1, "ADU", "readout noise, rms ADU", "0"),
+    Flag(RESPONSE, "-beamstop", N1, "MM", "beam-stop radius around the direct beam: no photons inside, mm", "0"),
+    Flag(RESPONSE, "-hot_pixels", N1, "FRACTION", "fraction of pixels that read 65535", "0"),
+    Flag(RESPONSE, "-dead_pixels", N1, "FRACTION", "fraction of pixels that read 0", "0"),
+    Flag(RESPONSE, "-defect_seed", I1, "N", "random-number seed of the hot and dead pixels", "1"),
+    Flag(IGNORED, "-density -sample_density", N1, "G/CM3",
+         "sample density (no effect on the image, as in nanoBragg)", "1"),
+    Flag(IGNORED, "-MW -molecular_weight", N1, "G/MOL",
+         "molecular weight (no effect on the image, as in nanoBragg)", "18"),
+    Flag(IGNORED, "-stol -4stol -Q", P1, "FILE",
+         "F of the background against sin(θ)/λ (not used, as in nanoBragg)", "none"),
+    Flag(IGNORED, "-stolout", P1, "FILE", "F against sin(θ)/λ, written by nanoBragg (not by nbsim)", "none"),
+    Flag(IGNORED, "-dump", P1, "FILE", "nanoBragg's binary cache of F (neither written nor read)", "none"),
+    Flag(IGNORED, "-coherent", (), "", "coherent sum (no effect, as in nanoBragg)"),
+    Flag(IGNORED, "-printout", (), "", "print every pixel's value (nbsim prints none)"),
+    Flag(IGNORED, "-progress -noprogress", (), "", "progress meter (nbsim prints none)"),
+)
 
 FLAGS: dict[str, tuple[str, ...]] = {n: f.kinds for f in TABLE if f.kinds is not VARIABLE for n in f.names}
 """name → tuple of value kinds, for every flag of fixed arity."""

@@ -18,37 +18,101 @@ from ..io.text import HC_EV_A, c_atof, c_atoi
 from .flags import NBSIM_ONLY
 
 
-@dataclass
+@dataclass(slots=True)
 class CState:
-    """nanoBragg's variables after argument parsing (units as the C keeps them after conversion)."""
+    """nanoBragg's variables after argument parsing (units as the C keeps them after conversion). Slotted,
+    so that a rule setting a misspelt variable fails at once instead of adding it."""
 
-    values: dict[str, Any] = field(default_factory=dict)
+    Na: int = 1
+    Nb: int = 1
+    Nc: int = 1
+    user_cell: bool = False
+    cell: list[float] = field(default_factory=lambda: [0.0] * 6)
+    misset: tuple[float, ...] | None = None
+    misset_random: bool = False
+    sample_mm: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    Xbeam: float = math.nan
+    Ybeam: float = math.nan
+    Xclose: float = math.nan
+    Yclose: float = math.nan
+    ORGX: float = math.nan
+    ORGY: float = math.nan
+    pivot: str = "beam"
+    convention: str = "mosflm"
+    vectors: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    distance_mm: float = 100.0
+    close_distance_mm: float = math.nan
+    absorption_depth_um: float | None = None
+    detector_thick_um: float = 0.0
+    thicksteps: int | None = None
+    twotheta_deg: float = 0.0
+    rot_deg: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    detsize_f_mm: float = 102.4
+    detsize_s_mm: float = 102.4
+    fpixels: int = 0
+    spixels: int = 0
+    curved: bool = False
+    pixel_mm: float = 0.1
+    point_pixel: bool = False
+    polarization: float = 0.0
+    nopolar: bool = False
+    oversample_thick: bool = False
+    oversample_polar: bool = False
+    oversample_omega: bool = False
+    oversample: int | None = None
+    roi: tuple[int, ...] | None = None
+    lambda_A: float = 1.0
+    fluence: float = 1.25932015286227e29
+    flux: float = 0.0
+    exposure: float = 1.0
+    beamsize_mm: float = 0.1
+    mosaic_deg: float | None = None
+    mosaic_domains: int | None = None
+    dispersion_pct: float = 0.0
+    dispsteps: int | None = None
+    hdivrange: float | None = None
+    vdivrange: float | None = None
+    hdivstep: float | None = None
+    vdivstep: float | None = None
+    hdivsteps: int | None = None
+    vdivsteps: int | None = None
+    round_div: bool = True
+    adc: float = 40.0
+    phi_deg: float = 0.0
+    osc_deg: float | None = None
+    phistep_deg: float | None = None
+    phisteps: int | None = None
+    dmin_A: float = 0.0
+    mat: str | None = None
+    hkl: str | None = None
+    default_F: float = 0.0
+    sourcefile: str | None = None
+    floatfile: str | None = "floatimage.bin"
+    intfile: str | None = "intimage.img"
+    pgmfile: str | None = "image.pgm"
+    noisefile: str | None = "noiseimage.img"
+    write_pgm: bool = True
+    calculate_noise: bool = True
+    intfile_scale: float = 0.0
+    pgm_scale: float = 0.0
+    printout: bool = False
+    printout_pixel: tuple[int, int] | None = None
+    interpolate: bool | None = None
+    shape: str = "square"
+    fudge: float = 1.0
+    seed: int | None = None
+    mosaic_seed: int = 12345678
+    misset_seed: int | None = None
+    water_um: float = 0.0
+    mask: str | None = None
+    img: str | None = None
 
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
 
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.values[key] = value
-
-
-def _defaults() -> CState:
-    nan = math.nan
-    return CState(dict(
-        Na=1, Nb=1, Nc=1, user_cell=False, cell=[0.0] * 6, misset=None, misset_random=False,
-        sample_mm=[0.0, 0.0, 0.0], Xbeam=nan, Ybeam=nan, Xclose=nan, Yclose=nan, ORGX=nan, ORGY=nan,
-        pivot="beam", convention="mosflm", vectors={}, distance_mm=100.0, close_distance_mm=nan,
-        absorption_depth_um=None, detector_thick_um=0.0, thicksteps=None, twotheta_deg=0.0,
-        rot_deg=[0.0, 0.0, 0.0], detsize_f_mm=102.4, detsize_s_mm=102.4, fpixels=0, spixels=0, curved=False,
-        pixel_mm=0.1, point_pixel=False, polarization=0.0, nopolar=False, oversample_thick=False,
-        oversample_polar=False, oversample_omega=False, oversample=None, roi=None, lambda_A=1.0,
-        fluence=1.25932015286227e29, flux=0.0, exposure=1.0, beamsize_mm=0.1, mosaic_deg=None,
-        mosaic_domains=None, dispersion_pct=0.0, dispsteps=None, hdivrange=None, vdivrange=None,
-        hdivstep=None, vdivstep=None, hdivsteps=None, vdivsteps=None, round_div=True, adc=40.0, phi_deg=0.0,
-        osc_deg=None, phistep_deg=None, phisteps=None, dmin_A=0.0, mat=None, hkl=None, default_F=0.0,
-        sourcefile=None, floatfile="floatimage.bin", intfile="intimage.img", pgmfile="image.pgm",
-        noisefile="noiseimage.img", write_pgm=True, calculate_noise=True, intfile_scale=0.0, pgm_scale=0.0,
-        printout=False, printout_pixel=None, interpolate=None, shape="square", fudge=1.0, seed=None,
-        mosaic_seed=12345678, misset_seed=None, water_um=0.0, mask=None, img=None))
+def _variable(key: str) -> str:
+    """`key`, checked to be one of CState's variables (a rule naming another fails at import)."""
+    if key not in CState.__dataclass_fields__:
+        raise AttributeError(f"CState has no variable {key!r}")
+    return key
 
 
 Rule = tuple[Any, int, Any, bool | str]
@@ -73,24 +137,31 @@ def _sub_len(pattern: str, length: int):
 
 
 def _set(key: str, convert=c_atof, extra: dict | None = None):
+    _variable(key)
+    for k in extra or {}:
+        _variable(k)
+
     def action(state: CState, args: list[str]) -> None:
-        state[key] = convert(args[0]) if convert is not None else args[0]
+        setattr(state, key, convert(args[0]) if convert is not None else args[0])
         for k, v in (extra or {}).items():
-            state[k] = v
+            setattr(state, k, v)
     return action
 
 
 def _flag(**assignments: Any):
+    for k in assignments:
+        _variable(k)
+
     def action(state: CState, args: list[str]) -> None:
         for k, v in assignments.items():
-            state[k] = v
+            setattr(state, k, v)
     return action
 
 
 def _vector(name: str):
     def action(state: CState, args: list[str]) -> None:
-        state["convention"] = "custom"
-        state["vectors"][name] = tuple(c_atof(a) for a in args[:3])
+        state.convention = "custom"
+        state.vectors[name] = tuple(c_atof(a) for a in args[:3])
     return action
 
 
@@ -99,62 +170,67 @@ def _energy_to_wavelength(energy_eV: float) -> float:
 
 
 def _cell(state: CState, args: list[str]) -> None:
-    state["user_cell"] = True
+    state.user_cell = True
     for j, token in enumerate(args[:6]):
         if token.startswith("-"):
             return
-        state["cell"][j] = c_atof(token)
+        state.cell[j] = c_atof(token)
 
 
 def _misset_random(state: CState, args: list[str]) -> bool:
     if "rand" in args[0]:
-        state["misset_random"] = True
+        state.misset_random = True
         return True
     return False
 
 
 def _misset_angles(state: CState, args: list[str]) -> None:
-    state["misset_random"] = False
-    state["misset"] = tuple(c_atof(a) for a in args[:3])
+    state.misset_random = False
+    state.misset = tuple(c_atof(a) for a in args[:3])
 
 
 def _sample(axes: tuple[int, ...]):
     def action(state: CState, args: list[str]) -> None:
         for axis in axes:
-            state["sample_mm"][axis] = c_atof(args[0])
+            state.sample_mm[axis] = c_atof(args[0])
     return action
 
 
 def _detector_abs(state: CState, args: list[str]) -> None:
     value = args[0] if args else ""
     if "inf" in value or c_atof(value) == 0.0:
-        state["detector_thick_um"] = 0.0
-        state["absorption_depth_um"] = math.inf
+        state.detector_thick_um = 0.0
+        state.absorption_depth_um = math.inf
     else:
-        state["absorption_depth_um"] = c_atof(value)
+        state.absorption_depth_um = c_atof(value)
 
 
 def _pivot(state: CState, args: list[str]) -> None:
     if "sample" in args[0]:
-        state["pivot"] = "sample"
+        state.pivot = "sample"
     if "beam" in args[0]:
-        state["pivot"] = "beam"
+        state.pivot = "beam"
 
 
 def _roi(state: CState, args: list[str]) -> None:
-    state["roi"] = tuple(c_atoi(a) for a in args[:4])
+    state.roi = tuple(c_atoi(a) for a in args[:4])
 
 
 def _seed(key: str):
+    _variable(key)
+
     def action(state: CState, args: list[str]) -> None:
-        state[key] = c_atoi(args[0])
+        setattr(state, key, c_atoi(args[0]))
     return action
 
 
 def _both(*keys: str, convert=c_atof):
+    for key in keys:
+        _variable(key)
+
     def action(state: CState, args: list[str]) -> None:
         for key in keys:
-            state[key] = convert(args[0])
+            setattr(state, key, convert(args[0]))
     return action
 
 
@@ -202,9 +278,9 @@ RULES: list[Rule] = [
     (_sub("-detector_thicksteps"), 0, _set("thicksteps", c_atoi), False),
     (_sub("-thicksteps"), 0, _set("thicksteps", c_atoi), False),
     (_sub("-twotheta"), 1, _set("twotheta_deg", extra={"pivot": "sample"}), False),
-    (_sub("-detector_rotx"), 1, lambda s, a: s["rot_deg"].__setitem__(0, c_atof(a[0])), False),
-    (_sub("-detector_roty"), 1, lambda s, a: s["rot_deg"].__setitem__(1, c_atof(a[0])), False),
-    (_sub("-detector_rotz"), 1, lambda s, a: s["rot_deg"].__setitem__(2, c_atof(a[0])), False),
+    (_sub("-detector_rotx"), 1, lambda s, a: s.rot_deg.__setitem__(0, c_atof(a[0])), False),
+    (_sub("-detector_roty"), 1, lambda s, a: s.rot_deg.__setitem__(1, c_atof(a[0])), False),
+    (_sub("-detector_rotz"), 1, lambda s, a: s.rot_deg.__setitem__(2, c_atof(a[0])), False),
     (_sub_len("-detsize", 8), 1, _both("detsize_f_mm", "detsize_s_mm"), False),
     (_sub("-detsize_f"), 1, _set("detsize_f_mm"), False),
     (_sub("-detsize_s"), 1, _set("detsize_s_mm"), False),
@@ -222,7 +298,7 @@ RULES: list[Rule] = [
     (_sub("-oversample"), 1, _set("oversample", c_atoi), False),
     (_sub("-roi"), 4, _roi, False),
     (_any("-lambda", "-wave"), 1, _set("lambda_A"), False),
-    (_sub("-energy"), 1, lambda s, a: s.__setitem__("lambda_A", _energy_to_wavelength(c_atof(a[0]))), False),
+    (_sub("-energy"), 1, lambda s, a: setattr(s, "lambda_A", _energy_to_wavelength(c_atof(a[0]))), False),
     (_sub("-fluence"), 1, _set("fluence"), False),
     (_sub("-flux"), 1, _set("flux"), False),
     (_sub("-exposure"), 1, _set("exposure"), False),
@@ -269,7 +345,7 @@ RULES: list[Rule] = [
     (_sub("-gauss_xtal"), 0, _flag(shape="gauss"), False),
     (_any("-binary_spots", "-tophat_spots"), 0, _flag(shape="tophat"), False),
     (_sub("-fudge"), 1, _set("fudge"), False),
-    (_sub("-printout_pixel"), 2, lambda s, a: s.__setitem__("printout_pixel", (c_atoi(a[0]), c_atoi(a[1]))),
+    (_sub("-printout_pixel"), 2, lambda s, a: setattr(s, "printout_pixel", (c_atoi(a[0]), c_atoi(a[1]))),
      False),
     (_sub("-seed"), 1, _seed("seed"), False),
     (_sub("-mosaic_seed"), 1, _seed("mosaic_seed"), False),
@@ -283,14 +359,14 @@ def run_nanobragg_rules(argv: list[str]) -> CState:
 
     Like the C, headers of -mask and -img files are read first and the flags then override them.
     """
-    state = _defaults()
+    state = CState()
     for position, arg in enumerate(argv[:-1]):
         for key in ("mask", "img"):
             if arg.startswith("-") and f"-{key}" in arg:
-                state[key] = argv[position + 1]
+                setattr(state, key, argv[position + 1])
     for key in ("mask", "img"):
-        if state[key] is not None:
-            _apply_header(state, Path(state[key]), from_mask=key == "mask")
+        if getattr(state, key) is not None:
+            _apply_header(state, Path(getattr(state, key)), from_mask=key == "mask")
     argc = len(argv) + 1
     for position, arg in enumerate(argv):
         if not arg.startswith("-") or arg in NBSIM_ONLY:
@@ -314,18 +390,18 @@ def _apply_header(state: CState, path: Path, from_mask: bool) -> None:
     width, height = header.last_value("SIZE1"), header.last_value("SIZE2")
     if width is None or height is None:
         raise NbsimError(f"{path}: SMV header has no SIZE1/SIZE2")
-    state["fpixels"], state["spixels"] = int(width), int(height)
+    state.fpixels, state.spixels = int(width), int(height)
     pixel = header.last_value("PIXEL_SIZE")
     if pixel is not None:
-        state["pixel_mm"] = pixel
-    state["detsize_f_mm"] = state["pixel_mm"] * state["fpixels"]
-    state["detsize_s_mm"] = state["pixel_mm"] * state["spixels"]
+        state.pixel_mm = pixel
+    state.detsize_f_mm = state.pixel_mm * state.fpixels
+    state.detsize_s_mm = state.pixel_mm * state.spixels
     for keyword, key in (("DISTANCE", "distance_mm"), ("CLOSE_DISTANCE", "close_distance_mm"),
                          ("WAVELENGTH", "lambda_A"), ("BEAM_CENTER_X", "Xbeam"), ("ORGX", "ORGX"),
                          ("ORGY", "ORGY"), ("PHI", "phi_deg"), ("OSC_RANGE", "osc_deg")):
         value = header.last_value(keyword)
         if value is not None:
-            state[key] = value
+            setattr(state, _variable(key), value)
     beam_y = header.last_value("BEAM_CENTER_Y")
     if beam_y is not None:
-        state["Ybeam"] = state["detsize_s_mm"] - beam_y if from_mask else beam_y
+        state.Ybeam = state.detsize_s_mm - beam_y if from_mask else beam_y

@@ -46,6 +46,7 @@ def is_reference_row(row: dict[str, Any]) -> bool:
 
 
 def reference_label(rows: list[dict[str, Any]]) -> str:
+    """What the rows were compared against (the C binary, nbsim float64), for titles."""
     kinds = sorted({str(row["reference"]) for row in rows if row.get("reference")})
     return " / ".join(REFERENCE_NAMES.get(kind, kind) for kind in kinds) or "the reference"
 CORRELATION_COLUMNS = ("correlation", "one_minus_r", "max_abs_error", "max_rel_error", "sum_ratio", "finite")

@@ -31,7 +31,6 @@ from ..spectra import sase_spectrum
 DISTRIBUTIONS = ("uniform", "integers", "normal", "choice", "sase")
 SPECTRUM = "spectrum"
 """The option a `sase` draw gives (BeamConfig.spectrum)."""
-SASE_ARGUMENTS = {"centre_A", "centre_eV", "bandwidth_percent", "channels", "spikes"}
 SEED_NAMES = ("noise", "mosaic", "misset", "calibration")
 RANDOM_ORIENTATION = "-misset"
 """The one key that takes `random`: the crystal's orientation, drawn here and rendered as misset angles."""
@@ -104,14 +103,12 @@ def draw_count(config: dict) -> int:
 
 
 def check_draws(draws: dict, base: Path) -> None:
-    """What the schema cannot say about `sweep.draws`, one line naming the key: a non-negative count, a known
-    distribution with lo <= hi (sd >= 0), `random` for `-misset` only, and `choice` files that exist
-    (a choice of a file flag: `-hkl`, `-mat`, ...; relative to the config's folder)."""
+    """What the schema (workflow/schemas/config.schema.yaml, which gives every distribution's shape) cannot
+    say about `sweep.draws`, one line naming the key: `random` for `-misset` alone and `sase` for `spectrum`
+    alone, lo <= hi, one centre of a `sase` spectrum, and `choice` files that exist (a choice of a file
+    flag: `-hkl`, `-mat`, ...; relative to the config's folder)."""
     from ..nanobragg.flags import FLAGS, PATH
 
-    count = draws.get("count")
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise NbsimError(f"sweep.draws.count: {count!r} is not a non-negative whole number")
     for key, spec in (draws.get("values") or {}).items():
         where = f"sweep.draws.values.{key}"
         if (spec == "random") != (key == RANDOM_ORIENTATION):
@@ -119,54 +116,15 @@ def check_draws(draws: dict, base: Path) -> None:
                              f"distribution ({', '.join(DISTRIBUTIONS)})")
         if spec == "random":
             continue
-        if not isinstance(spec, dict) or len(spec) != 1:
-            raise NbsimError(f"{where}: expects one distribution, {{name: arguments}} with name one of "
-                             f"{', '.join(DISTRIBUTIONS)}")
         (name, arguments), = spec.items()
-        if name not in DISTRIBUTIONS:
-            raise NbsimError(f"{where}: unknown distribution {name!r}; the distributions are "
-                             f"{', '.join(DISTRIBUTIONS)}")
         if (name == "sase") != (key == SPECTRUM):
             raise NbsimError(f"{where}: 'sase' draws a spectrum, for the option {SPECTRUM} alone; "
                              f"{SPECTRUM} takes 'sase'")
-        if name == "sase":
-            _check_sase(f"{where}.sase", arguments)
-            continue
-        if name == "choice":
-            if not isinstance(arguments, list) or not arguments:
-                raise NbsimError(f"{where}.choice: expects a non-empty list of values")
-            if FLAGS.get(key) == (PATH,):
-                missing = [value for value in arguments if not (base / str(value)).is_file()]
-                if missing:
-                    raise NbsimError(f"{where}.choice: file {missing[0]} does not exist")
-            continue
-        if (not isinstance(arguments, list) or len(arguments) != 2
-                or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in arguments)):
-            raise NbsimError(f"{where}.{name}: expects two numbers, got {arguments!r}")
-        lo, hi = arguments
-        if name == "integers" and not all(float(a).is_integer() for a in arguments):
-            raise NbsimError(f"{where}.integers: expects whole numbers, got {arguments!r}")
-        if name == "normal" and hi < 0:
-            raise NbsimError(f"{where}.normal: the standard deviation {hi} is negative")
-        if name in ("uniform", "integers") and lo > hi:
-            raise NbsimError(f"{where}.{name}: lo {lo} > hi {hi}")
-
-
-def _check_sase(where: str, arguments: Any) -> None:
-    """A `sase` draw's arguments: one centre (centre_A or centre_eV) and bandwidth_percent, positive numbers;
-    channels and spikes (optional), whole numbers of at least 1."""
-    if not isinstance(arguments, dict) or not set(arguments) <= SASE_ARGUMENTS:
-        raise NbsimError(f"{where}: expects {{centre_A or centre_eV, bandwidth_percent, channels, spikes}}, "
-                         f"got {arguments!r}")
-    if len({"centre_A", "centre_eV"} & set(arguments)) != 1:
-        raise NbsimError(f"{where}: give one of centre_A and centre_eV")
-    for name, value in arguments.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if name in ("channels", "spikes"):
-            if not (number and float(value).is_integer() and value >= 1):
-                raise NbsimError(f"{where}.{name}: expects a whole number of at least 1, got {value!r}")
-        elif not (number and value > 0):
-            raise NbsimError(f"{where}.{name}: expects a positive number, got {value!r}")
-    missing = {"bandwidth_percent", "channels"} - set(arguments)
-    if missing:
-        raise NbsimError(f"{where}: {sorted(missing)[0]} is missing")
+        if name == "sase" and len({"centre_A", "centre_eV"} & set(arguments)) != 1:
+            raise NbsimError(f"{where}.sase: give one of centre_A and centre_eV")
+        if name == "choice" and FLAGS.get(key) == (PATH,):
+            missing = [value for value in arguments if not (base / str(value)).is_file()]
+            if missing:
+                raise NbsimError(f"{where}.choice: file {missing[0]} does not exist")
+        if name in ("uniform", "integers") and arguments[0] > arguments[1]:
+            raise NbsimError(f"{where}.{name}: lo {arguments[0]} > hi {arguments[1]}")

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 
 def package_versions() -> dict[str, str]:
+    """Python's and the main packages' versions, recorded with every batch."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}

@@ -8,7 +8,12 @@ and compile setting are rendered in *batches* of `sweep.batch_size` by one job; 
 reference batch `b0003`.
 
 `point_config` builds what a point renders, the one construction that planning (`point_spec`, the
-`PointSpec` a batch job receives) and validation (`nbsim.sweep.validate`) share.
+`PointSpec` a batch job receives) and validation (`nbsim.sweep.validate`) share; a `PointBuilds` given to
+them makes each parse once for the whole planning.
+
+Why one module of this length: its two halves, naming the points (`Point`, `sweep_points`, `plan_sweep`)
+and building what each point renders (`point_config`, `point_spec`, `kernel_jobs`), are the one plan the
+Snakefile imports, and each half reads the other's names (a point's name is its batch's and its kernel's).
 """
 
 from __future__ import annotations
@@ -56,10 +61,12 @@ class Point:
 
     @property
     def name(self) -> str:
+        """The point's name: size, dtype, device, compile setting, extra values and draw."""
         return f"n{self.size}-{self.dtype}-{self.device}-compile_{self.compile.value}" + self._extras_suffix
 
     @property
     def reference_name(self) -> str:
+        """Its reference point's name: size, extra values and draw."""
         return f"n{self.size}" + self._extras_suffix
 
     @property
@@ -182,9 +189,11 @@ class SweepPlan:
     references: dict[tuple[str, str], Batch]
 
     def scenario_batches(self, scenario: str) -> list[Batch]:
+        """A scenario's point batches."""
         return [b for (s, _), b in self.batches.items() if s == scenario]
 
     def scenario_references(self, scenario: str) -> list[Batch]:
+        """A scenario's reference batches."""
         return [b for (s, _), b in self.references.items() if s == scenario]
 
 
@@ -217,11 +226,13 @@ class KernelJob:
 
 
 def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool, base: Path,
-                memo: Path | None = None) -> tuple[dict[str, KernelJob], dict[Point, str]]:
+                memo: Path | None = None, builds: PointBuilds | None = None
+                ) -> tuple[dict[str, KernelJob], dict[Point, str]]:
     """The kernel jobs of a sweep (by name) and each prebuilding point's kernel job name. Points share a
     job when their structure, dtype and device agree, whatever their sizes and values;
     `compiled_reference` adds the float64 kernels the nbsim references use. `memo`, a JSON file, keeps
     each configuration's structure for the next plan of the same nbsim sources (`structure_memo`)."""
+    builds = builds or PointBuilds()
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
     jobs: dict[str, KernelJob] = {}
     names: dict[Point, str] = {}
@@ -232,7 +243,7 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool, bas
                 continue
             key = (point.scenario, point.size, point.extras, point.draw)
             if key not in structures:
-                structures[key] = structure_of(point_config(config, point, base))
+                structures[key] = structure_of(point_config(config, point, base, builds))
             structure_name, structure_json = structures[key]
             name = f"{point.dtype}-{_slug(point.device)}-{structure_name}"
             jobs.setdefault(name, KernelJob(structure_json, point.dtype, point.device))
@@ -279,44 +290,75 @@ def structure_memo(path: Path | None) -> Iterator[Callable[[SimulationConfig], t
             atomic_write_text(path, json.dumps(known))
 
 
-def scenario_args(config: dict, scenario: str, base: Path) -> tuple[str, ...]:
+class PointBuilds:
+    """What one planning builds for its points, each once: the scenarios' arguments split and made absolute,
+    the parse of each distinct argv (shared by the points of every dtype, device, compile setting, option
+    value and draw of options) and each point's configuration (shared by validation, the kernel jobs and the
+    batch specs). The Snakefile keeps one for its whole planning; a function given none makes its own.
+    Measured (docs/benchmarks.md, "Planning"): config/examples/dataset.yaml's 10,000 shots plan in 2.5 s of CPU
+    with one, 3.1 s keeping parses alone, 5.4 s with one per call."""
+
+    def __init__(self) -> None:
+        self._arguments: dict[tuple[str | tuple, Path], tuple[str, ...]] = {}
+        self._parsed: dict[tuple[str, ...], SimulationConfig] = {}
+        self._configured: dict[tuple, SimulationConfig] = {}
+
+    def arguments(self, args: str | tuple, base: Path) -> tuple[str, ...]:
+        """A scenario's arguments split (a string) and with file values made absolute against `base`."""
+        key = (args, base)
+        if key not in self._arguments:
+            from ..nanobragg.flags import absolute_file_arguments
+
+            words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+            self._arguments[key] = tuple(absolute_file_arguments(words, base))
+        return self._arguments[key]
+
+    def configured(self, argv: tuple[str, ...], options: tuple[tuple[str, Any], ...],
+                   settings: tuple[tuple[str, Any], ...] = ()) -> SimulationConfig:
+        """`argv` parsed, then the options (each checked) and a draw's settings applied."""
+        key = (argv, options, settings)
+        if key not in self._configured:
+            for name, value in options:
+                check_option_value(name, value)
+            if argv not in self._parsed:
+                from ..nanobragg import config_from_args
+
+                self._parsed[argv] = config_from_args(list(argv))
+            self._configured[key] = self._parsed[argv].with_options(**dict(options), **dict(settings))
+        return self._configured[key]
+
+
+def scenario_args(config: dict, scenario: str, base: Path, builds: PointBuilds | None = None) -> tuple[str, ...]:
     """A scenario's nanoBragg arguments, with file values made absolute against the config's folder."""
     args = config["scenarios"][scenario]["args"]
-    return _absolute_args(tuple(args) if isinstance(args, list) else args, base)
+    return (builds or PointBuilds()).arguments(tuple(args) if isinstance(args, list) else args, base)
 
 
-@functools.cache
-def _absolute_args(args: str | tuple, base: Path) -> tuple[str, ...]:
-    """Split and made absolute once per scenario, however many points it has."""
-    from ..nanobragg.flags import absolute_file_arguments
-
-    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
-    return tuple(absolute_file_arguments(words, base))
-
-
-def point_argv(config: dict, point: Point, base: Path, draw_arguments: bool = True) -> tuple[str, ...]:
+def point_argv(config: dict, point: Point, base: Path, draw_arguments: bool = True,
+               builds: PointBuilds | None = None) -> tuple[str, ...]:
     """A point's nanoBragg arguments: its scenario's, its size (not for a -panelfile scenario: the panel file
     sizes its panels), its flag axes and drawn flags (file values absolute), then (`draw_arguments`) its
     draw's seed and orientation arguments."""
     from ..nanobragg.flags import absolute_file_arguments
 
     flags = [text for name, value in point.flags for text in (name, str(value))]
-    scenario = scenario_args(config, point.scenario, base)
+    scenario = scenario_args(config, point.scenario, base, builds)
     size = () if "-panelfile" in scenario else ("-detpixels", str(point.size))
     return (*scenario, *size, *absolute_file_arguments(flags, base),
             *(point.draw_arguments if draw_arguments else ()))
 
 
-def point_config(config: dict, point: Point, base: Path) -> SimulationConfig:
+def point_config(config: dict, point: Point, base: Path, builds: PointBuilds | None = None) -> SimulationConfig:
     """What a point renders: its nanoBragg arguments parsed, then its detector settings and option axes
     applied, each checked against the option's type. The one construction planning and validation share;
     NbsimError for a value that does not build."""
+    builds = builds or PointBuilds()
     detector = detector_settings(config, point)
     # Without a detector stage no noise is drawn: the clock-based seed a parse without -seed takes would only
     # make the point's parameters differ from run to run.
     unused = () if detector else (("noise_seed", None),)
-    return _configured(point_argv(config, point, base, draw_arguments=False), (*detector, *point.options),
-                       (*point.draw_settings, *unused))
+    return builds.configured(point_argv(config, point, base, draw_arguments=False, builds=builds),
+                             (*detector, *point.options), (*point.draw_settings, *unused))
 
 
 DEFAULT_NOISE_SEED = 1
@@ -338,25 +380,6 @@ def detector_settings(config: dict, point: Point) -> tuple[tuple[str, Any], ...]
         seeds = dict(point.draw.seeds)
         settings.update(noise_seed=seeds["noise"], calibration_seed=seeds["calibration"])
     return tuple(sorted(settings.items()))
-
-
-@functools.lru_cache(maxsize=1 << 17)
-def _configured(argv: tuple[str, ...], options: tuple[tuple[str, Any], ...],
-                settings: tuple[tuple[str, Any], ...] = ()) -> SimulationConfig:
-    """`argv` parsed, then the options (checked) and a draw's settings applied; remembered, so validation,
-    the kernel jobs and the batch specs of one planning build each point once."""
-    for name, value in options:
-        check_option_value(name, value)
-    return _parsed(argv).with_options(**dict(options), **dict(settings))
-
-
-@functools.cache
-def _parsed(argv: tuple[str, ...]) -> SimulationConfig:
-    """Parsed once per distinct argv: validation's parse is planning's, and the points of every dtype,
-    device, compile setting and option value share it."""
-    from ..nanobragg import config_from_args
-
-    return config_from_args(argv)
 
 
 @functools.cache
@@ -391,16 +414,18 @@ def check_option_value(name: str, value: Any) -> None:
 
 
 def point_spec(config: dict, point: Point, base: Path, kernel_of_point: dict[Point, str],
-               as_reference: bool = False) -> PointSpec:
+               as_reference: bool = False, builds: PointBuilds | None = None) -> PointSpec:
     """A point as its batch job renders it (`as_reference`: as its reference batch renders it)."""
+    builds = builds or PointBuilds()
     kernel_point = nbsim_reference_point(point) if as_reference else point
-    argv = point_argv(config, point, base)
+    argv = point_argv(config, point, base, builds=builds)
     return PointSpec(name=point.reference_name if as_reference else point.name, reference=point.reference_name,
-                     size=point.size, axes=point.axis_values, config=point_config(config, point, base),
+                     size=point.size, axes=point.axis_values, config=point_config(config, point, base, builds),
                      argv=argv, kernel=kernel_of_point.get(kernel_point), labels=drawn_labels(point.draw))
 
 
 def c_binary_path(config: dict, base: Path) -> str | None:
+    """The C reference binary (`reference.c_binary`, on PATH or relative to the config), or None."""
     import shutil
 
     binary = (config.get("reference") or {}).get("c_binary")

@@ -25,6 +25,7 @@ PREVIEW_PIXELS = 256
 
 
 def main_axis(rows: list[dict[str, Any]], axes: list[str]) -> str:
+    """The axis a scenario's plots run along: the first that varies besides the series, else size."""
     varying = [a for a in axes if a not in SERIES_AXES and len({r[a] for r in rows}) > 1]
     return varying[0] if varying else "size"
 
@@ -43,6 +44,7 @@ def block_max(image: np.ndarray, pixels: int = PREVIEW_PIXELS) -> np.ndarray:
 
 def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: list[str], speedup_png: Path,
                   time_png: Path, previews_png: Path) -> None:
+    """A scenario's speedup and time plots and its grid of image previews, as PNG files."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -24,6 +24,7 @@ class Progress:
         self.started = self.reported = time.perf_counter()
 
     def advance(self, count: int = 1) -> None:
+        """Count `count` more points done; log the progress when it is due or complete."""
         self.done += count
         now = time.perf_counter()
         if self.done >= self.total or now - self.reported >= self.every_s:

@@ -126,6 +126,7 @@ class ScenarioSummary:
 
     @classmethod
     def of(cls, scenario: str, rows: list[dict[str, Any]]) -> ScenarioSummary:
+        """The summary of a scenario's table rows."""
         ok = [r for r in rows if r["status"] == "ok"]
 
         def values(key: str) -> list[float]:
@@ -137,6 +138,7 @@ class ScenarioSummary:
                    statistics.median(speedups) if speedups else None, reference_label(rows))
 
     def cells(self) -> list[str]:
+        """The summary as the front page's table cells, rounded."""
         def shown(value: float | None, write: Callable[[float], str]) -> str:
             return "–" if value is None else write(value)
 

@@ -160,10 +160,12 @@ class PointSpec:
         return len(panels), max(p.pixels_s for p in panels), max(p.pixels_f for p in panels)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready), as a job's parameters carry it."""
         return dataclass_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PointSpec:
+        """The spec `to_dict` wrote."""
         return dataclass_from_dict(cls, data)
 
 
@@ -191,8 +193,10 @@ class BatchJob:
     """Keep each point's detector image (the detector stage under its `config.response`) beside its image."""
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready), as a job's parameters carry it."""
         return dataclass_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BatchJob:
+        """The batch job `to_dict` wrote."""
         return dataclass_from_dict(cls, data)

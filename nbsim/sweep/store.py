@@ -51,16 +51,19 @@ written a whole shard at a time, fills its shards up to SHARD_BYTES."""
 
 
 def json_safe(value: Any) -> Any:
+    """`value` as JSON would read it back (non-JSON values as text)."""
     return json.loads(json.dumps(value, default=str, allow_nan=True))
 
 
 def write_json(path: Path, payload: dict) -> None:
+    """Write `payload` as indented, sorted JSON, atomically."""
     from ..io.atomic import atomic_write_text
 
     atomic_write_text(path, json.dumps(json_safe(payload), indent=1, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> dict:
+    """A JSON file's contents."""
     return json.loads(Path(path).read_text())
 
 
@@ -268,6 +271,7 @@ class AtomicStore:
         return array
 
     def commit(self) -> None:
+        """Consolidate the store's metadata and move it into place, replacing any store there."""
         import zarr
 
         with warnings.catch_warnings():

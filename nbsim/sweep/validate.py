@@ -16,6 +16,7 @@ from .fitting import check_fit
 from .plan import (
     CORE_AXES,
     Point,
+    PointBuilds,
     axis_name,
     axis_values,
     c_binary_path,
@@ -28,11 +29,13 @@ from .plan import (
 MAX_AXIS_VALUES = 1_000_000
 
 
-def validate_config(config: dict, schema_path: str | Path, base: Path, devices: bool = False) -> None:
+def validate_config(config: dict, schema_path: str | Path, base: Path, devices: bool = False,
+                    builds: PointBuilds | None = None) -> None:
     """Check the config against the JSON schema (filling its defaults), then semantically, then (with
-    `devices`, in the process that plans the jobs) that its devices can be had (`check_devices`)."""
+    `devices`, in the process that plans the jobs) that its devices can be had (`check_devices`). The
+    points are built into `builds` (the planning's, so that it parses nothing again) or a new one."""
     check_schema(config, schema_path)
-    check_config(config, base)
+    check_config(config, base, builds)
     if devices:
         check_devices(config)
 
@@ -109,7 +112,7 @@ def _check_axis(where: str, spec: list | dict) -> None:
         raise NbsimError(f"{where}: values repeat (after rounding to 12 significant digits)")
 
 
-def check_config(config: dict, base: Path) -> None:
+def check_config(config: dict, base: Path, builds: PointBuilds | None = None) -> None:
     """Semantic checks the schema cannot express, then every point built (`check_points`)."""
     from ..config import option_names
     from ..nanobragg.flags import FLAGS
@@ -169,7 +172,7 @@ def check_config(config: dict, base: Path) -> None:
         if other is not point:
             raise NbsimError(f"sweep.extra: the values of {dict(point.extras)} and {dict(other.extras)} give "
                              f"the same point name {point.name}")
-    check_points(config, points, base)
+    check_points(config, points, base, builds)
 
 
 def _check_detector(block: dict, drawn: bool) -> None:
@@ -200,7 +203,7 @@ def _check_detector(block: dict, drawn: bool) -> None:
         raise NbsimError(f"sweep.detector: {error}") from None
 
 
-def check_points(config: dict, points: list[Point], base: Path) -> None:
+def check_points(config: dict, points: list[Point], base: Path, builds: PointBuilds | None = None) -> None:
     """Build every distinct point as planning builds it (`plan.point_config`) and read each input file its
     configuration names, once, strictly. A point that fails is built again from its scenario alone, then
     with each of its axis values alone, to name the key at fault."""
@@ -208,11 +211,12 @@ def check_points(config: dict, points: list[Point], base: Path) -> None:
     from ..io.inputs import input_file_paths, read_input_file
     from ..io.structure_files import hkl_format
 
+    builds = builds or PointBuilds()
     files_read: set[tuple[str, str, str | None]] = set()
     c_reference = bool((config.get("reference") or {}).get("c_binary"))
 
     def build(point: Point) -> None:
-        simulation = point_config(config, point, base)
+        simulation = point_config(config, point, base, builds)
         check_response(simulation.response)
         if simulation.detector.panels:
             _check_panel_scenario(config, c_reference)

@@ -19,10 +19,12 @@ CONFIG_BASE = (
     if workflow.overwrite_configfiles
     else Path(workflow.basedir) / "config"
 )
+# Validation, the kernel jobs and every batch's specs build each point once, into this one memo.
+BUILDS = plan.PointBuilds()
 try:
     # Devices are checked where the jobs are planned, not again inside a job on a cluster node.
     validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE,
-                             devices=workflow.is_main_process)
+                             devices=workflow.is_main_process, builds=BUILDS)
 except NbsimError as error:
     print(f"nbsim: invalid sweep configuration: {error}", file=sys.stderr)
     sys.exit(1)
@@ -41,7 +43,7 @@ REFERENCE = config["reference"] is not False
 COMPILED_NBSIM_REFERENCE = REFERENCE and not C_BINARY and config["reference"]["compile"]
 # One kernel job per (structure, dtype, device): points of any size and value share it.
 KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE,
-                                            Path(".snakemake") / "nbsim-structures.json")
+                                            Path(".snakemake") / "nbsim-structures.json", BUILDS)
 AXES = plan.sweep_axes(config)
 # fit: (docs/sweeps.md, "Fitting every shot"): each batch's shots fitted in chunks, one fit job each.
 FIT = config.get("fit")
@@ -75,7 +77,7 @@ def batch_job(wildcards):
     changed value re-runs exactly the batch holding it)."""
     batch = batch_of(wildcards)
     first = batch.points[0]
-    specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT) for p in batch.points)
+    specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT, builds=BUILDS) for p in batch.points)
     return BatchJob(scenario=batch.scenario, batch=batch.name, points=specs, dtype=first.dtype, device=first.device,
                     compile=first.compile, on_unavailable_device=config["sweep"]["on_unavailable_device"],
                     detector="detector" in config["sweep"], **timing_params()).to_dict()
@@ -84,7 +86,8 @@ def batch_job(wildcards):
 def reference_job(wildcards):
     """The reference job's parameters: nbsim in float64 on the CPU (or the C binary) for each point."""
     batch = reference_batch_of(wildcards)
-    specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT, as_reference=True) for p in batch.points)
+    specs = tuple(plan.point_spec(config, p, CONFIG_BASE, KERNEL_OF_POINT, as_reference=True, builds=BUILDS)
+                  for p in batch.points)
     return BatchJob(scenario=batch.scenario, batch=batch.name, points=specs, dtype="float64", device="cpu",
                     compile=Compile.of(config["reference"]["compile"]), c_binary=C_BINARY, is_reference=True,
                     **timing_params()).to_dict()
