@@ -40,6 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def argument_parser() -> argparse.ArgumentParser:
+    """The options of `nbsim fit` (its nanoBragg flags come after `--`)."""
     parser = _Parser(prog="nbsim fit", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="Example: nbsim fit shot_00001.img --refine orientation,cell,N,scale --json fit.json "
                             "-- -model model.cif -cell 50 60 70 90 90 90 -misset 10 20 30 -N 14 -distance 150 "
@@ -102,6 +103,7 @@ def _starts(path: str | None) -> dict[str, dict]:
 
 
 def main(argv: list[str]) -> int:
+    """`nbsim fit ARGS`: 0 when the fit converged, 3 when it did not (the JSON says why), 2 for bad input."""
     if "--" in argv:
         split = argv.index("--")
         own, model_flags = argv[:split], argv[split + 1:]

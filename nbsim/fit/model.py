@@ -52,6 +52,7 @@ class Slot:
 
     @property
     def stop(self) -> int:
+        """One past the slot's last index."""
         return self.start + self.quantity.size
 
 
@@ -197,6 +198,8 @@ class DiffractionModel(nn.Module):
         return photons * values["scale"][0].to(device=self.device, dtype=self.dtype)
 
     def forward(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Photons at every image's selected pixels, one (pixels,) tensor each, at `internal` (default: the
+        module's parameter)."""
         values = self.natural(internal)
         return [self.render(image, values[image]) for image in range(len(self.setups))]
 

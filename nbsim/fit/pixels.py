@@ -33,6 +33,7 @@ class Shoeboxes:
 
     @property
     def count(self) -> int:
+        """How many pixels are fitted."""
         return len(self.rows)
 
 

@@ -65,6 +65,7 @@ class FitOptions:
     dtype: torch.dtype = torch.float64
 
     def check(self) -> None:
+        """Raise a one-line NbsimError for an option out of range."""
         if self.likelihood not in LIKELIHOODS:
             raise NbsimError(f"likelihood must be one of {', '.join(LIKELIHOODS)} (got {self.likelihood!r})")
         if self.optimizer not in OPTIMIZERS:
@@ -101,6 +102,7 @@ class FitResult:
 
     @property
     def pixels(self) -> int:
+        """Fitted pixels over every image."""
         return sum(b.count for b in self.boxes)
 
 

@@ -97,10 +97,12 @@ class FitJob:
     """The batch store holds each shot's detector image (the sweep has a detector stage)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The job as JSON data (what the Snakemake rule hands its script)."""
         return dataclass_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FitJob:
+        """The job from its JSON data."""
         return dataclass_from_dict(cls, data)
 
 
