@@ -182,7 +182,8 @@ def export_series(store: Path, size: int | None, files: SeriesFiles, options: Co
         if prefix is None:
             continue
         for frame in range(frames):
-            record = experiment_record(setup, first_seed + frame if noise else None, options.saturation, options.pedestal)
+            record = experiment_record(setup, first_seed + frame if noise else None, options.saturation,
+                                       options.pedestal)
             write_mini_cbf(prefix.with_name(f"{prefix.name}_{frame + 1:05d}.cbf"),
                            (noise_counts if noise else counts)(frame),
                            replace(record, phi_start_deg=float(omega_deg[frame])), started)

@@ -117,7 +117,8 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
     print(f"intfile_scale = {scale:g}")
     if run.nxmxfile:
         counts = panel_counts(panels, setup, scale, run.counts_pedestal, run.saturation_counts)
-        _write_processing_images(run, counts, experiment_record(setup, None, run.saturation_counts, run.counts_pedestal), started)
+        record = experiment_record(setup, None, run.saturation_counts, run.counts_pedestal)
+        _write_processing_images(run, counts, record, started)
     if run.p1_table_file and setup.p1_table is not None:
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
