@@ -106,13 +106,14 @@ def test_tiled_gradient_equals_one_tile(base):
 
 
 def test_refinement_example_converges():
-    """docs/examples/refine_geometry.py: ten Adam steps bring distance and beam centre towards the truth."""
+    """docs/examples/refine_geometry.py: L-BFGS on the DiffractionModel brings distance and beam centre to
+    the truth (2 mm and a pixel off at the start)."""
     path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "refine_geometry.py"
     spec = importlib.util.spec_from_file_location("refine_geometry", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    history = example.refine(pixels=64, steps=10)
+    history = example.refine(pixels=64, steps=30)
     first_loss, last_loss = history[0][0], history[-1][0]
-    assert last_loss < first_loss / 10
+    assert last_loss < first_loss
     for name, truth in example.TRUTH.items():
-        assert abs(history[-1][1][name] - truth) < abs(example.START[name] - truth) / 4, name
+        assert abs(history[-1][1][name] - truth) < 0.01, (name, history[-1][1])

@@ -166,10 +166,7 @@ def residual_picture(result: FitResult, path: str, boxes_per_image: int = 64) ->
     import matplotlib.pyplot as plt
 
     with torch.no_grad():
-        values = result.model.natural()
-        expected = [(result.model.render(i, values[i]).double()
-                     + torch.as_tensor(b.background) * values[i]["background"][0]).numpy()
-                    for i, b in enumerate(result.boxes)]
+        expected = [values.numpy() for values in result.expected]
     figure, axes = plt.subplots(len(result.images), 3, figsize=(12, 4 * len(result.images)), squeeze=False)
     for image, (fit_image, boxes) in enumerate(zip(result.images, result.boxes, strict=True)):
         observed = fit_image.counts[boxes.rows, boxes.cols]

@@ -23,13 +23,16 @@ spot."""
 @dataclass(frozen=True)
 class Shoeboxes:
     """Fitted pixels of one image: rows, cols (P,) and the shoebox each belongs to (P,); `centres` (B, 2)
-    the boxes' centre pixels (row, col); `background` (P,) photons of the fixed background model."""
+    the boxes' centre pixels (row, col); `background` (P,) photons of the flat background (zero unless
+    "flat"); `plane` the (P, P) operator that turns the residual counts − model into each box's background
+    plane, fitted to the box's border pixels (None unless "plane")."""
 
     rows: np.ndarray
     cols: np.ndarray
     box: np.ndarray
     centres: np.ndarray
     background: np.ndarray
+    plane: torch.Tensor | None = None
 
     @property
     def count(self) -> int:
@@ -69,27 +72,12 @@ def observed_spots(observed: np.ndarray, usable: np.ndarray, max_spots: int) -> 
     return np.stack([rows[keep], cols[keep]], axis=1)[:max_spots]
 
 
-def _plane(rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Least-squares plane coefficients (c0, c_row, c_col) through values, two rounds of rejecting points
-    more than 3σ above it (the tails of neighbouring spots)."""
-    keep = np.ones(len(values), dtype=bool)
-    design = np.stack([np.ones_like(rows, dtype=np.float64), rows, cols], axis=1)
-    coefficients = np.array([float(np.median(values)) if len(values) else 0.0, 0.0, 0.0])
-    for _ in range(3):
-        if keep.sum() < 4:
-            break
-        coefficients = np.linalg.lstsq(design[keep], values[keep], rcond=None)[0]
-        residual = values - design @ coefficients
-        spread = max(float(np.std(residual[keep])), 1.0)
-        keep = residual < 3.0 * spread
-    return coefficients
-
-
 def shoeboxes(predicted: np.ndarray, observed: np.ndarray, usable: np.ndarray, size: int = 9,
               max_spots: int = 200, use_observed_spots: bool = True, background: str = "plane") -> Shoeboxes:
     """Shoeboxes of `size`×`size` pixels around the predicted spots (and the observed ones), clipped to the
     detector; pixels not `usable` (masked, overloaded) are left out, and a pixel in several boxes counts
-    once. `background`: "plane" fits each box's border, "flat" the image's median there, "none" zero."""
+    once. `background`: "plane" fits each box's border residuals (plane_operator), "flat" starts from the
+    median of the boxes' borders (refined as one level per image), "none" is zero."""
     if size < 3 or size % 2 == 0:
         raise NbsimError(f"shoebox size must be an odd number of pixels, at least 3 (got {size})")
     centres = predicted_spots(predicted, max_spots)
@@ -126,20 +114,44 @@ def shoeboxes(predicted: np.ndarray, observed: np.ndarray, usable: np.ndarray, s
         ring &= usable
         flat_level = float(np.median(observed[ring])) if ring.any() else 0.0
     values = np.zeros(len(rows))
+    plane = None
     if background == "plane":
-        for index, (_, _, r0, r1, c0, c1) in enumerate(boxes):
-            border = np.zeros((r1 - r0, c1 - c0), dtype=bool)
-            border[[0, -1], :] = True
-            border[:, [0, -1]] = True
-            border &= usable[r0:r1, c0:c1]
-            border_rows, border_cols = np.nonzero(border)
-            coefficients = _plane(border_rows + float(r0), border_cols + float(c0),
-                                  observed[r0:r1, c0:c1][border])
-            members = box == index
-            values[members] = np.clip(coefficients[0] + coefficients[1] * rows[members]
-                                      + coefficients[2] * cols[members], 0.0, None)
+        plane = plane_operator(rows, cols, box, len(boxes))
     elif background == "flat":
         values[:] = max(flat_level, 0.0)
     elif background != "none":
         raise NbsimError(f"background must be plane, flat or none (got {background!r})")
-    return Shoeboxes(rows=rows, cols=cols, box=box, centres=np.array([b[:2] for b in boxes]), background=values)
+    return Shoeboxes(rows=rows, cols=cols, box=box, centres=np.array([b[:2] for b in boxes]), background=values,
+                     plane=plane)
+
+
+def plane_operator(rows: np.ndarray, cols: np.ndarray, box: np.ndarray, boxes: int) -> torch.Tensor:
+    """The sparse (P, P) map from residuals (counts − model) to background photons: per box, the
+    least-squares plane through its border pixels' residuals, evaluated at every pixel of the box. The
+    model is subtracted before the plane is fitted, so a spot's own tails never count as background; a
+    box with fewer than three border pixels gets their mean, one with none gets no background."""
+    entries_row, entries_col, entries_value = [], [], []
+    for index in range(boxes):
+        members = np.flatnonzero(box == index)
+        if not len(members):
+            continue
+        r, c = rows[members], cols[members]
+        border = (r == r.min()) | (r == r.max()) | (c == c.min()) | (c == c.max())
+        edge = members[border]
+        if not len(edge):
+            continue
+        design_edge = np.stack([np.ones(len(edge)), rows[edge] - r.mean(), cols[edge] - c.mean()], axis=1)
+        design_all = np.stack([np.ones(len(members)), r - r.mean(), c - c.mean()], axis=1)
+        if len(edge) < 3 or np.linalg.matrix_rank(design_edge) < 3:
+            design_edge, design_all = design_edge[:, :1], design_all[:, :1]
+        weights = design_all @ np.linalg.pinv(design_edge)
+        grid_rows, grid_cols = np.meshgrid(members, edge, indexing="ij")
+        entries_row.append(grid_rows.ravel())
+        entries_col.append(grid_cols.ravel())
+        entries_value.append(weights.ravel())
+    size = len(rows)
+    if not entries_row:
+        return torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
+                                       (size, size)).coalesce()
+    indices = torch.as_tensor(np.stack([np.concatenate(entries_row), np.concatenate(entries_col)]))
+    return torch.sparse_coo_tensor(indices, torch.as_tensor(np.concatenate(entries_value)), (size, size)).coalesce()

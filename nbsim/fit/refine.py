@@ -99,6 +99,8 @@ class FitResult:
     nll: float
     covariance: torch.Tensor | None
     history: list[float]
+    expected: list[torch.Tensor]
+    """Expected photons (model and background) at each image's fitted pixels, at the optimum."""
 
     @property
     def pixels(self) -> int:
@@ -117,12 +119,21 @@ class Objective:
         self.counts = [torch.as_tensor(image.counts[b.rows, b.cols], dtype=torch.float64, device=model.device)
                        for image, b in zip(images, boxes, strict=True)]
         self.background = [torch.as_tensor(b.background, dtype=torch.float64, device=model.device) for b in boxes]
+        self.planes = [None if b.plane is None else b.plane.to(model.device) for b in boxes]
 
     def expected(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Expected photons at each image's pixels: the model plus the background."""
+        """Expected photons at each image's pixels: the model plus the background (each box's plane through
+        its border's residuals, or the refined flat level)."""
         values = self.model.natural(internal)
-        return [self.model.render(i, values[i]).to(torch.float64) + self.background[i] * values[i]["background"][0]
-                for i in range(len(values))]
+        expected = []
+        for image, image_values in enumerate(values):
+            photons = self.model.render(image, image_values).to(torch.float64)
+            background = self.background[image] * image_values["background"][0]
+            if self.planes[image] is not None:
+                residual = (self.counts[image] - photons).unsqueeze(-1)
+                background = background + torch.sparse.mm(self.planes[image], residual).squeeze(-1)
+            expected.append(photons + background)
+        return expected
 
     def __call__(self, internal: torch.Tensor | None = None) -> torch.Tensor:
         total = sum(negative_log_likelihood(expected, counts, self.options.readout_photons, self.options.likelihood)
@@ -172,7 +183,13 @@ def starting_scales(objective: Objective) -> None:
     model = objective.model
     with torch.no_grad():
         for image, expected in enumerate(model()):
-            signal = float((objective.counts[image] - objective.background[image]).sum())
+            counts = objective.counts[image]
+            plane = objective.planes[image]
+            background = objective.background[image]
+            if plane is not None:
+                background = background + torch.sparse.mm(plane, counts.unsqueeze(-1)).squeeze(-1)
+                expected = expected - torch.sparse.mm(plane, expected.unsqueeze(-1).double()).squeeze(-1)
+            signal = float((counts - background).sum())
             total = float(expected.sum())
             if signal > 0 and total > 0:
                 model.set_start(image, "scale", model.starts[image]["scale"] * signal / total)
@@ -292,9 +309,10 @@ def fit(images: Sequence[FitImage], options: FitOptions,
             converged, reason = False, "the Hessian at the optimum is not positive definite (no standard errors)"
     with torch.no_grad():
         nll = float(objective())
+        expected = [values.detach() for values in objective.expected()]
     return FitResult(images=list(images), model=model, boxes=boxes, converged=converged, reason=reason,
                      iterations=total_iterations, seconds=time.perf_counter() - started, nll=nll,
-                     covariance=covariance, history=history)
+                     covariance=covariance, history=history, expected=expected)
 
 
 def minimise(objective: Objective, options: FitOptions,
