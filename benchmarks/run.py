@@ -16,7 +16,8 @@ says which targets each figure meets, and writes everything as JSON. The sweep w
 (`dataset_10k`, `dataset_resume`, `dataset_1024`) in benchmarks/dataset_workloads.py, `cli_answers` in
 benchmarks/answers.py, the detector's (`noise_c`, `noise_philox`) in benchmarks/detector_workloads.py,
 `panels_4x2048` (shots per second of a 4-panel detector) in benchmarks/panel_workloads.py,
-`gradients` in benchmarks/gradient_workloads.py.
+`gradients` in benchmarks/gradient_workloads.py, `fit_gradient` and `fit_still` in
+benchmarks/fit_workloads.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
@@ -39,6 +40,7 @@ from answers import ANSWER_WORKLOADS
 from dataset_workloads import DATASET_WORKLOADS
 from detector_workloads import DETECTOR_WORKLOADS
 from dials_workloads import DIALS_WORKLOADS
+from fit_workloads import FIT_WORKLOADS
 from format_workloads import FORMAT_WORKLOADS
 from gradient_workloads import GRADIENT_WORKLOADS
 from model_workloads import MODEL_WORKLOADS
@@ -48,7 +50,8 @@ from sweep_workloads import SWEEP_WORKLOADS
 from nbsim import workloads
 
 TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS, **DETECTOR_WORKLOADS,
-                   **DATASET_WORKLOADS, **PANEL_WORKLOADS, **GRADIENT_WORKLOADS, **DIALS_WORKLOADS}
+                   **DATASET_WORKLOADS, **PANEL_WORKLOADS, **GRADIENT_WORKLOADS, **DIALS_WORKLOADS,
+                   **FIT_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent

@@ -71,6 +71,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", help="write the result here (the JSON contract of docs/fitting.md)")
     parser.add_argument("--flags", help="write the refined model's nanoBragg flags here, one line per image")
     parser.add_argument("--plot", help="write observed, model and residual shoeboxes as a PNG")
+    parser.add_argument("--compile", default="off", choices=["on", "off"],
+                        help="render the fitted pixels through torch.compile (pays a compile per structure once)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -180,7 +182,7 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         shoebox_px=options.shoebox, max_spots=options.spots, observed_spots=not options.no_observed_spots,
         background=options.background, likelihood=options.likelihood, readout_photons=readout_photons,
         optimizer=options.optimizer, max_iterations=options.max_iterations, search_deg=options.search_deg,
-        restraints=dict(options.restrain), device=options.device,
+        restraints=dict(options.restrain), device=options.device, compile=options.compile == "on",
         dtype=torch.float64 if options.dtype == "float64" else torch.float32)
     show = not options.quiet and sys.stderr.isatty()
 

@@ -10,7 +10,8 @@ so a loop of the user's own (any torch optimiser) works on `model.parameters()`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from ..beam import build_sources
 from ..crystal import Lattice, oriented_cells
 from ..errors import NbsimError
 from ..geometry import build_geometry
-from ..kernel.inputs import TableTensors, kernel_inputs, table_tensors
+from ..kernel.inputs import KernelOptions, KernelTensors, TableTensors, kernel_inputs, table_tensors
 from ..kernel.physics import prepare_pixels, sum_steps
 from ..setup import Setup
 from ..vectors import cross, dot
@@ -40,6 +41,19 @@ from .parameters import (
     starting_rotation,
     to_natural,
 )
+
+
+def pixel_photons(rows: torch.Tensor, cols: torch.Tensor, tensors: KernelTensors,
+                  options: KernelOptions) -> torch.Tensor:
+    """Both kernel stages on a list of pixels: rows (P,), cols (P, 1) → photons (P, 1)."""
+    return sum_steps(prepare_pixels(rows, cols, tensors, options), tensors, options)
+
+
+@functools.cache
+def compiled_pixel_photons(options: KernelOptions) -> Callable:
+    """pixel_photons through torch.compile with every size dynamic: one forward and one backward graph
+    per kernel structure, kept for the process (and in Inductor's cache on disk for the next)."""
+    return torch.compile(functools.partial(pixel_photons, options=options), dynamic=True)
 
 
 @dataclass(frozen=True)
@@ -96,12 +110,13 @@ class DiffractionModel(nn.Module):
     to render. `refine`: names from `parameters.REFINABLE`; `shared`: those refined once for every image.
     `lattice`: a lattice-system name, else each image's is read off its starting cell.
     The parameter `internal` holds the dimensionless coordinates (zero at the start); `natural()` gives the
-    quantities in their units. `forward()` returns one (pixels,) tensor of photons per image.
+    quantities in their units. `forward()` returns one (pixels,) tensor of photons per image. `compile`:
+    render through torch.compile (compiled_pixel_photons) instead of eagerly.
     """
 
     def __init__(self, setups: Sequence[Setup], pixels: Sequence[tuple[np.ndarray, np.ndarray]],
                  refine: Sequence[str] = (), shared: Sequence[str] = (), lattice: str | None = None,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64):
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64, compile: bool = False):
         super().__init__()
         if len(setups) != len(pixels):
             raise NbsimError(f"{len(setups)} set-ups but {len(pixels)} pixel lists")
@@ -112,6 +127,7 @@ class DiffractionModel(nn.Module):
         self.setups = list(setups)
         self.device = torch.device(device)
         self.dtype = dtype
+        self.compile = compile
         self.refine = [name for name in REFINABLE if name in refine]
         self.shared = [name for name in self.refine if name in shared]
         self.systems = [lattice_system(setup.lattice.cell_parameters(), lattice) for setup in setups]
@@ -193,8 +209,11 @@ class DiffractionModel(nn.Module):
     def render(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
         """Photons at the image's selected pixels (pixels,), scale applied."""
         inputs = kernel_inputs(self.image_setup(image, values), self.device, self.dtype, table=self.tables[image])
-        terms = prepare_pixels(self.rows[image], self.cols[image], inputs.tensors, inputs.options)
-        photons = sum_steps(terms, inputs.tensors, inputs.options).reshape(-1)
+        if self.compile:
+            photons = compiled_pixel_photons(inputs.options)(self.rows[image], self.cols[image], inputs.tensors)
+        else:
+            photons = pixel_photons(self.rows[image], self.cols[image], inputs.tensors, inputs.options)
+        photons = photons.reshape(-1)
         return photons * values["scale"][0].to(device=self.device, dtype=self.dtype)
 
     def forward(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:

@@ -152,6 +152,7 @@ def plane_operator(rows: np.ndarray, cols: np.ndarray, box: np.ndarray, boxes: i
     size = len(rows)
     if not entries_row:
         return torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
-                                       (size, size)).coalesce()
+                                       (size, size), check_invariants=True).coalesce()
     indices = torch.as_tensor(np.stack([np.concatenate(entries_row), np.concatenate(entries_col)]))
-    return torch.sparse_coo_tensor(indices, torch.as_tensor(np.concatenate(entries_value)), (size, size)).coalesce()
+    return torch.sparse_coo_tensor(indices, torch.as_tensor(np.concatenate(entries_value)), (size, size),
+                                   check_invariants=True).coalesce()

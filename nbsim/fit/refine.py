@@ -63,6 +63,8 @@ class FitOptions:
     """How far off the starting orientation may be: sets the coarse stage's broadening (0: no coarse stage)."""
     device: str = "cpu"
     dtype: torch.dtype = torch.float64
+    compile: bool = False
+    """Render the fitted pixels through torch.compile (a compile per kernel structure; see docs/fitting.md)."""
 
     def check(self) -> None:
         """Raise a one-line NbsimError for an option out of range."""
@@ -113,8 +115,10 @@ class Objective:
     coordinates."""
 
     def __init__(self, model: DiffractionModel, images: Sequence[FitImage], boxes: Sequence[Shoeboxes],
-                 options: FitOptions):
+                 options: FitOptions, model_free_planes: bool = False):
         self.model = model
+        self.model_free_planes = model_free_planes
+        """True: each plane through its border's counts (fixed); False: through its border's residuals."""
         self.options = options
         self.counts = [torch.as_tensor(image.counts[b.rows, b.cols], dtype=torch.float64, device=model.device)
                        for image, b in zip(images, boxes, strict=True)]
@@ -130,7 +134,7 @@ class Objective:
             photons = self.model.render(image, image_values).to(torch.float64)
             background = self.background[image] * image_values["background"][0]
             if self.planes[image] is not None:
-                residual = (self.counts[image] - photons).unsqueeze(-1)
+                residual = (self.counts[image] - (0.0 if self.model_free_planes else photons)).unsqueeze(-1)
                 background = background + torch.sparse.mm(self.planes[image], residual).squeeze(-1)
             expected.append(photons + background)
         return expected
@@ -188,7 +192,8 @@ def starting_scales(objective: Objective) -> None:
             background = objective.background[image]
             if plane is not None:
                 background = background + torch.sparse.mm(plane, counts.unsqueeze(-1)).squeeze(-1)
-                expected = expected - torch.sparse.mm(plane, expected.unsqueeze(-1).double()).squeeze(-1)
+                if not objective.model_free_planes:
+                    expected = expected - torch.sparse.mm(plane, expected.unsqueeze(-1).double()).squeeze(-1)
             signal = float((counts - background).sum())
             total = float(expected.sum())
             if signal > 0 and total > 0:
@@ -283,10 +288,10 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     if "orientation" in refine and options.search_deg > 0:
         coarse = [name for name in refine if name not in ("N", "mosaic")]
         model = DiffractionModel(setups, [(b.rows, b.cols) for b in boxes], coarse, options.shared,
-                                 options.lattice, options.device, options.dtype)
+                                 options.lattice, options.device, options.dtype, options.compile)
         for image, (setup, b) in enumerate(zip(setups, boxes, strict=True)):
             model.set_start(image, "N", coarse_cells(setup, b, options.search_deg))
-        objective = Objective(model, images, boxes, options)
+        objective = Objective(model, images, boxes, options, model_free_planes=True)
         if "scale" in model.refine:
             starting_scales(objective)
         _, _, iterations, _ = minimise(objective, options, report("coarse"), started)
@@ -296,7 +301,7 @@ def fit(images: Sequence[FitImage], options: FitOptions,
                                                                                           strict=True)]
         boxes = choose_pixels(images, setups, options)
     model = DiffractionModel(setups, [(b.rows, b.cols) for b in boxes], refine, options.shared, options.lattice,
-                             options.device, options.dtype)
+                             options.device, options.dtype, options.compile)
     objective = Objective(model, images, boxes, options)
     if "scale" in model.refine:
         starting_scales(objective)

@@ -1,0 +1,196 @@
+"""The fitting benchmark workloads (run by benchmarks/run.py; docs/fitting.md has the figures).
+
+`fit_gradient`: one value and gradient of the Poisson negative log-likelihood for 10 parameters
+(orientation 3, cell 3, N 3, scale) on the shoeboxes of a 1024² still with 10 mosaic domains (the 200
+brightest predicted spots, 9 × 9 pixels each), eager and through torch.compile, against the compiled
+forward on the same pixels; pixel-steps per second of each. Targets: value and gradient ≤ 0.3 s, and the
+gradient's pixel-steps per second within 3× of the compiled forward's.
+`fit_still`: the whole `nbsim.fit.fit` of that still's Poisson image from a start 0.2° off in orientation,
+0.6–0.8 % off in each cell length, N 30 % low and the scale 3× off. Targets: ≤ 20 s; orientation ≤ 0.01°,
+lengths ≤ 0.05 %, N within 10 %.
+Each workload runs in a process of its own (`python benchmarks/fit_workloads.py NAME [--quick]`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = REPO / "config" / "examples" / "model.cif"
+MAX_VALUE_AND_GRADIENT_S = 0.3
+MAX_FORWARD_RATIO = 3.0
+MAX_FIT_S = 20.0
+
+
+def still_args(pixels: int, cell: str, misset: str, n_cells: str, fluence: str = "1e26") -> list[str]:
+    return (f"-model {MODEL} -lambda 1.0 -distance 150 -detpixels {pixels} -pixel {102.4 / pixels:g} "
+            f"-mosaic 0.05 -mosaic_dom 10 -oversample 1 -fluence {fluence} -cell {cell} -misset {misset} "
+            f"-N {n_cells}").split()
+
+
+TRUTH = ("50 60 70 90 90 90", "10 20 30", "10")
+START = ("50.4 59.6 70.5 90 90 90", "10.1 20.12 29.9", "7")
+"""The start: 0.20° off in orientation, +0.8 %, −0.67 %, +0.71 % in the lengths, N 30 % low; its fluence is
+3× the truth's."""
+
+
+def _best(function, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - begin)
+    return min(times)
+
+
+def measure_gradient(quick: bool) -> dict:
+    import numpy as np
+    import torch
+
+    import nbsim
+    from nbsim.fit.model import DiffractionModel
+    from nbsim.fit.pixels import shoeboxes
+    from nbsim.fit.refine import FitImage, FitOptions, Objective, predicted_image
+    from nbsim.setup import resolve
+
+    pixels = 256 if quick else 1024
+    setup = resolve(nbsim.config_from_args(still_args(pixels, *TRUTH)))
+    predicted = predicted_image(setup)
+    counts = np.random.default_rng(0).poisson(predicted).astype(np.float64)
+    boxes = shoeboxes(predicted, counts, np.ones_like(counts, bool), 9, 200, use_observed_spots=False)
+    image = FitImage("still", setup, counts, np.ones_like(counts, bool))
+    record = {"pixels": boxes.count, "shoeboxes": len(boxes.centres), "detector": f"{pixels}²",
+              "threads": torch.get_num_threads()}
+    for compile in (False, True):
+        model = DiffractionModel([setup], [(boxes.rows, boxes.cols)], ["orientation", "cell", "N", "scale"],
+                                 compile=compile)
+        objective = Objective(model, [image], [boxes], FitOptions())
+        steps = setup.steps
+        point = torch.zeros(model.size, dtype=torch.float64)
+
+        def value_and_gradient(objective=objective, point=point):
+            x = point.clone().requires_grad_(True)
+            torch.autograd.grad(objective(x), x)
+
+        def forward(model=model, point=point):
+            with torch.no_grad():
+                model(point)
+
+        begin = time.perf_counter()
+        value_and_gradient()
+        first = time.perf_counter() - begin
+        name = "compiled" if compile else "eager"
+        record[name] = {"first_value_and_gradient_s": first, "value_and_gradient_s": _best(value_and_gradient),
+                        "forward_s": _best(forward), "parameters": model.size}
+        record[name]["gradient_pixel_steps_per_s"] = boxes.count * steps / record[name]["value_and_gradient_s"]
+        record[name]["forward_pixel_steps_per_s"] = boxes.count * steps / record[name]["forward_s"]
+        record["steps_per_pixel"] = steps
+    record["gradient_vs_compiled_forward"] = (record["compiled"]["forward_pixel_steps_per_s"]
+                                              / max(record["eager"]["gradient_pixel_steps_per_s"],
+                                                    record["compiled"]["gradient_pixel_steps_per_s"]))
+    return record
+
+
+def measure_still(quick: bool) -> dict:
+    import numpy as np
+    import torch
+
+    import nbsim
+    from nbsim.fit.parameters import misorientation_deg
+    from nbsim.fit.refine import FitImage, FitOptions, fit
+    from nbsim.setup import resolve
+
+    pixels = 512 if quick else 1024
+    truth = resolve(nbsim.config_from_args(still_args(pixels, *TRUTH)))
+    photons = nbsim.simulate(truth.config, dtype=torch.float64, compile="auto").numpy()
+    counts = np.random.default_rng(1).poisson(photons).astype(np.float64)
+    start = resolve(nbsim.config_from_args(still_args(pixels, *START, fluence="3e26")))
+    begin = time.perf_counter()
+    result = fit([FitImage("still", start, counts, np.ones_like(counts, bool))],
+                 FitOptions(refine=("orientation", "cell", "N", "scale")))
+    seconds = time.perf_counter() - begin
+    values = {name: value.detach() for name, value in result.model.natural()[0].items()}
+    cell = result.model.cell(0, values).tolist()
+    return {"detector": f"{pixels}²", "seconds": seconds, "converged": result.converged, "reason": result.reason,
+            "iterations": result.iterations, "pixels": result.pixels, "threads": torch.get_num_threads(),
+            "misorientation_deg": misorientation_deg(result.model.a_matrix(0, values), truth.lattice.reciprocal_per_A),
+            "length_errors": [abs(found - true) / true for found, true in zip(cell[:3], (50, 60, 70), strict=True)],
+            "angle_errors_deg": [abs(angle - 90.0) for angle in cell[3:]],
+            "N": values["N"].tolist(), "scale": float(values["scale"][0])}
+
+
+def _run(name: str, quick: bool, folder: Path) -> dict:
+    completed = subprocess.run([sys.executable, str(Path(__file__).resolve()), name, *(["--quick"] if quick else [])],
+                               capture_output=True, text=True, cwd=folder)
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        return {"error": (completed.stderr.strip().splitlines() or ["no output"])[-1]}
+    return {"command": ["python", "benchmarks/fit_workloads.py", name], "result": json.loads(lines[-1])}
+
+
+def gradient_verdict(record: dict) -> str:
+    if "error" in record:
+        return "failed: " + record["error"]
+    result = record["result"]
+    best = min(result["eager"]["value_and_gradient_s"], result["compiled"]["value_and_gradient_s"])
+    misses = []
+    if best > MAX_VALUE_AND_GRADIENT_S:
+        misses.append(f"value and gradient {best:.2f} s")
+    if result["gradient_vs_compiled_forward"] > MAX_FORWARD_RATIO:
+        misses.append(f"gradient {result['gradient_vs_compiled_forward']:.1f}× slower than the compiled forward")
+    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+
+
+def gradient_row(name: str, record: dict) -> str:
+    if "error" in record:
+        return f"| {name} | failed: {record['error']} |"
+    r = record["result"]
+    return (f"| {name} | {r['detector']}, {r['pixels']} pixels in {r['shoeboxes']} shoeboxes × {r['steps_per_pixel']} "
+            f"steps, {r['threads']} threads: value+gradient eager {r['eager']['value_and_gradient_s']:.3f} s, "
+            f"compiled {r['compiled']['value_and_gradient_s']:.3f} s (first call "
+            f"{r['compiled']['first_value_and_gradient_s']:.1f} s); compiled forward {r['compiled']['forward_s']:.3f} s;"
+            f" gradient {r['gradient_vs_compiled_forward']:.1f}× the compiled forward's time per pixel-step |")
+
+
+def still_verdict(record: dict) -> str:
+    if "error" in record:
+        return "failed: " + record["error"]
+    r = record["result"]
+    misses = []
+    if r["seconds"] > MAX_FIT_S:
+        misses.append(f"{r['seconds']:.1f} s")
+    if r["misorientation_deg"] > 0.01:
+        misses.append(f"orientation {r['misorientation_deg']:.4f}°")
+    if max(r["length_errors"]) > 5e-4:
+        misses.append(f"length {max(r['length_errors']) * 100:.3f} %")
+    if max(abs(n - 10) / 10 for n in r["N"]) > 0.1:
+        misses.append(f"N {r['N']}")
+    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+
+
+def still_row(name: str, record: dict) -> str:
+    if "error" in record:
+        return f"| {name} | failed: {record['error']} |"
+    r = record["result"]
+    return (f"| {name} | {r['detector']}, {r['pixels']} pixels, {r['threads']} threads: {r['seconds']:.1f} s, "
+            f"{r['iterations']} iterations, converged {r['converged']}; "
+            f"orientation {r['misorientation_deg']:.4f}°, "
+            f"lengths {max(r['length_errors']) * 100:.3f} %, N {', '.join(f'{n:.2f}' for n in r['N'])} |")
+
+
+FIT_WORKLOADS = {
+    "fit_gradient": (lambda quick, folder: _run("fit_gradient", quick, folder), gradient_verdict, gradient_row,
+                     f"value+gradient <= {MAX_VALUE_AND_GRADIENT_S:g} s, within {MAX_FORWARD_RATIO:g}x the compiled "
+                     "forward per pixel-step"),
+    "fit_still": (lambda quick, folder: _run("fit_still", quick, folder), still_verdict, still_row,
+                  f"<= {MAX_FIT_S:g} s; orientation <= 0.01 deg, lengths <= 0.05 %, N within 10 %"),
+}
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    measure = {"fit_gradient": measure_gradient, "fit_still": measure_still}[sys.argv[1]]
+    print(json.dumps(measure(quick)))
