@@ -152,7 +152,8 @@ def gradient_row(name: str, record: dict) -> str:
     return (f"| {name} | {r['detector']}, {r['pixels']} pixels in {r['shoeboxes']} shoeboxes × {r['steps_per_pixel']} "
             f"steps, {r['threads']} threads: value+gradient eager {r['eager']['value_and_gradient_s']:.3f} s, "
             f"compiled {r['compiled']['value_and_gradient_s']:.3f} s (first call "
-            f"{r['compiled']['first_value_and_gradient_s']:.1f} s); compiled forward {r['compiled']['forward_s']:.3f} s;"
+            f"{r['compiled']['first_value_and_gradient_s']:.1f} s); "
+            f"compiled forward {r['compiled']['forward_s']:.3f} s;"
             f" gradient {r['gradient_vs_compiled_forward']:.1f}× the compiled forward's time per pixel-step |")
 
 
