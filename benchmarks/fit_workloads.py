@@ -8,7 +8,8 @@ gradient's pixel-steps per second within 3× of the compiled forward's.
 `fit_still`: the whole `nbsim.fit.fit` of that still's Poisson image from a start 0.2° off in orientation,
 0.6–0.8 % off in each cell length, N 30 % low and the scale 3× off. Targets: ≤ 20 s; orientation ≤ 0.01°,
 lengths ≤ 0.05 %, N within 10 %.
-Each workload runs in a process of its own (`python benchmarks/fit_workloads.py NAME [--quick]`).
+Each workload runs in a process of its own (`python benchmarks/fit_workloads.py NAME [--quick] [--device
+cuda]`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ START = ("50.4 59.6 70.5 90 90 90", "10.1 20.12 29.9", "7")
 3× the truth's."""
 
 
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def _best(function, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
@@ -47,7 +61,7 @@ def _best(function, repeats: int = 3) -> float:
     return min(times)
 
 
-def measure_gradient(quick: bool) -> dict:
+def measure_gradient(quick: bool, device: str = "cpu") -> dict:
     import numpy as np
     import torch
 
@@ -64,10 +78,10 @@ def measure_gradient(quick: bool) -> dict:
     boxes = shoeboxes(predicted, counts, np.ones_like(counts, bool), 9, 200, use_observed_spots=False)
     image = FitImage("still", setup, counts, np.ones_like(counts, bool))
     record = {"pixels": boxes.count, "shoeboxes": len(boxes.centres), "detector": f"{pixels}²",
-              "threads": torch.get_num_threads()}
+              "threads": torch.get_num_threads(), "device": _device_name(device)}
     for compile in (False, True):
         model = DiffractionModel([setup], [(boxes.rows, boxes.cols)], ["orientation", "cell", "N", "scale"],
-                                 compile=compile)
+                                 compile=compile, device=device)
         objective = Objective(model, [image], [boxes], FitOptions())
         steps = setup.steps
         point = torch.zeros(model.size, dtype=torch.float64)
@@ -75,10 +89,12 @@ def measure_gradient(quick: bool) -> dict:
         def value_and_gradient(objective=objective, point=point):
             x = point.clone().requires_grad_(True)
             torch.autograd.grad(objective(x), x)
+            _synchronize(device)
 
         def forward(model=model, point=point):
             with torch.no_grad():
                 model(point)
+            _synchronize(device)
 
         begin = time.perf_counter()
         value_and_gradient()
@@ -95,7 +111,7 @@ def measure_gradient(quick: bool) -> dict:
     return record
 
 
-def measure_still(quick: bool) -> dict:
+def measure_still(quick: bool, device: str = "cpu") -> dict:
     import numpy as np
     import torch
 
@@ -111,12 +127,13 @@ def measure_still(quick: bool) -> dict:
     start = resolve(nbsim.config_from_args(still_args(pixels, *START, fluence="3e26")))
     begin = time.perf_counter()
     result = fit([FitImage("still", start, counts, np.ones_like(counts, bool))],
-                 FitOptions(refine=("orientation", "cell", "N", "scale")))
+                 FitOptions(refine=("orientation", "cell", "N", "scale"), device=device))
     seconds = time.perf_counter() - begin
     values = {name: value.detach() for name, value in result.model.natural()[0].items()}
     cell = result.model.cell(0, values).tolist()
     return {"detector": f"{pixels}²", "seconds": seconds, "converged": result.converged, "reason": result.reason,
             "iterations": result.iterations, "pixels": result.pixels, "threads": torch.get_num_threads(),
+            "device": _device_name(device),
             "misorientation_deg": misorientation_deg(result.model.a_matrix(0, values), truth.lattice.reciprocal_per_A),
             "length_errors": [abs(found - true) / true for found, true in zip(cell[:3], (50, 60, 70), strict=True)],
             "angle_errors_deg": [abs(angle - 90.0) for angle in cell[3:]],
@@ -193,5 +210,6 @@ FIT_WORKLOADS = {
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
+    device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
     measure = {"fit_gradient": measure_gradient, "fit_still": measure_still}[sys.argv[1]]
-    print(json.dumps(measure(quick)))
+    print(json.dumps(measure(quick, device)))

@@ -220,3 +220,21 @@ def test_an_image_of_the_wrong_size_or_without_counts_is_one_line(tmp_path):
                  cwd=tmp_path)
     assert empty.returncode == 2 and "no counts" in empty.stderr, empty.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.cuda
+def test_the_model_and_its_gradient_on_cuda_are_the_cpus():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    setup = resolve(nbsim.config_from_args([*small_still(64)[2:], "-default_F", "100"]))
+    rows, cols = np.divmod(np.arange(64 * 64), 64)
+    results = []
+    for device in ("cpu", "cuda"):
+        model = DiffractionModel([setup], [(rows, cols)], ["orientation", "cell", "N", "scale", "distance"],
+                                 device=device)
+        x = torch.full((model.size,), 0.2, dtype=torch.float64, requires_grad=True)
+        photons = model(x)[0]
+        gradient = torch.autograd.grad(photons.sum(), x)[0]
+        results.append((photons.detach().cpu(), gradient))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-9, atol=1e-9 * float(results[0][0].max()))
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-7, atol=1e-9)
