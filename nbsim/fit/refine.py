@@ -24,6 +24,10 @@ from .model import DiffractionModel
 from .pixels import Shoeboxes, shoeboxes
 
 OPTIMIZERS = ("lbfgs", "adam")
+PLANE_ROUNDS = 3
+"""How many times the background planes are refitted to the residuals and the model refined again."""
+PLANE_TOLERANCE_PHOTONS = 0.01
+"""A refit that moves no plane by more than this many photons at any pixel ends the rounds."""
 BACKGROUNDS = ("plane", "flat", "none")
 
 
@@ -112,32 +116,46 @@ class FitResult:
 
 class Objective:
     """The negative log-likelihood of every image (plus restraints) as a function of the model's internal
-    coordinates."""
+    coordinates. Each shoebox's background plane is held fixed while the model is refined: first the plane
+    through its border's counts, then, after `refresh_planes`, through its border's residuals (counts less
+    the model), so a spot's own tails do not count as background (alternated to a fixed point by `fit`)."""
 
     def __init__(self, model: DiffractionModel, images: Sequence[FitImage], boxes: Sequence[Shoeboxes],
-                 options: FitOptions, model_free_planes: bool = False):
+                 options: FitOptions):
         self.model = model
-        self.model_free_planes = model_free_planes
-        """True: each plane through its border's counts (fixed); False: through its border's residuals."""
         self.options = options
         self.counts = [torch.as_tensor(image.counts[b.rows, b.cols], dtype=torch.float64, device=model.device)
                        for image, b in zip(images, boxes, strict=True)]
-        self.background = [torch.as_tensor(b.background, dtype=torch.float64, device=model.device) for b in boxes]
-        self.planes = [None if b.plane is None else b.plane.to(model.device) for b in boxes]
+        self.flat = [torch.as_tensor(b.background, dtype=torch.float64, device=model.device) for b in boxes]
+        self.planes_operators = [None if b.plane is None else b.plane.to(model.device) for b in boxes]
+        self.planes = [self._planes(image, torch.zeros_like(counts)) for image, counts in enumerate(self.counts)]
+
+    def _planes(self, image: int, photons: torch.Tensor) -> torch.Tensor:
+        """Each box's plane through its border's counts less `photons` (not below zero)."""
+        operator = self.planes_operators[image]
+        if operator is None:
+            return torch.zeros_like(self.counts[image])
+        residual = (self.counts[image] - photons).unsqueeze(-1)
+        return torch.clamp(torch.sparse.mm(operator, residual).squeeze(-1), min=0.0)
+
+    def refresh_planes(self) -> float:
+        """Refit the planes to the residuals of the current model; the largest change, in photons."""
+        with torch.no_grad():
+            values = self.model.natural()
+            change = 0.0
+            for image in range(len(self.counts)):
+                photons = self.model.render(image, values[image]).to(torch.float64)
+                planes = self._planes(image, photons)
+                change = max(change, float((planes - self.planes[image]).abs().max())) if len(planes) else change
+                self.planes[image] = planes
+        return change
 
     def expected(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Expected photons at each image's pixels: the model plus the background (each box's plane through
-        its border's residuals, or the refined flat level)."""
+        """Expected photons at each image's pixels: the model plus the background (the fixed planes and the
+        refined flat level)."""
         values = self.model.natural(internal)
-        expected = []
-        for image, image_values in enumerate(values):
-            photons = self.model.render(image, image_values).to(torch.float64)
-            background = self.background[image] * image_values["background"][0]
-            if self.planes[image] is not None:
-                residual = (self.counts[image] - (0.0 if self.model_free_planes else photons)).unsqueeze(-1)
-                background = background + torch.sparse.mm(self.planes[image], residual).squeeze(-1)
-            expected.append(photons + background)
-        return expected
+        return [self.model.render(image, image_values).to(torch.float64) + self.planes[image]
+                + self.flat[image] * image_values["background"][0] for image, image_values in enumerate(values)]
 
     def __call__(self, internal: torch.Tensor | None = None) -> torch.Tensor:
         total = sum(negative_log_likelihood(expected, counts, self.options.readout_photons, self.options.likelihood)
@@ -187,14 +205,7 @@ def starting_scales(objective: Objective) -> None:
     model = objective.model
     with torch.no_grad():
         for image, expected in enumerate(model()):
-            counts = objective.counts[image]
-            plane = objective.planes[image]
-            background = objective.background[image]
-            if plane is not None:
-                background = background + torch.sparse.mm(plane, counts.unsqueeze(-1)).squeeze(-1)
-                if not objective.model_free_planes:
-                    expected = expected - torch.sparse.mm(plane, expected.unsqueeze(-1).double()).squeeze(-1)
-            signal = float((counts - background).sum())
+            signal = float((objective.counts[image] - objective.planes[image] - objective.flat[image]).sum())
             total = float(expected.sum())
             if signal > 0 and total > 0:
                 model.set_start(image, "scale", model.starts[image]["scale"] * signal / total)
@@ -291,7 +302,7 @@ def fit(images: Sequence[FitImage], options: FitOptions,
                                  options.lattice, options.device, options.dtype, options.compile)
         for image, (setup, b) in enumerate(zip(setups, boxes, strict=True)):
             model.set_start(image, "N", coarse_cells(setup, b, options.search_deg))
-        objective = Objective(model, images, boxes, options, model_free_planes=True)
+        objective = Objective(model, images, boxes, options)
         if "scale" in model.refine:
             starting_scales(objective)
         _, _, iterations, _ = minimise(objective, options, report("coarse"), started)
@@ -307,6 +318,12 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         starting_scales(objective)
     converged, reason, iterations, history = minimise(objective, options, report("fit"), started)
     total_iterations += iterations
+    for _ in range(PLANE_ROUNDS):
+        if objective.refresh_planes() <= PLANE_TOLERANCE_PHOTONS:
+            break
+        converged, reason, iterations, more = minimise(objective, options, report("fit"), started)
+        total_iterations += iterations
+        history += more
     covariance = None
     if model.size:
         covariance = covariance_of(hessian(objective, model.internal))
