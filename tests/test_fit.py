@@ -126,8 +126,10 @@ def _noisy(argv: list[str], seed: int) -> np.ndarray:
 
 @pytest.mark.slow
 def test_a_fit_of_the_c_programs_noise_image_moves_towards_the_truth():
-    """The C's triclinic noise image (SMV, its ADC offset 40): a start 0.15° and 0.5 % off comes back
-    within its standard errors (2830 photons: the errors are not small)."""
+    """The C's triclinic noise image (SMV, its ADC offset 40; an independent simulator): a start 0.18° and
+    0.5 % off moves towards the truth and ends within four standard errors of it in orientation and in each
+    cell parameter (2,830 photons in spots of N = 5: the errors are not small)."""
+    from nbsim.fit.output import standard_errors
     from nbsim.io.observed import read_observed
 
     case = GOLDEN / "noise" / "triclinic_hkl"
@@ -147,13 +149,12 @@ def test_a_fit_of_the_c_programs_noise_image_moves_towards_the_truth():
     before = misorientation_deg(start_setup.lattice.reciprocal_per_A, truth_setup.lattice.reciprocal_per_A)
     after = misorientation_deg(model.a_matrix(0, values), truth_setup.lattice.reciprocal_per_A)
     assert result.converged, result.reason
-    assert after < before / 3
-    from nbsim.fit.output import standard_errors
-
     sigma = standard_errors(result, 0)
+    assert after < before
+    assert after <= 4 * math.hypot(*sigma["orientation_deg"]), (after, sigma["orientation_deg"])
     cell = model.cell(0, values).tolist()
     for index, true in enumerate((70, 80, 90, 75, 85, 95)):
-        assert abs(cell[index] - true) < 4 * sigma["cell"][index] + 1e-9, (index, cell, sigma["cell"])
+        assert abs(cell[index] - true) < 4 * sigma["cell"][index], (index, cell, sigma["cell"])
 
 
 def _run(*args: str, cwd) -> subprocess.CompletedProcess:
