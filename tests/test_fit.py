@@ -239,3 +239,25 @@ def test_the_model_and_its_gradient_on_cuda_are_the_cpus():
         results.append((photons.detach().cpu(), gradient))
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-9, atol=1e-9 * float(results[0][0].max()))
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-7, atol=1e-9)
+
+
+def test_starts_give_each_image_its_own_start(tmp_path):
+    """--starts FILE: per-image starting flags override the shared ones (each shot starts, and ends, at its
+    own orientation); an entry for an image not given is one line."""
+    truths = {"a.img": "10 20 30", "b.img": "40 10 70"}
+    for name, misset in truths.items():
+        made = _run(*small_still(64, misset), "-seed", "5", "-noisefile", name, "-nopgm", cwd=tmp_path)
+        assert made.returncode == 0, made.stderr
+    starts = {"images": {"a.img": {"misset": [10.02, 20.0, 30.0]}, "b.img": {"misset": [40.0, 10.02, 70.0]}}}
+    (tmp_path / "starts.json").write_text(json.dumps(starts))
+    done = _run("fit", "a.img", "b.img", "--starts", "starts.json", "--refine", "orientation,scale",
+                "--search-deg", "0", "--json", "fit.json", "--", *small_still(64), cwd=tmp_path)
+    assert done.returncode in (0, 3), done.stderr
+    shots = json.loads((tmp_path / "fit.json").read_text())["shots"]
+    assert [shot["image"] for shot in shots] == ["a.img", "b.img"]
+    for shot, misset in zip(shots, truths.values(), strict=True):
+        own = resolve(nbsim.config_from_args(small_still(64, misset))).lattice.reciprocal_per_A
+        assert misorientation_deg(torch.tensor(shot["A_matrix"]), own) < 0.1
+    (tmp_path / "bad.json").write_text(json.dumps({"images": {"c.img": {"N": 3}}}))
+    bad = _run("fit", "a.img", "--starts", "bad.json", "--", *small_still(64), cwd=tmp_path)
+    assert bad.returncode == 2 and "c.img" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
