@@ -31,10 +31,11 @@ def main(argv: list[str], checked_arguments: Callable[[list[str]], tuple[Simulat
     if not arguments:
         raise NbsimError("show needs the nanoBragg options of a command: nbsim show -- <options>")
     config, run = checked_arguments(arguments)
+    lines = show_lines(config, run.device, run.dtype, run.compile)
     if run.detector_model is not None:
-        print(f"detector model: {run.detector_model}: {' '.join(run.detector_model_flags)} (flags given override "
-              "these)")
-    print("\n".join(show_lines(config, run.device, run.dtype, run.compile)))
+        lines.insert(0, f"detector model: {run.detector_model}: {' '.join(run.detector_model_flags)} (flags given "
+                        "override these)")
+    print("\n".join(lines))
     return 0
 
 
