@@ -176,12 +176,12 @@ def failures(metrics: dict) -> list[str]:
 
 
 def run_dials_chain(quick: bool, folder: Path, frames: int = 20, pixels: int = 768) -> dict:
-    """The workload: render, run the chain, compare; quick: the test's size (10 frames of 384²)."""
+    """The workload: render, run the chain, compare; quick: the test's size (6 frames of 384²)."""
     import gemmi
 
     if not dials_available():
         return {"skipped": "DIALS not installed (dials.import, cctbx.python): apt-get install dials"}
-    frames, pixels = (10, 384) if quick else (frames, pixels)
+    frames, pixels = (6, 384) if quick else (frames, pixels)
     work = folder / "dials_chain"
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
