@@ -2,11 +2,11 @@
 
 A ```sh (or ```bash) block is run by bash (-e: every command must succeed) in a fresh folder holding the
 repository's `config/`, with `nbsim` on PATH and as `.venv/bin/nbsim` (this checkout's entry point,
-`nbsim.cli.client:main`, as installed), `.venv/bin/python` this Python, and a private NBSIM_CACHE_DIR (its own kernels and worker
-socket, so a worker the docs start serves only these commands). An HTML comment on the line before the
-block marks one that is not run as it stands: `<!-- needs: DIALS -->` runs only where DIALS is installed,
-`<!-- not run: REASON -->` never (REASON says what it needs, and the text around the block says where to
-get it)."""
+`nbsim.cli.client:main`, as installed), `.venv/bin/python` this Python, and a private NBSIM_CACHE_DIR (its
+own kernels and worker socket, so a worker the docs start serves only these commands). An HTML comment on
+the line before the block marks one that is not run as it stands: `<!-- needs: DIALS -->` runs only where
+DIALS is installed, `<!-- not run: REASON -->` never (REASON says what it needs, and the text around the
+block says where to get it)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,10 @@ import pytest
 
 from nbsim.cli import main
 from nbsim.nanobragg import config_from_args, parse
+from nbsim.nanobragg.flags import FLAGS
 from nbsim.sweep.plan import point_config, sweep_points
 from nbsim.sweep.validate import validate_config
+from nbsim.timing import c_arguments
 
 from .conftest import REPO_ROOT, SEED_ARGS
 
@@ -54,6 +56,19 @@ def test_photon_counters_have_no_pedestal_and_a_ccd_has_its_offset_and_fibre_spr
     assert eiger.adc_offset_adu == 0 and eiger.psf == "gaussian" and eiger.psf_fwhm_um == 75
     rayonix = config_from_args(["-detector_model", "mx340hs"]).response
     assert rayonix.adc_offset_adu == 10 and rayonix.psf == "fiber"
+
+
+@pytest.mark.skipif("-saturation" not in FLAGS, reason="-saturation (the int32 files' clamp) comes with branch safety")
+def test_the_models_saturation_clamps_the_int32_files():
+    assert parse(["-detector_model", "pilatus6m", "-default_F", "1"])[1].saturation_counts == 2**20 - 1
+    assert parse(["-detector_model", "mx340hs", "-default_F", "1"])[1].saturation_counts == 2**16 - 1
+
+
+def test_the_c_reference_gets_the_models_flags(tmp_path):
+    """nanoBragg has no -detector_model: the C reference of a sweep point is given the model's flags."""
+    argv = c_arguments(["-detector_model", "jungfrau4m", "-distance", "80"], tmp_path / "sources.txt")
+    assert "-detector_model" not in argv and "jungfrau4m" not in argv
+    assert argv[argv.index("-pixel") + 1] == "0.075" and argv[-2:] == ["-distance", "80"]
 
 
 @pytest.mark.parametrize("spelling", ["PILATUS6M", "Pilatus-6M", "pilatus_6m", "pilatus 6M"])
