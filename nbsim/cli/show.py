@@ -59,7 +59,8 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
     setup = resolve(config)
     renderer = Renderer(setup, device=device, dtype=dtype, compile=compile)
     xmin, xmax, ymin, ymax = setup.roi
-    pixels = (xmax - xmin + 1) * (ymax - ymin + 1)
+    pixels = (xmax - xmin + 1) * (ymax - ymin + 1) if setup.mask is None else int(
+        setup.mask[ymin:ymax + 1, xmin:xmax + 1].sum())
     sources, mosaic, phi, layers = (setup.sources.count, setup.mosaic.count, setup.phi.steps, setup.sensor.layers)
     subpixels = setup.oversample ** 2
     plan, cache = renderer.plan, renderer.cache
