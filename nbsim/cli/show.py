@@ -12,6 +12,7 @@ from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
+from ..nanobragg.presets import detector_model
 
 USAGE = """usage: nbsim show [--] <nanoBragg options>   (what the command resolves to, nothing rendered)
        nbsim show --options                  (the simulator options, for sweep.extra and with_options)"""
@@ -33,8 +34,9 @@ def main(argv: list[str], checked_arguments: Callable[[list[str]], tuple[Simulat
     config, run = checked_arguments(arguments)
     lines = show_lines(config, run.device, run.dtype, run.compile)
     if run.detector_model is not None:
-        lines.insert(0, f"detector model: {run.detector_model}: {' '.join(run.detector_model_flags)} (flags given "
-                        "override these)")
+        title = detector_model(run.detector_model).title
+        lines.insert(0, f"detector model: {run.detector_model} ({title}): {' '.join(run.detector_model_flags)} "
+                        "(flags given override these)")
     print("\n".join(lines))
     return 0
 

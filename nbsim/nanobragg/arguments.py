@@ -65,7 +65,7 @@ class RunOptions:
     detector_model: str | None = None
     """-detector_model's model name (nbsim.nanobragg.presets.MODELS)."""
     detector_model_flags: tuple[str, ...] = ()
-    """The flags the model set, less those the command line overrides."""
+    """The flags the model set, before the command line's own (which override them)."""
     notes: list[str] = field(default_factory=list)
 
     @property
