@@ -118,7 +118,8 @@ def test_show_prints_the_model_modules_sensor_and_response(capsys):
                  "90", "90", "-N", "2", "-oversample", "1"]) == 0
     out = capsys.readouterr().out
     gap_pixels = 3 * 10 * 4371 + 7 * 37 * 4150 - (3 * 10) * (7 * 37)
-    assert out.startswith("detector model: eiger16m (DECTRIS EIGER X 16M): -pixel 0.075 -detpixels_f 4150 -detpixels_s 4371")
+    assert out.startswith("detector model: eiger16m (DECTRIS EIGER X 16M): -pixel 0.075 -detpixels_f 4150 "
+                          "-detpixels_s 4371")
     assert f"detector: 4150 x 4371 pixels (fast x slow), {4150 * 4371 - gap_pixels} rendered" in out
     assert f"modules: 1030 x 514 pixels, gaps 10 x 37 pixels ({gap_pixels} gap pixels, not rendered)" in out
     assert "sensor: Si 450 um" in out
