@@ -31,7 +31,7 @@ CHAIN = (
 )
 """The programs and their options. The detector's orientation is held (its position refined): over a few
 degrees of rotation a turn of the crystal about the beam trades against one of the detector (measured on
-the test's 5°: 0.24° from the truth refined freely, 0.043° held). The space group is the model's."""
+5°: 0.24° from the truth refined freely, 0.043° held). The space group is the model's."""
 LIMITS = {"indexed_fraction": 0.90, "cell_relative": 1e-3, "orientation_deg": 0.1, "rmsd_px": 0.5,
           "distance_mm": 0.2, "beam_centre_px": 0.5, "intensity_correlation": 0.9}
 """The issue's thresholds: indexed ≥ 90 %, cell ≤ 0.1 %, orientation ≤ 0.1°, RMSD ≤ 0.5 px, distance within
@@ -176,12 +176,12 @@ def failures(metrics: dict) -> list[str]:
 
 
 def run_dials_chain(quick: bool, folder: Path, frames: int = 20, pixels: int = 768) -> dict:
-    """The workload: render, run the chain, compare; quick: the test's size (10 frames of 384²)."""
+    """The workload: render, run the chain, compare; quick: the test's size (6 frames of 384²)."""
     import gemmi
 
     if not dials_available():
         return {"skipped": "DIALS not installed (dials.import, cctbx.python): apt-get install dials"}
-    frames, pixels = (10, 384) if quick else (frames, pixels)
+    frames, pixels = (6, 384) if quick else (frames, pixels)
     work = folder / "dials_chain"
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -177,6 +177,10 @@ class DetectorConfig:
     roi: tuple[int, int, int, int] | None = None
     """xmin, xmax, ymin, ymax in pixels, inclusive, as nanoBragg's -roi."""
     mask_file: str | None = None
+    module_size_px: tuple[int, int] | None = None
+    """A module's pixels (fast, slow): modules tile the detector from its first pixel (-module_size)."""
+    module_gap_px: tuple[int, int] = (0, 0)
+    """Pixels between modules (fast, slow), not rendered: a real detector's gaps (-module_gap)."""
     panels: tuple[PanelConfig, ...] | None = None
     """A multi-panel detector (-panelfile), rendered in place of the one panel the fields above place."""
     panel_file: str | None = None

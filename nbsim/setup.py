@@ -161,6 +161,9 @@ class Setup:
     """The P1 table the grid was built from (None without -hkl or -model)."""
     panels: tuple[DetectorGeometry, ...] | None = None
     """The panels of a multi-panel detector (-panelfile), else None; `geometry` is then the first panel's."""
+    gaps: np.ndarray | None = None
+    """(slow, fast) booleans, True on the pixels between modules (-module_gap): not rendered (`mask` is False
+    there), written as gaps in the int32 files; None without modules."""
     ran1_table: tuple[int, ...] = ()
     """ran1's state after the misset and mosaic draws (Ran1.table): nanoBragg's noise continues it when
     its seed is positive."""
@@ -243,12 +246,27 @@ def resolve(config: SimulationConfig) -> Setup:
     if mask is not None and mask.shape != (geometry.pixels_s, geometry.pixels_f):
         raise InputFileError(config.detector.mask_file, f"mask is {mask.shape[1]}x{mask.shape[0]} pixels but the "
                                                         f"detector is {geometry.pixels_f}x{geometry.pixels_s}")
+    gaps = module_gaps(config.detector, geometry.pixels_f, geometry.pixels_s)
+    if gaps is not None:
+        mask = ~gaps if mask is None else mask & ~gaps
     return Setup(config=config, geometry=geometry, lattice=lattice, n_cells=n_cells, phi=phi, mosaic=mosaic,
                  cells_A=cells, sources=sources, grid=grid, lookup=lookup, oversample=oversample,
                  sensor=sensor_layers(config.detector),
-                 fluence=fluence, background=background, steps=steps, roi=roi, mask=mask,
+                 fluence=fluence, background=background, steps=steps, roi=roi, mask=mask, gaps=gaps,
                  first_evaluation_cells_A=first_cells, warnings=warnings, p1_table=p1_table,
                  ran1_table=generator.table(), panels=panels if config.detector.panels else None)
+
+
+def module_gaps(detector: DetectorConfig, pixels_f: int, pixels_s: int) -> np.ndarray | None:
+    """(slow, fast) booleans, True on the pixels between modules: modules of `module_size_px` tile the detector
+    from its first pixel, `module_gap_px` apart (a detector cut to fewer pixels keeps the pattern from its first
+    pixel). None without modules or gaps."""
+    if detector.module_size_px is None or detector.module_gap_px == (0, 0):
+        return None
+    (module_f, module_s), (gap_f, gap_s) = detector.module_size_px, detector.module_gap_px
+    in_gap_f = np.arange(pixels_f) % (module_f + gap_f) >= module_f
+    in_gap_s = np.arange(pixels_s) % (module_s + gap_s) >= module_s
+    return in_gap_s[:, np.newaxis] | in_gap_f[np.newaxis, :]
 
 
 def p1_reflections(config: SimulationConfig) -> np.ndarray | None:

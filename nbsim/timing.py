@@ -30,6 +30,7 @@ from .kernel.cache import KernelLoads
 from .modes import Compile, Mode
 from .nanobragg import parse
 from .nanobragg.flags import WAVELENGTH_FLAGS, absolute_file_arguments
+from .nanobragg.presets import expand_detector_model
 from .render import Renderer
 from .setup import Setup, resolve
 
@@ -195,7 +196,9 @@ def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
 def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
     """nanoBragg's arguments for an nbsim command line. The C has no -spectrumfile: it becomes a -sourcefile
     (written to `sourcefile`) of the same sources, every divergence direction times every channel, which
-    the C weighs equally, and the nominal -lambda. The C's image then equals nbsim's for equal weights."""
+    the C weighs equally, and the nominal -lambda. The C's image then equals nbsim's for equal weights. A
+    -detector_model becomes its flags (the C renders its module gaps, which nbsim leaves out)."""
+    argv = expand_detector_model(argv)
     if "-spectrumfile" not in argv:
         return argv
     config = parse(argv)[0]

@@ -238,7 +238,8 @@ def experiment_record(setup: Setup, noise_seed: int | None, saturation_counts: i
                       for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)),
         spectrum=beam.spectrum, adc_offset_adu=pedestal_adu,
         gain_adu_per_photon=setup.config.response.gain_adu_per_photon if noise_seed is not None else 1.0,
-        sensor_material=setup.config.detector.sensor_material, saturation_counts=saturation_counts)
+        sensor_material=setup.config.detector.sensor_material, saturation_counts=saturation_counts,
+        gaps=setup.gaps)
 
 
 def _sensor_notes(setup: Setup) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
+from ..nanobragg.presets import detector_model
 
 USAGE = """usage: nbsim show [--] <nanoBragg options>   (what the command resolves to, nothing rendered)
        nbsim show --options                  (the simulator options, for sweep.extra and with_options)"""
@@ -31,7 +32,12 @@ def main(argv: list[str], checked_arguments: Callable[[list[str]], tuple[Simulat
     if not arguments:
         raise NbsimError("show needs the nanoBragg options of a command: nbsim show -- <options>")
     config, run = checked_arguments(arguments)
-    print("\n".join(show_lines(config, run.device, run.dtype, run.compile)))
+    lines = show_lines(config, run.device, run.dtype, run.compile)
+    if run.detector_model is not None:
+        title = detector_model(run.detector_model).title
+        lines.insert(0, f"detector model: {run.detector_model} ({title}): {' '.join(run.detector_model_flags)} "
+                        "(flags given override these)")
+    print("\n".join(lines))
     return 0
 
 
@@ -55,7 +61,8 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
     setup = resolve(config)
     renderer = Renderer(setup, device=device, dtype=dtype, compile=compile)
     xmin, xmax, ymin, ymax = setup.roi
-    pixels = (xmax - xmin + 1) * (ymax - ymin + 1)
+    pixels = (xmax - xmin + 1) * (ymax - ymin + 1) if setup.mask is None else int(
+        setup.mask[ymin:ymax + 1, xmin:xmax + 1].sum())
     sources, mosaic, phi, layers = (setup.sources.count, setup.mosaic.count, setup.phi.steps, setup.sensor.layers)
     subpixels = setup.oversample ** 2
     plan, cache = renderer.plan, renderer.cache
@@ -70,6 +77,7 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
         f"{setup.geometry.pixel_size_m * 1e3:g} mm",
         f"steps per pixel: {renderer.steps_per_pixel} = {sources} source(s) x {mosaic} mosaic domain(s) x {phi} "
         f"phi step(s) x {layers} sensor layer(s) x {subpixels} sub-pixel(s)",
+        *detector_lines(config, setup),
         f"oversample: {setup.oversample} ({'-oversample' if config.detector.oversample else 'automatic'})",
         f"sampling advice: {advice.phi_steps} phi step(s), {advice.mosaic_domains} mosaic domain(s) (narrowest spot "
         f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic})",
@@ -85,4 +93,22 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
         f"{compiled_s:.3g} s (eager / {COMPILED_SPEEDUP:g}, the policy's assumption)" + (
             f"; building the kernels first {build_s:.0f} s" if build_s else ""),
     ]
+    return lines
+
+
+def detector_lines(config: SimulationConfig, setup) -> list[str]:
+    """The modules and their gaps, the sensor and the detector response, as the command resolved them."""
+    detector, response = config.detector, config.response
+    lines = []
+    if detector.module_size_px is not None:
+        gap_pixels = 0 if setup.gaps is None else int(setup.gaps.sum())
+        lines.append(f"modules: {detector.module_size_px[0]} x {detector.module_size_px[1]} pixels, gaps "
+                     f"{detector.module_gap_px[0]} x {detector.module_gap_px[1]} pixels ({gap_pixels} gap pixels, "
+                     "not rendered)")
+    sensor = setup.sensor
+    if sensor.thickness_m > 0:
+        length = f"{1e6 / sensor.mu_per_m:.4g} um" if sensor.mu_per_m > 0 else "inf"
+        lines.append(f"sensor: {detector.sensor_material} {sensor.thickness_m * 1e6:g} um, attenuation length {length}")
+    psf = "none" if response.psf == "none" else f"{response.psf} {response.psf_fwhm_um:g} um FWHM"
+    lines.append(f"response: point spread {psf}, pedestal (-adc) {response.adc_offset_adu:g} ADU")
     return lines

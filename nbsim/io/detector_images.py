@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +87,21 @@ class ExperimentRecord:
     """The sensor's material (nbsim.sensors.MATERIALS), described where the sensor has a thickness."""
     saturation_counts: int = INT32_MAX_COUNT
     """The largest count (-saturation): saturated pixels hold it; the overload value of the headers."""
+    gaps: np.ndarray | None = field(default=None, compare=False)
+    """(slow, fast) booleans, True on the pixels between modules: written as GAP_COUNT, and flagged in NXmx's
+    pixel_mask (None: no gaps)."""
+
+
+GAP_COUNT = -1
+"""What a pixel between modules reads in the int32 files (as in PILATUS miniCBF and EIGER NXmx files)."""
+NXMX_GAP_BIT = 1
+"""NXmx's pixel_mask bit 0: the pixel lies in a gap between modules."""
+
+
+def with_gaps(counts: np.ndarray, record: ExperimentRecord) -> np.ndarray:
+    """int32 counts with the record's gap pixels set to GAP_COUNT."""
+    counts = np.asarray(counts, dtype=np.int32)
+    return counts if record.gaps is None else np.where(record.gaps, np.int32(GAP_COUNT), counts)
 
 
 def _unit(vector: np.ndarray, what: str) -> np.ndarray:
@@ -150,10 +165,11 @@ def _triple(values) -> str:
 
 def write_mini_cbf(path: str | Path, counts: np.ndarray, record: ExperimentRecord,
                    start_time: datetime.datetime) -> None:
-    """int32 (slow, fast) counts as a miniCBF with `GENERIC_MINI` header contents, written by fabio."""
+    """int32 (slow, fast) counts as a miniCBF with `GENERIC_MINI` header contents, written by fabio; gap pixels
+    read GAP_COUNT."""
     from fabio.cbfimage import CbfImage
 
-    image = CbfImage(data=np.ascontiguousarray(counts, dtype=np.int32), header={
+    image = CbfImage(data=np.ascontiguousarray(with_gaps(counts, record)), header={
         "_array_data.header_convention": MINI_CBF_CONVENTION,
         "_array_data.header_contents": mini_cbf_header(record, start_time)})
     atomic_write_with(path, lambda temporary: image.write(str(temporary)))
@@ -304,11 +320,14 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
                                          compression="gzip", compression_opts=1)
             written = 0
             for frame in frames:
-                counts[written] = frame
+                counts[written] = with_gaps(frame, r)
                 written += 1
             if written != shape[0]:
                 raise NbsimError(f"{written} frames for {shape[0]} omega values")
             detector["data"] = h5py.SoftLink("/entry/data/data")
+            if r.gaps is not None:
+                detector.create_dataset("pixel_mask", data=np.where(r.gaps, NXMX_GAP_BIT, 0).astype(np.uint32),
+                                        compression="gzip", compression_opts=1)
             entry["notes"] = "\n".join((*r.notes, *response_lines(r)))
 
     atomic_write_with(path, write)

@@ -36,6 +36,7 @@ from .flags import (
     WAVELENGTH_FLAGS,
     validate,
 )
+from .presets import expand_detector_model, model_flags
 from .rules import CState, run_nanobragg_rules
 
 
@@ -67,6 +68,10 @@ class RunOptions:
     counts_pedestal: float = 0.0
     """What the int32 files add to every count: -adc when it is given, else nothing (photon-counting detectors
     have no pedestal; the SMV files add -adc, default 40, as nanoBragg does)."""
+    detector_model: str | None = None
+    """-detector_model's model name (nbsim.nanobragg.presets.MODELS)."""
+    detector_model_flags: tuple[str, ...] = ()
+    """The flags the model set, before the command line's own (which override them)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -76,8 +81,12 @@ class RunOptions:
 
 
 def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
-    """Validate nanoBragg-style arguments and turn them into a configuration and output options."""
+    """Validate nanoBragg-style arguments and turn them into a configuration and output options. A
+    -detector_model's flags go first, so that the command line's own override them."""
     validate(argv)
+    given = argv
+    model, applied = model_flags(given)
+    argv = expand_detector_model(given)
     state = run_nanobragg_rules(argv)
     nbsim_options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in NBSIM_ONLY}
     if "-column" in nbsim_options and state.hkl is None:
@@ -85,7 +94,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     if "-p1_out" in nbsim_options and state.hkl is None and "-model" not in nbsim_options:
         raise NbsimError("-p1_out writes the table of -hkl or -model: give one of them")
     config = _config_from_state(state).with_options(column=nbsim_options.get("-column"),
-                                                    model_file=nbsim_options.get("-model"))
+                                                    model_file=nbsim_options.get("-model"),
+                                                    **_modules(argv))
     panel_file = nbsim_options.get("-panelfile")
     if panel_file:
         _check_panel_flags(argv)
@@ -100,10 +110,10 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
-             for flag in NO_EFFECT if flag in argv]
+             for flag in NO_EFFECT if flag in given]
     if not state.calculate_noise:
         notes += [f"{flag} changes only the -noisefile image, which -nonoise turns off"
-                  for flag in DETECTOR_FLAGS if flag in argv]
+                  for flag in DETECTOR_FLAGS if flag in given]
     if "-tophat_xtal" in argv and state.shape != "tophat":
         notes.append("-tophat_xtal is not a nanoBragg option and nanoBragg ignores it (shape stays "
                      f"{state.shape}); use -tophat_spots for flat-topped spots")
@@ -113,7 +123,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     saturation = int(nbsim_options.get("-saturation", INT32_MAX_COUNT))
     if saturation > INT32_MAX_COUNT:
         raise NbsimError(f"-saturation must not exceed {INT32_MAX_COUNT} (an int32 count), got {saturation}")
-    if "-saturation" in nbsim_options and not ("-cbffile" in nbsim_options or "-nxmxfile" in nbsim_options):
+    if "-saturation" in given and not ("-cbffile" in nbsim_options or "-nxmxfile" in nbsim_options):
         notes.append("-saturation sets the counts of -cbffile and -nxmxfile, and neither is written")
     config = dataclasses.replace(config, response=_response(argv, nbsim_options, state.adc, state.seed))
     noise_is_nanobraggs = bool(state.calculate_noise) and config.response.generator == "nanobragg"
@@ -128,7 +138,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         dtype=nbsim_options.get("-dtype", "float64" if noise_is_nanobraggs else "float32"),
         compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), saturation_counts=saturation,
-        counts_pedestal=state.adc if "-adc" in argv else 0.0, notes=notes)
+        counts_pedestal=state.adc if "-adc" in argv else 0.0, detector_model=model.name if model else None,
+        detector_model_flags=tuple(applied), notes=notes)
     return config, run
 
 
@@ -140,6 +151,23 @@ def _with_sensor(config: SimulationConfig, material: str) -> SimulationConfig:
     if detector.sensor_thickness_um > 0 and depth_um is None:
         depth_um = sensor_material(material).attenuation_length_um(float(config.beam.wavelength_A))
     return config.with_options(sensor_material=material, sensor_absorption_depth_um=depth_um)
+
+
+def _modules(argv: list[str]) -> dict[str, tuple[int, int] | None]:
+    """-module_size and -module_gap (the last of each) as DetectorConfig's module_size_px and module_gap_px."""
+    pairs: dict[str, tuple[int, int]] = {}
+    for i, flag in enumerate(argv[:-2]):
+        if flag in ("-module_size", "-module_gap"):
+            pairs[flag] = (int(argv[i + 1]), int(argv[i + 2]))
+    size = pairs.get("-module_size")
+    if size is not None and min(size) < 1:
+        raise NbsimError(f"-module_size must be positive (got {size[0]} {size[1]})")
+    gap = pairs.get("-module_gap", (0, 0))
+    if min(gap) < 0:
+        raise NbsimError(f"-module_gap must not be negative (got {gap[0]} {gap[1]})")
+    if gap != (0, 0) and size is None:
+        raise NbsimError("-module_gap separates modules: give -module_size F S too")
+    return {"module_size_px": size, "module_gap_px": gap}
 
 
 def _check_panel_flags(argv: list[str]) -> None:

@@ -164,6 +164,12 @@ TABLE: tuple[Flag, ...] = (
          "(docs/formats.md)", "one panel"),
     Flag(NBSIM, "-sensor_material", (WORD,), "Si|CdTe", "sensor material: with -detector_thick and no -detector_abs, "
          "the attenuation depth is its NIST attenuation length at λ (docs/detector.md)", "Si"),
+    Flag(NBSIM, "-detector_model", (WORD,), "NAME", "a real detector's pixels, modules, sensor, point spread, "
+         "pedestal and saturation; the flags given override them (docs/detector.md lists the models)", "none"),
+    Flag(NBSIM, "-module_size", (INT, INT), "F S", "pixels of a detector module, fast and slow: modules tile the "
+         "detector from its first pixel, -module_gap apart", "one module"),
+    Flag(NBSIM, "-module_gap", (INT, INT), "F S", "pixels between modules, fast and slow: not rendered, written as "
+         "gaps (-1 in -cbffile and -nxmxfile, flagged in NXmx's pixel_mask)", "0 0"),
     Flag(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, written as their overload "
          "value; higher counts read it. Those files add -adc only when it is given (the SMV files keep nanoBragg's "
          "65535 and -adc 40)", "2147483647, int32's largest"),
@@ -199,13 +205,13 @@ FLAGS: dict[str, tuple[str, ...]] = {n: f.kinds for f in TABLE if f.kinds is not
 _VARIABLE = tuple(n for f in TABLE if f.kinds is VARIABLE for n in f.names)
 MUST_BE_POSITIVE = {"-detpixels", "-detpixels_f", "-detpixels_x", "-detpixels_s", "-detpixels_y", "-pixel",
                     "-distance", "-close_distance", "-detsize", "-detsize_f", "-detsize_s", "-lambda", "-wave",
-                    "-wavelength", "-energy", "-beamsize", "-exposure", "-saturation"}
+                    "-wavelength", "-energy", "-beamsize", "-exposure", "-saturation", "-module_size"}
 MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-mosaicity", "-mosaic_spread",
                         "-mosaic_domains", "-mosaic_dom", "-phisteps", "-dispersion", "-dispsteps", "-divergence",
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
-                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop"}
+                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop", "-module_gap"}
 MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (
@@ -227,7 +233,7 @@ SINGLE_PANEL_ONLY = ("-distance", "-close_distance", "-Xbeam", "-Ybeam", "-Xclos
                      "-twotheta", "-detector_rotx", "-detector_roty", "-detector_rotz", "-fdet_vector",
                      "-sdet_vector", "-odet_vector", "-pix0_vector", "-pivot", "-detpixels", "-detpixels_f",
                      "-detpixels_x", "-detpixels_s", "-detpixels_y", "-detsize", "-detsize_f", "-detsize_s",
-                     "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel")
+                     "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel", "-module_size", "-module_gap")
 """Flags that place, shape or select pixels of the one panel: refused with -panelfile."""
 SINGLE_PANEL_FILES = ("-intfile", "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-pgmscale",
                       "-cbffile")
