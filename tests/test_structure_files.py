@@ -276,3 +276,26 @@ def test_reflections_without_a_cell_name_the_file(tmp_path, capsys):
     assert main(["-hkl", str(path), *IMAGE, "-floatfile", str(tmp_path / "f.bin")]) == 2
     assert f"{path}: the file gives no unit cell: give -cell or -mat" in capsys.readouterr().err
     assert not (tmp_path / "f.bin").exists()
+
+
+def test_parsed_files_parse_once_keep_the_newest_and_keep_no_failure():
+    from nbsim.io.structure_files import ParsedFiles
+
+    parsed: list[str] = []
+    files = ParsedFiles(capacity=2)
+
+    def parse(name: str):
+        return lambda: parsed.append(name) or name.upper()
+
+    assert [files.get(k, parse(k)) for k in ("a", "a", "b", "c", "b")] == ["A", "A", "B", "C", "B"]
+    assert parsed == ["a", "b", "c"] and len(files) == 2
+    assert files.get("a", parse("a")) == "A" and parsed[-1] == "a"  # the oldest, "a", had been dropped
+
+    def fail():
+        raise ValueError("unreadable")
+
+    with pytest.raises(ValueError):
+        files.get("d", fail)
+    assert files.get("d", parse("d")) == "D"
+    files.clear()
+    assert len(files) == 0

@@ -2,16 +2,18 @@
 (-hkl, chosen by content) and atomic models (-model, PDB or mmCIF), each expanded from its space group to
 the full sphere of P1 indices (symmetry mates and Friedel mates) that nanoBragg's table holds.
 
-Every table is parsed once per process: it is kept by the SHA-256 of the file's bytes (and the column, or
-the resolution a model is computed to), so a sweep's or a series' images do not read it again."""
+Every table is parsed once per process: `TABLES` and `MODELS` (explicit `ParsedFiles` objects) keep it by the
+SHA-256 of the file's bytes (and the column, or the resolution a model is computed to), so a sweep's or a
+series' images do not read it again: a model's |F| to 2 Å takes 2.2 s to compute and 0.2 ms to find again
+(config/examples/model.cif, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -29,7 +31,32 @@ _MMCIF_KINDS = {"F_meas_au": "F", "F_meas": "F", "F_calc": "F", "F_calc_au": "F"
                 "intensity_calc": "J", "F_squared_meas": "J", "F_squared_calc": "J", "pdbx_F_plus": "G",
                 "pdbx_F_minus": "G", "pdbx_I_plus": "K", "pdbx_I_minus": "K"}
 _SIGN_SUFFIXES = (("(+)", "(-)"), ("_plus", "_minus"), ("+", "-"))
-_MAX_CACHED_TABLES = 8
+Parsed = TypeVar("Parsed")
+
+
+class ParsedFiles(Generic[Parsed]):
+    """What files parsed to, by a key naming their content (its SHA-256) and how they were read; at most
+    `capacity` entries, the oldest dropped first. A failed parse keeps nothing."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self._entries: dict[Hashable, Parsed] = {}
+
+    def get(self, key: Hashable, parse: Callable[[], Parsed]) -> Parsed:
+        """The entry under `key`, made by `parse` (and kept) when there is none."""
+        if key not in self._entries:
+            value = parse()
+            if len(self._entries) >= self.capacity:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = value
+        return self._entries[key]
+
+    def clear(self) -> None:
+        """Forget every entry (their arrays are freed once no configuration holds them)."""
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 @dataclass(frozen=True)
@@ -45,10 +72,13 @@ class ReflectionTable:
     from_intensities: bool = False
 
     def __post_init__(self) -> None:
-        self.reflections.setflags(write=False)  # kept in the process's cache: shared, so read-only
+        self.reflections.setflags(write=False)  # kept in TABLES: shared, so read-only
 
 
-_TABLES: dict[tuple[str, ...], ReflectionTable] = {}
+TABLES: ParsedFiles[ReflectionTable] = ParsedFiles()
+"""The process's reflection tables (-hkl files and models' computed |F|)."""
+MODELS: ParsedFiles[Any] = ParsedFiles()
+"""The process's atomic models (gemmi structures), by their file's SHA-256."""
 
 
 def file_digest(path: str | Path) -> str:
@@ -87,16 +117,6 @@ def _format_of(content: bytes, path: str | Path) -> HklFormat:
     return "text"
 
 
-def _cached(key: tuple[str, ...], make: Callable[[], ReflectionTable]) -> ReflectionTable:
-    table = _TABLES.get(key)
-    if table is None:
-        table = make()
-        if len(_TABLES) >= _MAX_CACHED_TABLES:
-            _TABLES.pop(next(iter(_TABLES)))
-        _TABLES[key] = table
-    return table
-
-
 def read_reflection_file(path: str | Path, column: str | None = None) -> ReflectionTable:
     """An -hkl file (MTZ, sf-mmCIF or nanoBragg's h k l F text) as a full-sphere P1 table; `column` picks
     an MTZ or mmCIF column (an amplitude, an intensity, or one half of an anomalous pair)."""
@@ -105,8 +125,8 @@ def read_reflection_file(path: str | Path, column: str | None = None) -> Reflect
     if kind == "text":
         if column is not None:
             raise InputFileError(str(path), f"-column {column}: a text table has no columns to choose from")
-        return _cached(("text", digest), lambda: ReflectionTable(read_hkl(path), None, None))
-    return _cached((kind, digest, column or ""), lambda: _read_merged(path, kind, column))
+        return TABLES.get(("text", digest), lambda: ReflectionTable(read_hkl(path), None, None))
+    return TABLES.get((kind, digest, column or ""), lambda: _read_merged(path, kind, column))
 
 
 @dataclass(frozen=True)
@@ -239,24 +259,25 @@ class AtomicModel:
     digest: str
 
 
-_MODELS: dict[str, Any] = {}
-
-
-def read_model(path: str | Path) -> AtomicModel:
-    """A PDB or mmCIF model, checked: it has atoms and a unit cell."""
+def _read_structure(path: str | Path) -> tuple[str, Any]:
+    """A model file's SHA-256 and its gemmi structure (kept in MODELS)."""
     import gemmi
 
-    digest = file_digest(path)
-    structure = _MODELS.get(digest)
-    if structure is None:
+    def parse() -> Any:
         try:
             structure = gemmi.read_structure(str(path))
         except (RuntimeError, ValueError) as error:
             raise InputFileError(str(path), f"not a readable model ({str(error).splitlines()[0]})") from None
         structure.setup_entities()
-        if len(_MODELS) >= _MAX_CACHED_TABLES:
-            _MODELS.pop(next(iter(_MODELS)))
-        _MODELS[digest] = structure
+        return structure
+
+    digest = file_digest(path)
+    return digest, MODELS.get(digest, parse)
+
+
+def read_model(path: str | Path) -> AtomicModel:
+    """A PDB or mmCIF model, checked: it has atoms and a unit cell."""
+    digest, structure = _read_structure(path)
     atoms = structure[0].count_atom_sites() if len(structure) else 0
     if atoms == 0:
         raise InputFileError(str(path), "the model has no atoms")
@@ -275,7 +296,7 @@ def model_reflections(path: str | Path, d_min_A: float) -> ReflectionTable:
     key = ("model", model.digest, f"{d_min_A:.6g}")
 
     def compute() -> ReflectionTable:
-        structure = _MODELS[model.digest]
+        _, structure = _read_structure(path)
         spacegroup = structure.find_spacegroup() or gemmi.SpaceGroup("P 1")  # no space group given: P1
         miller = np.asarray(gemmi.make_miller_array(structure.cell, spacegroup, d_min_A), np.int64)
         calculator = gemmi.StructureFactorCalculatorX(structure.cell)
@@ -285,4 +306,4 @@ def model_reflections(path: str | Path, d_min_A: float) -> ReflectionTable:
         return ReflectionTable(reflections, model.cell_A_deg,
                                f"model, {model.atoms} atoms, |F| by direct summation to {d_min_A:.3g} A")
 
-    return _cached(key, compute)
+    return TABLES.get(key, compute)
