@@ -60,6 +60,8 @@ class RunOptions:
     """AUTO (compile when the kernel is cached or building it pays), ON or OFF."""
     p1_table_file: str | None = None
     """Where -p1_out writes the P1 table used, as nanoBragg's h k l F text."""
+    min_photons: float = 1.0
+    """-min_photons: an image holding fewer photons in all is reported as empty."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -115,7 +117,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         nxmxfile=nbsim_options.get("-nxmxfile"), device=nbsim_options.get("-device", "cpu"),
         dtype=nbsim_options.get("-dtype", "float64" if noise_is_nanobraggs else "float32"),
         compile=Compile.of(nbsim_options.get("-compile", "auto")),
-        p1_table_file=nbsim_options.get("-p1_out"), notes=notes)
+        p1_table_file=nbsim_options.get("-p1_out"), min_photons=float(nbsim_options.get("-min_photons", 1.0)),
+        notes=notes)
     return config, run
 
 

@@ -154,6 +154,8 @@ _add(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line:
      "energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength")
 _add(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
      "(docs/formats.md)", "one panel")
+_add(NBSIM, "-min_photons", N1, "N", "warn when the image holds fewer photons in all (an empty shot); 0: never",
+     "1")
 _add(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own "
      "(its noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg")
 _add(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)")
@@ -188,7 +190,8 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
-                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop"}
+                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop",
+                        "-min_photons"}
 MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (

@@ -1,6 +1,7 @@
 """Configuration validation, the sweep's plan (points, batches, kernel jobs), and the parameters each job
 receives: a batch job gets its points' PointSpecs (nbsim.sweep.spec), each parsed once here."""
 
+import os
 import re
 import sys
 from dataclasses import asdict
@@ -9,8 +10,9 @@ from types import SimpleNamespace
 
 from nbsim.errors import NbsimError
 from nbsim.modes import Compile
-from nbsim.sweep import plan, validate
+from nbsim.sweep import batching, plan, validate
 from nbsim.sweep.spec import BatchJob
+from snakemake.exceptions import WorkflowError
 
 
 CONFIG_BASE = (
@@ -20,8 +22,8 @@ CONFIG_BASE = (
 )
 try:
     # Devices are checked where the jobs are planned, not again inside a job on a cluster node.
-    validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE,
-                             devices=workflow.is_main_process)
+    POINTS = validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE,
+                                      devices=workflow.is_main_process)
 except NbsimError as error:
     print(f"nbsim: invalid sweep configuration: {error}", file=sys.stderr)
     sys.exit(1)
@@ -33,14 +35,28 @@ TIMING = config["timing"]
 TIMING_SLOT = 1 if TIMING["repeats"] > 0 else 0
 COMPILE_CACHE = plan.compile_cache_path(config)
 C_BINARY = plan.c_binary_path(config, CONFIG_BASE)
-POINTS = plan.sweep_points(config)
-PLAN = plan.plan_sweep(POINTS, config["sweep"]["batch_size"])
 # reference: false (a dataset): no reference renders, no comparison, no correlation tables.
 REFERENCE = config["reference"] is not False
 COMPILED_NBSIM_REFERENCE = REFERENCE and not C_BINARY and config["reference"]["compile"]
-# One kernel job per (structure, dtype, device): points of any size and value share it.
-KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE,
-                                            Path(".snakemake") / "nbsim-structures.json")
+
+
+def parallel_jobs():
+    """Batch jobs that run at once here: the cores over each job's threads (side by side), or one (timed
+    jobs hold the timing slot)."""
+    try:
+        cores = min(int(workflow.cores), os.cpu_count() or 1)
+    except (WorkflowError, TypeError):  # no --cores (a cluster run): this machine's
+        cores = os.cpu_count() or 1
+    return max(1, cores // TIMING["threads"]) if TIMING_SLOT == 0 else 1
+
+
+with plan.structure_memo(Path(".snakemake") / "nbsim-structures.json") as memo:
+    renders = 1 + (TIMING["warmup"] + TIMING["repeats"] if TIMING["every_point"] else 0)
+    BATCH_SIZE = config["sweep"].get("batch_size") or batching.batch_sizes(
+        config, POINTS, CONFIG_BASE, memo, batching.Timing(renders, TIMING["threads"]), parallel_jobs(), REFERENCE)
+    PLAN = plan.plan_sweep(POINTS, BATCH_SIZE)
+    # One kernel job per (structure, dtype, device): points of any size and value share it.
+    KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE, memo)
 AXES = plan.sweep_axes(config)
 
 
@@ -60,7 +76,7 @@ def reference_batch_of(wildcards):
 
 def timing_params():
     return dict(warmup=TIMING["warmup"], repeats=TIMING["repeats"], threads=TIMING["threads"],
-                compile_cache=COMPILE_CACHE)
+                every_point=TIMING["every_point"], compile_cache=COMPILE_CACHE)
 
 
 def batch_job(wildcards):
