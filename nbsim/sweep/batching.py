@@ -91,6 +91,6 @@ def _sample_indices(count: int) -> list[int]:
 def _batch_size(count: int, cost_s: float, parallel_jobs: int) -> int:
     """Points per batch for `count` points of `cost_s` each."""
     batches = max(1, math.ceil(count * cost_s / TARGET_JOB_S))
-    if count >= parallel_jobs > 1:
-        batches = parallel_jobs * math.ceil(batches / parallel_jobs)
+    if parallel_jobs > 1:  # whole rounds of jobs side by side; fewer points than jobs: one point each
+        batches = parallel_jobs * math.ceil(batches / parallel_jobs) if count >= parallel_jobs else count
     return max(1, math.ceil(count / min(batches, count)))
