@@ -371,3 +371,16 @@ def test_steps_per_pixel_is_what_the_set_up_resolves(args):
 
     config = config_from_args([*args.split(), "-detpixels", "16"])
     assert steps_per_pixel(config) == resolve(config).steps > 1
+
+
+def test_a_job_planning_again_names_the_planning_processs_batches(tmp_path):
+    """A SLURM job plans the sweep again on its node (other cores): it reads the batch sizes the planning
+    process kept for the same configuration rather than computing others."""
+    from nbsim.sweep.batching import kept_batch_sizes
+
+    path, config = tmp_path / "sizes.json", dataset_config()
+    planned = kept_batch_sizes(path, config, True, lambda: {("s", 32): 3})
+    assert planned == {("s", 32): 3}
+    assert kept_batch_sizes(path, config, False, lambda: {("s", 32): 5}) == planned
+    other = {**config, "sweep": {**config["sweep"], "sizes": [64]}}
+    assert kept_batch_sizes(path, other, False, lambda: {("s", 64): 5}) == {("s", 64): 5}

@@ -15,7 +15,9 @@ jobs twice as short or long, still tens of seconds.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -82,6 +84,32 @@ def batch_sizes(config: dict, points: list[Point], base: Path, memo: StructureMe
                                      for dtype, device, compiled in variants))
         sizes[key] = _batch_size(len(along_axes), cost_s, parallel_jobs)
     return sizes
+
+
+def kept_batch_sizes(path: Path, config: dict, planning: bool,
+                     sizes: Callable[[], dict[tuple[str, int], int]]) -> dict[tuple[str, int], int]:
+    """The batch sizes of the process that plans the jobs (`planning`), which computes them (`sizes`) and
+    keeps them in `path` under the configuration's digest, for the processes that plan again inside a job
+    (a SLURM job, on a node with another core count): they read them there, so every process names the
+    same batches. A job process that finds none (the file gone) computes its own."""
+    import hashlib
+    import json
+
+    from ..io.atomic import atomic_write_text
+
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    if not planning and digest in kept:
+        return {(scenario, int(size)): count for scenario, size, count in kept[digest]}
+    planned = sizes()
+    if planning:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps({digest: [[s, n, c] for (s, n), c in planned.items()]}))
+    return planned
 
 
 def _sample_indices(count: int) -> list[int]:

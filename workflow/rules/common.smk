@@ -52,8 +52,10 @@ def parallel_jobs():
 
 with plan.structure_memo(Path(".snakemake") / "nbsim-structures.json") as memo:
     renders = 1 + (TIMING["warmup"] + TIMING["repeats"] if TIMING["every_point"] else 0)
-    BATCH_SIZE = config["sweep"].get("batch_size") or batching.batch_sizes(
-        config, POINTS, CONFIG_BASE, memo, batching.Timing(renders, TIMING["threads"]), parallel_jobs(), REFERENCE)
+    BATCH_SIZE = config["sweep"].get("batch_size") or batching.kept_batch_sizes(
+        Path(".snakemake") / "nbsim-batch-sizes.json", config, workflow.is_main_process,
+        lambda: batching.batch_sizes(config, POINTS, CONFIG_BASE, memo, batching.Timing(renders, TIMING["threads"]),
+                                     parallel_jobs(), REFERENCE))
     PLAN = plan.plan_sweep(POINTS, BATCH_SIZE)
     # One kernel job per (structure, dtype, device): points of any size and value share it.
     KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE, memo)
