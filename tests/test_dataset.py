@@ -364,13 +364,16 @@ def test_batch_sizes_follow_the_cost_model(tmp_path):
     "-detector_thick 100 -detector_thicksteps 2 -oversample 2",
 ])
 def test_steps_per_pixel_is_what_the_set_up_resolves(args):
-    """The cost model's steps per pixel, from the configuration alone, equal the resolved set-up's."""
+    """The cost model's steps per pixel, from the configuration alone, are the resolved set-up's work per
+    pixel: its steps (sources × mosaic domains × phi steps × sub-pixels, nanoBragg's count) times its sensor
+    layers."""
     from nbsim.kernel.structure import steps_per_pixel
     from nbsim.nanobragg import config_from_args
     from nbsim.setup import resolve
 
     config = config_from_args([*args.split(), "-detpixels", "16"])
-    assert steps_per_pixel(config) == resolve(config).steps > 1
+    setup = resolve(config)
+    assert steps_per_pixel(config) == setup.steps * setup.sensor.layers > 1
 
 
 def test_a_job_planning_again_names_the_planning_processs_batches(tmp_path):
