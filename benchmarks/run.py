@@ -13,7 +13,8 @@ image in at most a second; `first_image` times the first image of an uncached st
 `-compile auto` against `off` and `on` (and `auto` once the cache holds it). The script prints tables,
 says which targets each figure meets, and writes everything as JSON. The sweep workloads
 (`rotation_series`, `collate_10k`) are described in benchmarks/sweep_workloads.py, the dataset workloads
-(`dataset_10k`, `dataset_resume`, `dataset_1024`) in benchmarks/dataset_workloads.py, `cli_answers` in
+(`dataset_10k`, `dataset_timed`, `dataset_resume`, `dataset_1024`) in benchmarks/dataset_workloads.py,
+`cli_answers` in
 benchmarks/answers.py, the detector's (`noise_c`, `noise_philox`) in benchmarks/detector_workloads.py,
 `panels_4x2048` (shots per second of a 4-panel detector) in benchmarks/panel_workloads.py,
 `gradients` in benchmarks/gradient_workloads.py, `fit_gradient` and `fit_still` in

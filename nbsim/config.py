@@ -241,6 +241,8 @@ class DetectorResponseConfig:
     defect_seed: int = 1
 
 
+EMPTY_SHOT_ADVICE = "raise the fluence (-fluence, -flux, -exposure) or the crystal (-N, structure factors)"
+"""What the empty-shot warnings (`nbsim -min_photons`, a sweep's `sweep.min_photons`) advise."""
 _FRACTIONS = ("flicker_fraction", "calibration_fraction", "hot_pixel_fraction", "dead_pixel_fraction")
 _NOT_NEGATIVE = ("psf_fwhm_um", "gain_adu_per_photon", "readout_noise_adu", "beamstop_radius_mm")
 

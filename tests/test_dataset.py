@@ -297,3 +297,95 @@ def test_a_choice_of_files_draws_each_file(tmp_path):
     files = [spec.config.structure.hkl_file for spec in specs]
     assert set(files) == {str(tmp_path / "a.hkl"), str(tmp_path / "b.hkl")}
     assert [spec.labels["hkl"] for spec in specs] == [Path(f).name for f in files]
+
+
+def test_a_dataset_needs_no_timing_section_and_a_timing_sweep_does(tmp_path):
+    """With draws, a config without `timing` renders each point once, one thread per job, and times
+    repeats (when asked for) on each batch's first point only; without draws `timing` is required."""
+    config = dataset_config()
+    del config["timing"]
+    validate_config(config, SCHEMA, tmp_path)
+    assert config["timing"] == {"warmup": 0, "repeats": 0, "threads": 1, "every_point": False}
+    asked = {**dataset_config(), "timing": {"warmup": 0, "repeats": 2, "threads": 2}}
+    validate_config(asked, SCHEMA, tmp_path)
+    assert asked["timing"]["every_point"] is False
+    sweep = dataset_config()
+    del sweep["timing"], sweep["sweep"]["draws"]
+    with pytest.raises(NbsimError, match=r"^timing: required for a sweep without sweep.draws"):
+        validate_config(sweep, SCHEMA, tmp_path)
+    sweep["timing"] = {"warmup": 0, "repeats": 1, "threads": 1}
+    validate_config(sweep, SCHEMA, tmp_path)
+    assert sweep["timing"]["every_point"] is True
+
+
+def test_only_the_first_point_of_a_dataset_batch_is_timed_with_repeats(tmp_path):
+    """timing.every_point false (a dataset's default): the batch's first point gets its warm repeats, the
+    others are rendered once; true: every point gets them."""
+    from nbsim.sweep.jobs import run_batch
+
+    job = batch_jobs(dataset_config(size=16, batch_size=3, detector=None), tmp_path)[0]
+    for every_point, repeats in ((False, [2, 0, 0]), (True, [2, 2, 2])):
+        timed = dataclasses.replace(job, repeats=2, every_point=every_point)
+        folder = tmp_path / str(every_point)
+        record = run_batch(timed, folder / "images.zarr", folder / "records.json")
+        assert [len(p["timing"]["warm_times_s"]) for p in record["points"]] == repeats
+
+
+def test_batch_sizes_follow_the_cost_model(tmp_path):
+    """Without sweep.batch_size: batches the cost model puts near TARGET_JOB_S, in a multiple of the jobs
+    that run side by side, costlier points (more steps per pixel, larger images) in smaller batches."""
+    from nbsim.sweep.batching import TARGET_JOB_S, Timing, batch_sizes, point_cost_s
+
+    def planned(args: str, size: int, count: int, parallel_jobs: int) -> tuple[int, int, float]:
+        config = dataset_config({**DRAWS, "count": count}, size=size)
+        config["scenarios"]["s"]["args"] = args
+        del config["sweep"]["batch_size"]
+        points = validate_config(config, SCHEMA, tmp_path)
+        with plan.structure_memo(None) as memo:
+            sizes = batch_sizes(config, points, tmp_path, memo, Timing(1, 1), parallel_jobs, reference=False)
+            steps = memo.steps_per_pixel(plan.point_config(config, points[0], tmp_path))
+        batches = len(plan.plan_sweep(points, sizes).batches)
+        return sizes[("s", size)], batches, point_cost_s(size * size, steps, "cpu", False, "float32", Timing(1, 1))
+
+    light_size, light_batches, light_cost_s = planned(ARGS, 128, 2000, 2)
+    assert light_batches >= 2 and light_batches % 2 == 0
+    assert light_size * light_cost_s <= TARGET_JOB_S + light_cost_s
+    assert light_size * light_cost_s >= TARGET_JOB_S / 2 or light_batches == 2
+    heavy_size, heavy_batches, heavy_cost_s = planned(ARGS.replace("-mosaic_domains 3", "-mosaic_domains 30"),
+                                                      128, 2000, 2)
+    assert heavy_cost_s > light_cost_s and heavy_size < light_size and heavy_batches > light_batches
+    assert planned(ARGS, 128, 2000, 3)[1] % 3 == 0
+    few_size, few_batches, _ = planned(ARGS, 32, 5, 8)
+    assert (few_size, few_batches) == (1, 5)  # fewer points than cores: one each
+
+
+@pytest.mark.parametrize("args", [
+    ARGS,
+    "-default_F 100 -cell 70 80 90 75 85 95 -N 5 -distance 60",  # automatic oversample
+    "-default_F 100 -cell 70 80 90 90 90 90 -N 5 -osc 0.3 -phisteps 4 -dispersion 1 -dispsteps 3 "
+    "-detector_thick 100 -detector_thicksteps 2 -oversample 2",
+])
+def test_steps_per_pixel_is_what_the_set_up_resolves(args):
+    """The cost model's steps per pixel, from the configuration alone, are the resolved set-up's work per
+    pixel: its steps (sources × mosaic domains × phi steps × sub-pixels, nanoBragg's count) times its sensor
+    layers."""
+    from nbsim.kernel.structure import steps_per_pixel
+    from nbsim.nanobragg import config_from_args
+    from nbsim.setup import resolve
+
+    config = config_from_args([*args.split(), "-detpixels", "16"])
+    setup = resolve(config)
+    assert steps_per_pixel(config) == setup.steps * setup.sensor.layers > 1
+
+
+def test_a_job_planning_again_names_the_planning_processs_batches(tmp_path):
+    """A SLURM job plans the sweep again on its node (other cores): it reads the batch sizes the planning
+    process kept for the same configuration rather than computing others."""
+    from nbsim.sweep.batching import kept_batch_sizes
+
+    path, config = tmp_path / "sizes.json", dataset_config()
+    planned = kept_batch_sizes(path, config, True, lambda: {("s", 32): 3})
+    assert planned == {("s", 32): 3}
+    assert kept_batch_sizes(path, config, False, lambda: {("s", 32): 5}) == planned
+    other = {**config, "sweep": {**config["sweep"], "sizes": [64]}}
+    assert kept_batch_sizes(path, other, False, lambda: {("s", 64): 5}) == {("s", 64): 5}

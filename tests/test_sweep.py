@@ -62,7 +62,7 @@ def test_range_axes_validate_and_expand(tmp_path):
     assert {p.size for p in points} == {8, 16}
     assert points[-1].axis_values["phi"] == 99.9 and points[-1].axis_values["misset_seed"] == 4
     assert points[0].name == "n8-float32-cpu-compile_off-misset_seed_1-phi_0.0"
-    assert config["sweep"]["batch_size"] == 100
+    assert "batch_size" not in config["sweep"]  # the cost model's (nbsim.sweep.batching)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -310,21 +310,26 @@ def test_kernel_jobs_keep_their_structures_for_the_next_plan(tmp_path, monkeypat
     """The plan's structures are kept in a memo file: a second plan of the same sources asks no
     structure_of (so a Snakemake start need not import PyTorch), and a memo of other sources is ignored."""
     import nbsim.kernel.structure
-    from nbsim.sweep.plan import kernel_jobs
+    from nbsim.sweep.plan import kernel_jobs, structure_memo
 
     config = config_with({"-mosaic_dom": [1, 4]})
     config["scenarios"]["seed"]["args"] += " -mosaic 0.5"
     config["sweep"]["compile"] = ["on"]
     validate_config(config, SCHEMA, tmp_path)
     points, memo = sweep_points(config), tmp_path / "memo.json"
-    first = kernel_jobs(config, points, False, tmp_path, memo)
+
+    def planned():
+        with structure_memo(memo) as structures:
+            return kernel_jobs(config, points, False, tmp_path, structures)
+
+    first = planned()
     assert sorted(first[0]) == ["float32-cpu-single-square-default", "float32-cpu-steps-square-default"]
 
     def refused(_config):
         raise AssertionError("structure_of asked although the memo holds the answer")
 
     monkeypatch.setattr(nbsim.kernel.structure, "structure_of", refused)
-    assert kernel_jobs(config, points, False, tmp_path, memo) == first
+    assert planned() == first
     memo.write_text(memo.read_text().replace(json.loads(memo.read_text())["sources"], "other sources"))
     with pytest.raises(AssertionError, match="structure_of asked"):
-        kernel_jobs(config, points, False, tmp_path, memo)
+        planned()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 
+import numpy as np
 import pytest
 
 from nbsim.cli import main
@@ -69,3 +71,18 @@ def test_interpolation_out_of_range_warns_once(capsys, tmp_path):
     assert line.startswith("WARNING: out of range for tricubic interpolation at pixel ")
     assert "(h -12..12, k -12..12, l -12..12)" in line and "interpolation is off from there on" in line
     assert warnings_of([*arguments, "-distance", "400"], capsys, tmp_path) == []
+
+
+def test_an_empty_image_warns_with_its_photons(capsys, tmp_path):
+    """An image holding fewer photons than -min_photons (default 1) is named an empty shot, in one line;
+    a normal image, or -min_photons 0, says nothing."""
+    [line] = [w for w in warnings_of([*BASE, "-fluence", "1e10"], capsys, tmp_path) if "photons in all" in w]
+    total = float(re.search(r"holds (\S+) photons in all, fewer than -min_photons 1:", line).group(1))
+    assert 0 <= total < 1e-10
+    image = np.fromfile(tmp_path / "image.bin", np.float32)
+    assert math.isclose(total, float(image.sum(dtype=np.float64)), rel_tol=1e-2)
+    assert not [w for w in warnings_of(BASE, capsys, tmp_path) if "photons in all" in w]
+    assert not [w for w in warnings_of([*BASE, "-fluence", "1e10", "-min_photons", "0"], capsys, tmp_path)
+                if "photons in all" in w]
+    bright = warnings_of([*BASE, "-min_photons", "1e30"], capsys, tmp_path)
+    assert any("fewer than -min_photons 1e+30" in w for w in bright)

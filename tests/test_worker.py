@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import SEED_ARGS
+from .conftest import REPO_ROOT, SEED_ARGS
 
 ARGS = f"{SEED_ARGS} -detpixels 24 -compile off -floatfile float.bin -intfile int.img -nonoise -nopgm".split()
 
@@ -359,3 +359,30 @@ def test_a_command_whose_process_dies_ends_in_one_line(tmp_path, monkeypatch):
     status, frames = _run_in_child(worker, {"cwd": str(tmp_path), "umask": 0o022})
     assert status == 128 + signal.SIGKILL
     assert frames == [(b"e", b"nbsim: error: the command's process was killed by SIGKILL\n")]
+
+
+def test_a_series_through_the_worker_parses_its_tables_once(tmp_path, running_worker):
+    """Commands naming the same table (an -hkl file, a -model and the |F| computed from it) find it parsed:
+    the worker keeps what its commands parsed, by content hash, for the commands after; the images are
+    those of commands run alone."""
+    table = tmp_path / "p1.hkl"
+    table.write_text("".join(f"{h} {k} {l} {1 + (h * h + 2 * k * k + 3 * l * l) % 97}\n"
+                             for h in range(-8, 9) for k in range(-8, 9) for l in range(-8, 9)))
+    model = REPO_ROOT / "config" / "examples" / "model.cif"
+    common = "-N 3 -detpixels 24 -distance 80 -compile off -nonoise -nopgm -intfile int.img".split()
+    frames = [[*"-hkl p1.hkl -cell 40 50 60 90 90 90".split(), *common, "-phi", str(phi), "-floatfile",
+               f"hkl{phi}.bin"] for phi in range(3)]
+    frames += [["-model", str(model), *common, "-phi", str(phi), "-floatfile", f"model{phi}.bin"] for phi in range(2)]
+    for args in frames:
+        served = _nbsim(args, tmp_path, running_worker)
+        assert served.returncode == 0, served.stderr
+    status = _nbsim(["worker", "status"], tmp_path, running_worker).stdout
+    # one parse of the table, one of the model file and one |F| computation, over five commands
+    assert "5 commands served, 3 tables kept, 3 table parses" in status, status
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "p1.hkl").write_bytes(table.read_bytes())
+    for args in (frames[2], frames[4]):
+        assert _nbsim(args, alone, {**running_worker, "NBSIM_WORKER": "off"}).returncode == 0
+        name = args[-1]
+        assert (alone / name).read_bytes() == (tmp_path / name).read_bytes()

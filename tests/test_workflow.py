@@ -454,25 +454,32 @@ DATASET = {
     "compile_cache": "results/compile-cache",
     "scenarios": {"data": {"args": ["-default_F", "100", "-cell", "70", "80", "90", "75", "85", "95", "-N", "5",
                                     "-oversample", "1", "-mosaic_domains", "3", "-distance", "60"]}},
-    "sweep": {"sizes": [32], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"], "batch_size": 3,
+    "sweep": {"sizes": [32], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"],
               "draws": {"count": 5, "seed": 7, "values": {"-misset": "random",
                                                           "mosaic_spread_deg": {"uniform": [0.05, 0.5]},
                                                           "-N": {"integers": [3, 8]}}}},
     "resources": {"mem_mb": 1000, "runtime_min": 5},
-    "timing": {"warmup": 0, "repeats": 0, "threads": 1},
     "reference": False,
 }
+"""As a user writes a dataset: no timing section, no batch size."""
 
 
 def test_dataset_sweep_has_labels_and_no_references(tmp_path):
-    """A dataset (draws, reference: false): no reference jobs or correlation tables; labels in
-    tables/labels.csv and as coordinates of sweep.zarr; a second run executes nothing."""
+    """A dataset (draws, reference: false) written without timing or batch size: its shots in batches
+    filling the two cores, each rendered once; no reference jobs or correlation tables; labels in
+    tables/labels.csv and as coordinates of sweep.zarr; no empty-shot warning; a second run executes
+    nothing, and one with sweep.min_photons above every shot's photons reruns only the collation, which
+    names all five shots in one warning line."""
     import nbsim.sweep
 
     write_config(tmp_path, DATASET)
     result = snakemake(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "photons (sweep.min_photons" not in result.stderr
     results = tmp_path / "results" / "data"
+    records = [json.loads(p.read_text()) for p in sorted((results / "batches").glob("*/records.json"))]
+    assert len(records) == 2 and [len(r["points"]) for r in records] == [3, 2]
+    assert all(r["repeats"] == 0 and r["threads"] == 1 for r in records)
     assert not (results / "references").exists() and not (results / "tables" / "correlation.csv").exists()
     labels = list(csv.DictReader((results / "tables" / "labels.csv").open()))
     assert [int(row["draw"]) for row in labels] == list(range(5))
@@ -483,6 +490,13 @@ def test_dataset_sweep_has_labels_and_no_references(tmp_path):
     assert all(float(row["bytes_per_image"]) > 0 for row in timing)
     again = snakemake(tmp_path)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    write_config(tmp_path, {**DATASET, "sweep": {**DATASET["sweep"], "min_photons": 1e30}})
+    warned = snakemake(tmp_path)
+    assert warned.returncode == 0, warned.stderr[-3000:]
+    assert "simulate" not in planned_jobs(warned)
+    lines = [line for line in warned.stderr.splitlines() if "photons (sweep.min_photons" in line]
+    assert len(lines) == 1 and "5 of 5 shots hold fewer than 1e+30 photons" in lines[0], warned.stderr[-3000:]
+    assert "draw 0, draw 1, draw 2, draw 3, draw 4" in lines[0]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import torch
 
 from .. import __version__
 from ..cache import configure_compile_cache
-from ..config import DetectorResponseConfig, SimulationConfig
+from ..config import EMPTY_SHOT_ADVICE, DetectorResponseConfig, SimulationConfig
 from ..detector import detector_image, layout_of
 from ..detector.native import load as load_compiled_noise
 from ..devices import resolve_device, resolve_dtype
@@ -59,6 +59,10 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     image = renderer().detach().to("cpu", torch.float32).numpy()
     for line in renderer.warnings:
         print(f"WARNING: {line}")
+    total_photons = float(image.sum(dtype=np.float64))
+    if total_photons < run.min_photons:
+        print(f"WARNING: the image holds {total_photons:.3g} photons in all, fewer than -min_photons "
+              f"{run.min_photons:g}: an empty shot; {EMPTY_SHOT_ADVICE}")
     _report_compile_decision(renderer)
     caveat = "; eager and compiled float32 images differ by up to 1e-4 of the maximum, docs/kernels.md"
     print(f"  kernel: {renderer.mode.value} ({run.dtype} on {device}{caveat if run.dtype == 'float32' else ''})")

@@ -17,6 +17,12 @@ complete) removes its temporary file, and a cancelled command leaves complete fi
 still running CANCEL_GRACE_S later (stuck in one long call that runs no Python) is killed, which may
 leave a temporary file behind.
 
+Tables kept: a command's child hands the worker, after its status, the reflection tables and models its
+command parsed (nbsim.io.structure_files.TABLES and MODELS, explicit caches keyed by the file's SHA-256),
+as a pickle in an unnamed temporary file whose descriptor it passes; the worker keeps them, so every later
+child finds them parsed. A series of commands naming one table parses it once (`nbsim worker status`
+counts the parses), and each frame costs its render.
+
 What the worker must never do, so that its children work: render, or start OpenMP or PyTorch thread
 pools any other way (a forked child cannot use the pool of a parent that ran a parallel region, and can
 deadlock in it), or initialise CUDA (a forked child cannot use CUDA once its parent did). The worker only
@@ -32,13 +38,15 @@ import fcntl
 import io
 import json
 import os
+import pickle
 import select
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .protocol import (
     DECLINE,
@@ -117,7 +125,7 @@ def serve(idle_timeout_s: float) -> int:
 
 
 def _serve_connections(listener: socket.socket, path: Path) -> None:
-    started, digest, served = time.time(), source_digest(), 0
+    started, digest, served, parses = time.time(), source_digest(), 0, 0
     devices = os.environ.get("CUDA_VISIBLE_DEVICES")
     child = _next_child(listener)
     try:
@@ -132,8 +140,10 @@ def _serve_connections(listener: socket.socket, path: Path) -> None:
                     message = read_request(connection)
                     command = message.get("command")
                     if command == "status":
+                        kept = sum(len(files) for files in _parsed_files())
                         _send(connection, STDOUT, f"pid {os.getpid()}, up {time.time() - started:.0f} s, "
-                                                  f"{served} commands served, socket {path}")
+                                                  f"{served} commands served, {kept} tables kept, {parses} "
+                                                  f"table parses, socket {path}")
                     elif command == "stop":
                         _send(connection, STDOUT, f"stopped (pid {os.getpid()})")
                         return
@@ -155,6 +165,7 @@ def _serve_connections(listener: socket.socket, path: Path) -> None:
                     _send(connection, STDERR, _could_not_run(error))
                     _send(connection, EXIT, str(UNSTARTED_STATUS))
             if child.used:
+                parses += child.adopt_tables()
                 child.close()
                 child = _next_child(listener)
     finally:
@@ -177,6 +188,13 @@ def open_cached_kernels() -> None:
     from ..kernel.cache import KernelCache
 
     open_cached_packages(KernelCache.default(), torch.device("cpu"))
+
+
+def _parsed_files() -> tuple[Any, ...]:
+    """The process's caches of parsed tables and models (keyed by content hash), which the worker keeps."""
+    from ..io.structure_files import MODELS, TABLES
+
+    return TABLES, MODELS
 
 
 def _send(connection: socket.socket, kind: bytes, text: str) -> None:
@@ -276,6 +294,23 @@ class CommandProcess:
         self.control.close()
         return os.waitpid(self.pid, 0)[1]
 
+    def adopt_tables(self) -> int:
+        """Keep the tables and models the child's command parsed (`_hand_over_tables`: its message after the
+        status) in this process's caches; the parses it reports (0 from a child that handed nothing over)."""
+        with contextlib.suppress(OSError):
+            while True:
+                message, descriptors, _, _ = socket.recv_fds(self.control, 64, 1)
+                if descriptors:
+                    with os.fdopen(descriptors[0], "rb") as stream:
+                        handed = pickle.load(stream)
+                    for files, entries in zip(_parsed_files(), handed["entries"], strict=True):
+                        for key, value in entries:
+                            files.keep(key, value)
+                    return handed["parses"]
+                if not message:  # the child closed its end without handing anything over
+                    return 0
+        return 0
+
     def close(self) -> None:
         """Let the child end (one that has no command yet exits when its control socket closes)."""
         with contextlib.suppress(ChildProcessError):
@@ -286,6 +321,7 @@ def _run_command(control: socket.socket) -> NoReturn:
     """In the child: wait for the command, take the client's settings and streams, run it, report its
     status and exit (os._exit: nothing of the worker's, no atexit handler or buffered stream, runs twice)."""
     status = 1
+    before = [({key for key, _ in files.items()}, files.parses) for files in _parsed_files()]
     try:
         signal.signal(signal.SIGTERM, _cancel)
         request, descriptors, _, _ = socket.recv_fds(control, 1 << 20, 1)
@@ -307,7 +343,21 @@ def _run_command(control: socket.socket) -> NoReturn:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # a late cancel must not skip the exit
         with contextlib.suppress(OSError):
             control.send(str(status).encode())
+        with contextlib.suppress(OSError, pickle.PicklingError):
+            _hand_over_tables(control, before)
         os._exit(status)
+
+
+def _hand_over_tables(control: socket.socket, before: list[tuple[set, int]]) -> None:
+    """In the child, after its status: the entries its command added to the table and model caches and how
+    many parses it made, pickled into an unnamed temporary file whose descriptor goes to the worker."""
+    entries = [[(key, value) for key, value in files.items() if key not in kept]
+               for files, (kept, _) in zip(_parsed_files(), before, strict=True)]
+    parses = sum(files.parses - parsed for files, (_, parsed) in zip(_parsed_files(), before, strict=True))
+    with tempfile.TemporaryFile() as stream:
+        pickle.dump({"entries": entries, "parses": parses}, stream, protocol=pickle.HIGHEST_PROTOCOL)
+        stream.seek(0)
+        socket.send_fds(control, [b"tables"], [stream.fileno()])
 
 
 def _cancel(_signum: int, _frame) -> None:

@@ -41,15 +41,26 @@ class ParsedFiles(Generic[Parsed]):
     def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
         self._entries: dict[Hashable, Parsed] = {}
+        self.parses = 0
+        """How many times `get` parsed (its misses): what keeping entries saves is counted by it."""
 
     def get(self, key: Hashable, parse: Callable[[], Parsed]) -> Parsed:
         """The entry under `key`, made by `parse` (and kept) when there is none."""
         if key not in self._entries:
             value = parse()
-            if len(self._entries) >= self.capacity:
-                self._entries.pop(next(iter(self._entries)))
-            self._entries[key] = value
+            self.parses += 1
+            self.keep(key, value)
         return self._entries[key]
+
+    def keep(self, key: Hashable, value: Parsed) -> None:
+        """Keep `value` under `key`: an entry parsed by another process (the worker keeps its commands')."""
+        if key not in self._entries and len(self._entries) >= self.capacity:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[key] = value
+
+    def items(self) -> list[tuple[Hashable, Parsed]]:
+        """The entries kept, oldest first."""
+        return list(self._entries.items())
 
     def clear(self) -> None:
         """Forget every entry (their arrays are freed once no configuration holds them)."""

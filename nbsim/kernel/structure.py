@@ -37,14 +37,33 @@ def structure_of(config: SimulationConfig) -> Structure:
     CPU tensors, about a millisecond together) rather than from a second copy of their arithmetic, and only
     where a decision needs them: the lookup with -hkl and neither -interpolate nor -nointerpolate, the
     oversample where it is automatic and every other count is 1."""
-    crystal, detector, wavelength_A = config.crystal, config.detector, config.beam.wavelength_A
-    lattice = functools.cache(lambda: build_lattice(crystal, wavelength_A, Ran1()))
-    n_cells = functools.cache(lambda: cell_counts(crystal, lattice()))
-    steps_per_subpixel = (source_count(config.beam) * mosaic_domain_count(crystal) * phi_sampling(crystal).steps
-                          * sensor_layers(detector).layers)
-    single_step = steps_per_subpixel == 1 and (requested_oversample(detector) or oversample_advice(
-        lattice(), n_cells(), wavelength_A, *_distance_and_pixel_m(detector)).recommended) == 1
-    return Structure(kernel_options(config, lookup_of(config.structure, n_cells)), single_step=single_step)
+    counts = _Counts(config)
+    single_step = counts.steps_per_subpixel == 1 and counts.oversample() == 1
+    return Structure(kernel_options(config, lookup_of(config.structure, counts.n_cells)), single_step=single_step)
+
+
+def steps_per_pixel(config: SimulationConfig) -> int:
+    """The steps each pixel sums (sources × mosaic domains × phi steps × sensor layers × sub-pixels), from the
+    configuration alone by the same rules as `structure_of`: what a render's cost grows with (the sweep's
+    cost model sizes batch jobs by it)."""
+    counts = _Counts(config)
+    return counts.steps_per_subpixel * counts.oversample() ** 2
+
+
+class _Counts:
+    """A configuration's step counts; the lattice and cell counts are built only when a count needs them."""
+
+    def __init__(self, config: SimulationConfig):
+        crystal, self.detector, self.wavelength_A = config.crystal, config.detector, config.beam.wavelength_A
+        self.lattice = functools.cache(lambda: build_lattice(crystal, self.wavelength_A, Ran1()))
+        self.n_cells = functools.cache(lambda: cell_counts(crystal, self.lattice()))
+        self.steps_per_subpixel = (source_count(config.beam) * mosaic_domain_count(crystal)
+                                   * phi_sampling(crystal).steps * sensor_layers(self.detector).layers)
+
+    def oversample(self) -> int:
+        """Sub-pixels per side: the requested -oversample, else nanoBragg's automatic choice."""
+        return requested_oversample(self.detector) or oversample_advice(
+            self.lattice(), self.n_cells(), self.wavelength_A, *_distance_and_pixel_m(self.detector)).recommended
 
 
 def _distance_and_pixel_m(detector: DetectorConfig) -> tuple[float, float]:

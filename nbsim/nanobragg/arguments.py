@@ -72,6 +72,8 @@ class RunOptions:
     """-detector_model's model name (nbsim.nanobragg.presets.MODELS)."""
     detector_model_flags: tuple[str, ...] = ()
     """The flags the model set, before the command line's own (which override them)."""
+    min_photons: float = 1.0
+    """-min_photons: an image holding fewer photons in all is reported as empty."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -139,7 +141,8 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         compile=Compile.of(nbsim_options.get("-compile", "auto")),
         p1_table_file=nbsim_options.get("-p1_out"), saturation_counts=saturation,
         counts_pedestal=state.adc if "-adc" in argv else 0.0, detector_model=model.name if model else None,
-        detector_model_flags=tuple(applied), notes=notes)
+        detector_model_flags=tuple(applied), min_photons=float(nbsim_options.get("-min_photons", 1.0)),
+        notes=notes)
     return config, run
 
 

@@ -173,6 +173,8 @@ TABLE: tuple[Flag, ...] = (
     Flag(NBSIM, "-saturation", I1, "COUNTS", "largest count of -cbffile and -nxmxfile, written as their overload "
          "value; higher counts read it. Those files add -adc only when it is given (the SMV files keep nanoBragg's "
          "65535 and -adc 40)", "2147483647, int32's largest"),
+    Flag(NBSIM, "-min_photons", N1, "N", "warn when the image holds fewer photons in all (an empty shot); 0: never",
+         "1"),
     Flag(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own (its "
          "noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg"),
     Flag(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)"),
@@ -211,7 +213,8 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
-                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop", "-module_gap"}
+                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop", "-module_gap",
+                        "-min_photons"}
 MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (

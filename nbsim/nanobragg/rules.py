@@ -8,6 +8,7 @@ The result is the C's variables after parsing (`CState`), headers of -img and -m
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,13 +374,20 @@ def run_nanobragg_rules(argv: list[str]) -> CState:
             continue
         i = position + 1
         following = argv[position + 1:]
-        for predicate, needed, action, stop in RULES:
-            if not predicate(arg) or not argc > i + needed - (1 if needed == 0 else 0):
+        for needed, action, stop in _rules_matching(arg):
+            if not argc > i + needed - (1 if needed == 0 else 0):
                 continue
             result = action(state, following)
             if stop is True or (stop == "conditional" and result):
                 break
     return state
+
+
+@functools.lru_cache(maxsize=4096)
+def _rules_matching(arg: str) -> tuple[tuple[int, Any, bool | str], ...]:
+    """The rules whose pattern matches `arg`, in source order: what an argument matches does not depend on
+    where it stands, so a sweep parsing thousands of command lines of the same flags tests each flag once."""
+    return tuple((needed, action, stop) for predicate, needed, action, stop in RULES if predicate(arg))
 
 
 def _apply_header(state: CState, path: Path, from_mask: bool) -> None:

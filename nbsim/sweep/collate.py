@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from ..config import EMPTY_SHOT_ADVICE
 from ..errors import NbsimError
 from .fitting import write_fit_variables
 from .progress import Progress
@@ -129,6 +130,21 @@ def write_labels(rows: list[dict[str, Any]], csv_path: Path) -> None:
             if row["status"] == "ok":
                 writer.writerow([row["point"], row["batch"], row["index"],
                                  *(_format_exact(row.get(LABEL_PREFIX + label)) for label in labels)])
+
+
+def empty_shots(rows: list[dict[str, Any]], min_photons: float) -> str | None:
+    """One line naming the rendered points whose noise-free image holds fewer than `min_photons` photons in
+    all (a dataset's empty shots: a fluence or crystal too small for the detector to see anything), the first
+    ten by draw (or name) and how many; None when there are none (or `min_photons` is 0)."""
+    rendered = [row for row in rows if row["status"] == "ok" and LABEL_PREFIX + "total_photons" in row]
+    empty = [row for row in rendered if row[LABEL_PREFIX + "total_photons"] < min_photons]
+    if not empty:
+        return None
+    names = [f"draw {row['draw']}" if row.get("draw") is not None else str(row["point"]) for row in empty]
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    fewest = min(row[LABEL_PREFIX + "total_photons"] for row in empty)
+    return (f"{len(empty)} of {len(rendered)} shots hold fewer than {min_photons:g} photons (sweep.min_photons; "
+            f"the emptiest {fewest:.3g}): {shown}; {EMPTY_SHOT_ADVICE}")
 
 
 def _format_exact(value: Any) -> str:

@@ -117,7 +117,8 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
     record: dict[str, Any] = {
         "scenario": job.scenario, "batch": job.batch, "kind": "reference" if job.is_reference else "points",
         "dtype": job.dtype, "device": job.device, "compile": job.compile, "warmup": job.warmup,
-        "repeats": job.repeats, "threads": job.threads, "process_startup_s": startup_s, **_job_identity()}
+        "repeats": job.repeats, "every_point": job.every_point, "threads": job.threads,
+        "process_startup_s": startup_s, **_job_identity()}
     images = {"image": np.float64 if job.is_reference and not job.c_binary else np.float32,
               **({DETECTOR_IMAGE: np.uint16} if job.detector else {})}
     output = BatchStore(store, job_digest(job.to_dict()), [p.name for p in job.points], job.points[0].image_shape,
@@ -178,9 +179,11 @@ def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
             _, load = time_nbsim(point.config, device, dtype, job.compile, 0, 0)
             loads[kernel] = {"kernel": kernel, "point": point.name, "load_s": load.cold_s,
                              "cache": load.compile_cache}
+        timed = job.every_point or index == 0
         begin = time.perf_counter()
-        images, result, statistics_ = point_images(point.config, device, dtype, job.compile, job.warmup,
-                                                   job.repeats, output_dtype, job.detector)
+        images, result, statistics_ = point_images(point.config, device, dtype, job.compile,
+                                                   job.warmup if timed else 0, job.repeats if timed else 0,
+                                                   output_dtype, job.detector)
         timed_s = time.perf_counter() - begin
         result.compile_cache = loads[kernel]["cache"]
         entry = {**point.to_dict(), "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
@@ -249,7 +252,9 @@ def _c_references(job: BatchJob, output: BatchStore, entries: list[dict | None])
         if entries[index] is not None:
             continue
         begin = time.perf_counter()
-        image, times = run_c_reference(job.c_binary, list(point.argv), job.warmup, job.repeats)
+        timed = job.every_point or index == 0
+        image, times = run_c_reference(job.c_binary, list(point.argv), job.warmup if timed else 0,
+                                       job.repeats if timed else 1)
         median_s = statistics.median(times)
         entries[index] = {**point.to_dict(), "index": index, "status": "ok", "binary": job.c_binary,
                           "timed_s": time.perf_counter() - begin,

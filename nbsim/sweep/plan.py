@@ -24,7 +24,7 @@ import itertools
 import math
 import shlex
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,17 +197,19 @@ class SweepPlan:
         return [b for (s, _), b in self.references.items() if s == scenario]
 
 
-def plan_sweep(points: list[Point], batch_size: int) -> SweepPlan:
+def plan_sweep(points: list[Point], batch_size: int | Mapping[tuple[str, int], int]) -> SweepPlan:
     """Batch the points: consecutive points (in product order) of one scenario, size, dtype, device and
-    compile setting, `batch_size` at a time; changing one value changes only the batch that holds it."""
+    compile setting, `batch_size` at a time (one for all, or one per (scenario, size): `sweep.batching`);
+    changing one value changes only the batch that holds it."""
     groups: dict[tuple, list[Point]] = {}
     for point in points:
         groups.setdefault((point.scenario, point.size, point.dtype, point.device, point.compile), []).append(point)
     batches: dict[tuple[str, str], Batch] = {}
     references: dict[tuple[str, str], Batch] = {}
     for (scenario, size, dtype, device, compile_), members in groups.items():
-        for index, start in enumerate(range(0, len(members), batch_size)):
-            chunk = tuple(members[start:start + batch_size])
+        step = batch_size if isinstance(batch_size, int) else batch_size[(scenario, size)]
+        for index, start in enumerate(range(0, len(members), step)):
+            chunk = tuple(members[start:start + step])
             reference = f"n{size}-b{index:04d}"
             name = f"n{size}-{dtype}-{_slug(device)}-compile_{compile_.value}-b{index:04d}"
             batches[(scenario, name)] = Batch(scenario, name, chunk, reference)
@@ -226,68 +228,95 @@ class KernelJob:
 
 
 def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool, base: Path,
-                memo: Path | None = None, builds: PointBuilds | None = None
+                memo: StructureMemo, builds: PointBuilds | None = None
                 ) -> tuple[dict[str, KernelJob], dict[Point, str]]:
     """The kernel jobs of a sweep (by name) and each prebuilding point's kernel job name. Points share a
     job when their structure, dtype and device agree, whatever their sizes and values;
-    `compiled_reference` adds the float64 kernels the nbsim references use. `memo`, a JSON file, keeps
-    each configuration's structure for the next plan of the same nbsim sources (`structure_memo`)."""
+    `compiled_reference` adds the float64 kernels the nbsim references use. `memo` (`structure_memo`)
+    keeps each configuration's structure for the next plan of the same nbsim sources; `builds` shares the
+    points' parsed configurations."""
     builds = builds or PointBuilds()
     candidates = list(points) + ([nbsim_reference_point(p) for p in points] if compiled_reference else [])
     jobs: dict[str, KernelJob] = {}
     names: dict[Point, str] = {}
     structures: dict[tuple, tuple[str, str]] = {}
-    with structure_memo(memo) as structure_of:
-        for point in candidates:
-            if not point.prebuilds_kernel or point in names:
-                continue
-            key = (point.scenario, point.size, point.extras, point.draw)
-            if key not in structures:
-                structures[key] = structure_of(point_config(config, point, base, builds))
-            structure_name, structure_json = structures[key]
-            name = f"{point.dtype}-{_slug(point.device)}-{structure_name}"
-            jobs.setdefault(name, KernelJob(structure_json, point.dtype, point.device))
-            names[point] = name
+    for point in candidates:
+        if not point.prebuilds_kernel or point in names:
+            continue
+        key = (point.scenario, point.size, point.extras, point.draw)
+        if key not in structures:
+            structures[key] = memo.structure(point_config(config, point, base, builds))
+        structure_name, structure_json = structures[key]
+        name = f"{point.dtype}-{_slug(point.device)}-{structure_name}"
+        jobs.setdefault(name, KernelJob(structure_json, point.dtype, point.device))
+        names[point] = name
     return jobs, names
 
 
-@contextlib.contextmanager
-def structure_memo(path: Path | None) -> Iterator[Callable[[SimulationConfig], tuple[str, str]]]:
-    """A function giving a configuration's kernel structure as (name, JSON), from the memo in `path` when
-    it holds that configuration for these nbsim sources, else from `kernel.structure.structure_of`, which
-    imports PyTorch (seconds of every Snakemake start that plans compiled points); new entries are
-    written back on exit."""
-    import hashlib
-    import json
+class StructureMemo:
+    """Each configuration's kernel structure (name, JSON) and steps per pixel, kept in a JSON file for the
+    next plan of the same nbsim sources: computing them (`kernel.structure`) imports PyTorch, seconds of every
+    Snakemake start that plans compiled points or sizes batches. Keyed by the SHA-256 of the configuration's
+    repr (its dataclasses hold plain values only, so the repr is the whole configuration)."""
 
-    from ..cache import sources_digest
-    from ..io.atomic import atomic_write_text
-    from .spec import dataclass_to_dict
+    def __init__(self, path: Path | None):
+        import json
 
-    try:
-        known = json.loads(path.read_text()) if path is not None else {}
-    except (OSError, ValueError):
-        known = {}
-    known = known if known.get("sources") == sources_digest() else {"sources": sources_digest()}
-    names = known.setdefault("names", {})
-    structures = known.setdefault("structures", {})
-    added = False
+        from ..cache import sources_digest
 
-    def lookup(simulation: SimulationConfig) -> tuple[str, str]:
-        nonlocal added
-        key = hashlib.sha256(json.dumps(dataclass_to_dict(simulation), sort_keys=True).encode()).hexdigest()
+        self.path = path
+        try:
+            known = json.loads(path.read_text()) if path is not None else {}
+        except (OSError, ValueError):
+            known = {}
+        self.known = known if known.get("sources") == sources_digest() else {"sources": sources_digest()}
+        for part in ("names", "structures", "steps"):
+            self.known.setdefault(part, {})
+        self.added = False
+
+    @staticmethod
+    def _key(simulation: SimulationConfig) -> str:
+        import hashlib
+
+        return hashlib.sha256(repr(simulation).encode()).hexdigest()
+
+    def structure(self, simulation: SimulationConfig) -> tuple[str, str]:
+        """The configuration's kernel structure as (name, JSON)."""
+        names, structures, key = self.known["names"], self.known["structures"], self._key(simulation)
         if key not in names:
             from ..kernel.structure import structure_of
 
             structure = structure_of(simulation)
-            names[key], structures[structure.name], added = structure.name, structure.to_json(), True
+            names[key], structures[structure.name], self.added = structure.name, structure.to_json(), True
         return names[key], structures[names[key]]
 
-    yield lookup
-    if added and path is not None:
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps(known))
+    def steps_per_pixel(self, simulation: SimulationConfig) -> int:
+        """The steps each of the configuration's pixels sums (`kernel.structure.steps_per_pixel`)."""
+        steps, key = self.known["steps"], self._key(simulation)
+        if key not in steps:
+            from ..kernel.structure import steps_per_pixel
+
+            steps[key], self.added = steps_per_pixel(simulation), True
+        return steps[key]
+
+    def save(self) -> None:
+        """Write what was added back to the file (quietly not, where it cannot be written)."""
+        import json
+
+        from ..io.atomic import atomic_write_text
+
+        if self.added and self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(self.path, json.dumps(self.known))
+
+
+@contextlib.contextmanager
+def structure_memo(path: Path | None) -> Iterator[StructureMemo]:
+    """The `StructureMemo` of `path` (None: kept in memory only), saved on exit."""
+    memo = StructureMemo(path)
+    yield memo
+    memo.save()
 
 
 class PointBuilds:

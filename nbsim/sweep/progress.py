@@ -39,8 +39,9 @@ class Progress:
 
 
 def _on_the_terminal(record: logging.LogRecord) -> bool:
-    """Progress and one-line errors; a traceback goes to the log only (Python prints it on stderr itself)."""
-    return record.exc_info is None and (record.name == log.name or record.levelno >= logging.ERROR)
+    """Progress, one-line warnings and errors; a traceback goes to the log only (Python prints it on stderr
+    itself)."""
+    return record.exc_info is None and (record.name == log.name or record.levelno >= logging.WARNING)
 
 
 @contextmanager

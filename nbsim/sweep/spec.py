@@ -184,6 +184,9 @@ class BatchJob:
     repeats: int
     threads: int
     compile_cache: str
+    every_point: bool = True
+    """Time `warmup` and `repeats` on every point; False (a dataset's default): on the batch's first point
+    only, every other point rendered once."""
     c_binary: str | None = None
     """Reference batches only: time this nanoBragg binary instead of nbsim in float64."""
     on_unavailable_device: str = "fail"

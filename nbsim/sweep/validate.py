@@ -29,15 +29,36 @@ from .plan import (
 MAX_AXIS_VALUES = 1_000_000
 
 
+DATASET_TIMING = {"warmup": 0, "repeats": 0, "threads": 1}
+"""A sweep with draws (a dataset) without a `timing` section: each point rendered once, one thread per job,
+the jobs side by side on the cores."""
+
+
 def validate_config(config: dict, schema_path: str | Path, base: Path, devices: bool = False,
-                    builds: PointBuilds | None = None) -> None:
-    """Check the config against the JSON schema (filling its defaults), then semantically, then (with
-    `devices`, in the process that plans the jobs) that its devices can be had (`check_devices`). The
-    points are built into `builds` (the planning's, so that it parses nothing again) or a new one."""
+                    builds: PointBuilds | None = None) -> list[Point]:
+    """Check the config against the JSON schema (filling its defaults and `fill_timing`'s), then
+    semantically, then (with `devices`, in the process that plans the jobs) that its devices can be had
+    (`check_devices`). The sweep's points, as `plan.sweep_points` gives them (built once, for both), are
+    built into `builds` (the planning's, so that it parses nothing again) or a new one."""
     check_schema(config, schema_path)
-    check_config(config, base, builds)
+    fill_timing(config)
+    points = check_config(config, base, builds)
     if devices:
         check_devices(config)
+    return points
+
+
+def fill_timing(config: dict) -> None:
+    """The `timing` defaults the schema cannot give, as they hang on `sweep.draws`: a dataset needs no timing
+    section (DATASET_TIMING) and times warmup and repeats on each batch's first point only, unless
+    `timing.every_point`; a sweep without draws must say how to time its points."""
+    drawn = "draws" in config["sweep"]
+    if "timing" not in config:
+        if not drawn:
+            raise NbsimError("timing: required for a sweep without sweep.draws (warmup, repeats and threads: how "
+                             "each point is timed); a dataset (sweep.draws) may leave it out")
+        config["timing"] = dict(DATASET_TIMING)
+    config["timing"].setdefault("every_point", not drawn)
 
 
 def check_devices(config: dict) -> None:
@@ -112,8 +133,8 @@ def _check_axis(where: str, spec: list | dict) -> None:
         raise NbsimError(f"{where}: values repeat (after rounding to 12 significant digits)")
 
 
-def check_config(config: dict, base: Path, builds: PointBuilds | None = None) -> None:
-    """Semantic checks the schema cannot express, then every point built (`check_points`)."""
+def check_config(config: dict, base: Path, builds: PointBuilds | None = None) -> list[Point]:
+    """Semantic checks the schema cannot express, then every point built (`check_points`); the points."""
     from ..config import option_names
     from ..nanobragg.flags import FLAGS
 
@@ -173,6 +194,7 @@ def check_config(config: dict, base: Path, builds: PointBuilds | None = None) ->
             raise NbsimError(f"sweep.extra: the values of {dict(point.extras)} and {dict(other.extras)} give "
                              f"the same point name {point.name}")
     check_points(config, points, base, builds)
+    return points
 
 
 def _check_detector(block: dict, drawn: bool) -> None:

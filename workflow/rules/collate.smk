@@ -13,6 +13,7 @@ rule collate:
     params:
         axes=AXES,
         stores=batch_stores,
+        min_photons=config["sweep"]["min_photons"],
     localrule: True
     conda:
         "../envs/nbsim.yaml"

@@ -1,6 +1,7 @@
 """Configuration validation, the sweep's plan (points, batches, kernel jobs), and the parameters each job
 receives: a batch job gets its points' PointSpecs (nbsim.sweep.spec), each parsed once here."""
 
+import os
 import re
 import sys
 from dataclasses import asdict
@@ -9,9 +10,10 @@ from types import SimpleNamespace
 
 from nbsim.errors import NbsimError
 from nbsim.modes import Compile
-from nbsim.sweep import plan, validate
+from nbsim.sweep import batching, plan, validate
 from nbsim.sweep.fitting import FitJob, fit_chunks
 from nbsim.sweep.spec import BatchJob
+from snakemake.exceptions import WorkflowError
 
 
 CONFIG_BASE = (
@@ -23,8 +25,8 @@ CONFIG_BASE = (
 BUILDS = plan.PointBuilds()
 try:
     # Devices are checked where the jobs are planned, not again inside a job on a cluster node.
-    validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE,
-                             devices=workflow.is_main_process, builds=BUILDS)
+    POINTS = validate.validate_config(config, workflow.source_path("../schemas/config.schema.yaml"), CONFIG_BASE,
+                                      devices=workflow.is_main_process, builds=BUILDS)
 except NbsimError as error:
     print(f"nbsim: invalid sweep configuration: {error}", file=sys.stderr)
     sys.exit(1)
@@ -36,14 +38,31 @@ TIMING = config["timing"]
 TIMING_SLOT = 1 if TIMING["repeats"] > 0 else 0
 COMPILE_CACHE = plan.compile_cache_path(config)
 C_BINARY = plan.c_binary_path(config, CONFIG_BASE)
-POINTS = plan.sweep_points(config)
-PLAN = plan.plan_sweep(POINTS, config["sweep"]["batch_size"])
 # reference: false (a dataset): no reference renders, no comparison, no correlation tables.
 REFERENCE = config["reference"] is not False
 COMPILED_NBSIM_REFERENCE = REFERENCE and not C_BINARY and config["reference"]["compile"]
-# One kernel job per (structure, dtype, device): points of any size and value share it.
-KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE,
-                                            Path(".snakemake") / "nbsim-structures.json", BUILDS)
+
+
+def parallel_jobs():
+    """Batch jobs that run at once here: the cores over each job's threads (side by side), or one (timed
+    jobs hold the timing slot)."""
+    try:
+        cores = min(int(workflow.cores), os.cpu_count() or 1)
+    except (WorkflowError, TypeError):  # no --cores (a cluster run): this machine's
+        cores = os.cpu_count() or 1
+    return max(1, cores // TIMING["threads"]) if TIMING_SLOT == 0 else 1
+
+
+with plan.structure_memo(Path(".snakemake") / "nbsim-structures.json") as memo:
+    renders = 1 + (TIMING["warmup"] + TIMING["repeats"] if TIMING["every_point"] else 0)
+    BATCH_SIZE = config["sweep"].get("batch_size") or batching.kept_batch_sizes(
+        Path(".snakemake") / "nbsim-batch-sizes.json", config, workflow.is_main_process,
+        lambda: batching.batch_sizes(config, POINTS, CONFIG_BASE, memo, batching.Timing(renders, TIMING["threads"]),
+                                     parallel_jobs(), REFERENCE))
+    PLAN = plan.plan_sweep(POINTS, BATCH_SIZE)
+    # One kernel job per (structure, dtype, device): points of any size and value share it.
+    KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE, memo,
+                                                BUILDS)
 AXES = plan.sweep_axes(config)
 # fit: (docs/sweeps.md, "Fitting every shot"): each batch's shots fitted in chunks, one fit job each.
 FIT = config.get("fit")
@@ -69,7 +88,7 @@ def reference_batch_of(wildcards):
 
 def timing_params():
     return dict(warmup=TIMING["warmup"], repeats=TIMING["repeats"], threads=TIMING["threads"],
-                compile_cache=COMPILE_CACHE)
+                every_point=TIMING["every_point"], compile_cache=COMPILE_CACHE)
 
 
 def batch_job(wildcards):

@@ -1,11 +1,13 @@
 """Snakemake script: a scenario's tables (CSV with every digit; Markdown and HTML rounded for reading) and
 collated store (nbsim.sweep.collate, nbsim.sweep.report)."""
 
+import logging
 from pathlib import Path
 
 from nbsim.sweep.collate import (
     CORRELATION_COLUMNS,
     TIMING_COLUMNS,
+    empty_shots,
     point_rows,
     write_collated_store,
     write_labels,
@@ -18,6 +20,9 @@ from nbsim.sweep.report import CORRELATION_VIEW, TIMING_VIEW, write_reader_table
 
 def collate(inputs, outputs, params, scenario) -> None:
     rows = point_rows([Path(p) for p in inputs.records], [Path(p) for p in inputs.references])
+    empty = empty_shots(rows, params.min_photons)
+    if empty:
+        logging.getLogger("nbsim.sweep").warning("nbsim: warning: %s: %s", scenario, empty)
     write_table(rows, params.axes, Path(outputs.timing_csv), TIMING_COLUMNS)
     write_reader_tables(rows, params.axes, TIMING_VIEW, Path(outputs.timing_md), Path(outputs.timing_html),
                         f"{scenario}: timing")
