@@ -38,10 +38,13 @@ LIMITS = {"indexed_fraction": 0.90, "cell_relative": 1e-3, "orientation_deg": 0.
 0.2 mm and beam centre within 0.5 px of the header, merged intensities against |F|² correlation ≥ 0.9."""
 SERIES_ARGS = ("-N", "5", "-round_xtal", "-lambda", "1", "-distance", "100", "-pixel", "0.172", "-osc", "0.5",
                "-misset", "10", "20", "30", "-detector_thick", "450", "-psf", "gaussian", "-psf_fwhm", "100",
-               "-dtype", "float32", "-noise_generator", "philox")
+               "-dtype", "float32", "-noise_generator", "philox", "-adc", "40")
 """A 5-cell crystal of round shape (real crystals have no sinc side lobes; the square shape's are found as
 spots that index nowhere), a 450 µm silicon sensor (its attenuation at λ by default) and a 100 µm point
-spread, as a pixel detector has."""
+spread, as a pixel detector has, and the counts on a pedestal of 40 ADU (`-adc 40`). Without a pedestal or a
+background, DIALS's dispersion threshold takes the isolated single photons around each spot for spots of
+their own (6 frames of 384²: 81 % indexed with the default threshold, 81 % with dispersion_extended, 85 %
+with min_spot_size=4, 89 % with a water background of 2.7 photons a pixel; 99.5 % with the pedestal)."""
 
 
 def dials_available() -> bool:
