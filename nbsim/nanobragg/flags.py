@@ -104,6 +104,8 @@ _add(DETECTOR, "-fdet_vector -sdet_vector", V3, "X Y Z", "unit vector of increas
      "by convention")
 _add(DETECTOR, "-odet_vector", V3, "X Y Z", "unit vector of increasing detector distance", "by convention")
 _add(DETECTOR, "-pix0_vector", V3, "X Y Z", "vector from the sample to the first pixel, m", "beam on the centre")
+_add(DETECTOR, "-pix0_vector_mm", V3, "X Y Z", "the same in mm; nanoBragg reads metres and recomputes it, -physics "
+     "corrected places the detector there", "beam on the centre")
 _add(DETECTOR, "-curved_det", (), "", "every pixel at the same distance from the sample")
 _add(DETECTOR, "-point_pixel", (), "", "no pixel solid-angle correction (obliquity and 1/r²)")
 _add(DETECTOR, "-detector_thick", N1, "UM", "sensor thickness, µm", "0")
@@ -145,6 +147,19 @@ _add(NBSIM, "-dtype", (WORD,), "float32|float64", "precision of the rendering",
      "float64 when -noisefile is nanoBragg's, else float32")
 _add(NBSIM, "-compile", (WORD,), "auto|on|off", "compiled kernel: when cached or quicker, always, never", "auto")
 _add(NBSIM, "-model", P1, "FILE", "atomic model (PDB or mmCIF): its |F| instead of -hkl", "none")
+_add(NBSIM, "-anomalous", (), "", "f' and f'' of the -model's elements at each wavelength (Cromer-Liberman): F(+) != "
+     "F(-), one table per spectrum channel")
+_add(NBSIM, "-fp_fdp", P1, "FILE", "f' and f'' per element and energy (rows: element eV f' f''), in place of "
+     "Cromer-Liberman for its elements (with -anomalous)", "none")
+_add(NBSIM, "-energy_bins", I1, "N", "-anomalous tables per energy bin of equal width instead of per channel",
+     "one per channel")
+_add(NBSIM, "-physics", (WORD,), "nanobragg|corrected", "nanoBragg's image, defects included, or every known defect "
+     "corrected (docs/physics.md)", "nanobragg")
+_add(NBSIM, "-background", P1, "FILE|water|air", "amorphous background from F against sin(θ)/λ (Å⁻¹): simtbx's "
+     "water or air, or a file; linear in fluence", "none")
+_add(NBSIM, "-background_thick", N1, "MM", "path length of the -background material in the beam, mm", "0")
+_add(NBSIM, "-background_density", N1, "G/CM3", "density of the -background material", "water 1, air 0.0012")
+_add(NBSIM, "-background_mw", N1, "G/MOL", "molecular weight of the -background material", "water 18, air 14")
 _add(NBSIM, "-column", (WORD,), "LABEL", "the amplitude column of an MTZ or sf-mmCIF -hkl",
      "the first amplitude, else intensity")
 _add(NBSIM, "-p1_out", P1, "FILE", "write the P1 table used as h k l F text", "none")
@@ -188,7 +203,9 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-hdivrange", "-vdivrange", "-hdivstep", "-vdivstep", "-hdivsteps", "-vdivsteps",
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
-                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop"}
+                        "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop",
+                        "-background_thick"}
+MUST_BE_POSITIVE |= {"-background_density", "-background_mw", "-energy_bins"}
 MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (
@@ -204,11 +221,13 @@ CONFLICTS = (
     {"-spectrumfile", "-sourcefile"},
     {"-spectrumfile", "-dispersion"},
 )
+NAMED_VALUES = {"-background": ("water", "air")}
+"""File flags that also take a name in place of a file (not made absolute)."""
 NBSIM_ONLY = tuple(n for f in TABLE if f.group in (NBSIM, RESPONSE) for n in f.names)
 NO_EFFECT = tuple(n for f in TABLE if f.group == IGNORED for n in f.names)
 SINGLE_PANEL_ONLY = ("-distance", "-close_distance", "-Xbeam", "-Ybeam", "-Xclose", "-Yclose", "-ORGX", "-ORGY",
                      "-twotheta", "-detector_rotx", "-detector_roty", "-detector_rotz", "-fdet_vector",
-                     "-sdet_vector", "-odet_vector", "-pix0_vector", "-pivot", "-detpixels", "-detpixels_f",
+                     "-sdet_vector", "-odet_vector", "-pix0_vector", "-pix0_vector_mm", "-pivot", "-detpixels", "-detpixels_f",
                      "-detpixels_x", "-detpixels_s", "-detpixels_y", "-detsize", "-detsize_f", "-detsize_s",
                      "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel")
 """Flags that place, shape or select pixels of the one panel: refused with -panelfile."""
@@ -274,7 +293,7 @@ def _check_value(flag: str, kind: str, value: str) -> None:
     if kind == WORD:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
                    "-compile": ("auto", "on", "off"), "-noise_generator": ("nanobragg", "philox"),
-                   "-psf": ("none", "gaussian", "fiber")}.get(flag)
+                   "-psf": ("none", "gaussian", "fiber"), "-physics": ("nanobragg", "corrected")}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):
                 raise NbsimError(f"{flag} expects an attenuation depth in um or 'inf', got '{value}'")
@@ -301,6 +320,8 @@ def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:
     """The arguments with every file value (after -hkl, -mat, ... ) made absolute against `base`."""
     result = list(argv)
     for i, arg in enumerate(argv[:-1]):
+        if argv[i + 1] in NAMED_VALUES.get(arg, ()):
+            continue
         if FLAGS.get(arg) == (PATH,) and not Path(argv[i + 1]).is_absolute():
             result[i + 1] = str((base / argv[i + 1]).resolve())
     return result
