@@ -99,7 +99,8 @@ def scattering_factors(elements: tuple[str, ...], energy_eV: float, table: Facto
     return factors
 
 
-def channel_tables(model_file: str, d_min_A: float, channels: Channels, table_path: str | None) -> list[ReflectionTable]:
+def channel_tables(model_file: str, d_min_A: float, channels: Channels,
+                   table_path: str | None) -> list[ReflectionTable]:
     """One full-sphere |F| table of the model per channel, with each element's f′ and f″ at its energy."""
     partials = model_partials(model_file, d_min_A)
     table = read_factor_table(table_path) if table_path else None

@@ -23,6 +23,7 @@ from .background import BackgroundCurve, background_curve
 from .beam import Sources, build_sources
 from .config import (
     CRYSTAL_SHAPES,
+    PHYSICS_MODELS,
     DetectorConfig,
     Scalar,
     SimulationConfig,
@@ -369,6 +370,13 @@ def _validate(config: SimulationConfig) -> None:
     if not (wavelength > 0 and math.isfinite(wavelength)):
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
     check_spectrum(config.beam)
+    if config.physics.physics not in PHYSICS_MODELS:
+        raise NbsimError(f"physics must be one of {', '.join(PHYSICS_MODELS)} (got {config.physics.physics!r})")
+    structure = config.structure
+    if (structure.anomalous or structure.anomalous_table or structure.energy_bins) and not structure.model_file:
+        raise NbsimError("anomalous scattering (-anomalous, -fp_fdp, -energy_bins) needs a -model FILE")
+    if structure.energy_bins is not None and structure.energy_bins < 1:
+        raise NbsimError(f"-energy_bins must be at least 1 (got {structure.energy_bins})")
     if config.crystal.shape not in CRYSTAL_SHAPES:
         raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
     if config.structure.hkl_file is None and config.structure.model_file is None and config.structure.default_F == 0.0:

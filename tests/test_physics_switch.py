@@ -155,7 +155,8 @@ def _simtbx_pixel(curve, fast: int, slow: int, thickness_mm: float, density: flo
     return R_E_SQR_M2 * fluence * molecules * F * F * polar * omega
 
 
-@pytest.mark.parametrize("name, curve, density, mw", [("water", WATER_CURVE, 1.0, 18.0), ("air", AIR_CURVE, 1.2e-3, 14.0)])
+@pytest.mark.parametrize("name, curve, density, mw", [("water", WATER_CURVE, 1.0, 18.0),
+                                                      ("air", AIR_CURVE, 1.2e-3, 14.0)])
 def test_background_curve_matches_simtbx_formula(name, curve, density, mw):
     extra = ["-background", name, "-background_thick", "0.5", "-fluence", "1e24", "-distance", "100"]
     image = background_of(extra)

@@ -293,7 +293,8 @@ class ModelPartials:
     """A model's structure factors split for anomalous scattering, at its unique reflections (d ≥ d_min):
     F0 with the normal form factors (gemmi's direct summation), and per element the partial sum
     G_el(h) = Σ occupancy·Debye–Waller·exp(2πi h·x) over that element's atoms and their symmetry images, so
-    that F(h) = F0(h) + Σ_el (f′_el + i·f″_el)·G_el(h) and F(−h) = conj(F0(h)) + Σ_el (f′_el + i·f″_el)·conj(G_el(h))."""
+    that F(h) = F0(h) + Σ_el (f′_el + i·f″_el)·G_el(h) and
+    F(−h) = conj(F0(h)) + Σ_el (f′_el + i·f″_el)·conj(G_el(h))."""
 
     miller: np.ndarray
     F0: np.ndarray

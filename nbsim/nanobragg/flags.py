@@ -227,9 +227,10 @@ NBSIM_ONLY = tuple(n for f in TABLE if f.group in (NBSIM, RESPONSE) for n in f.n
 NO_EFFECT = tuple(n for f in TABLE if f.group == IGNORED for n in f.names)
 SINGLE_PANEL_ONLY = ("-distance", "-close_distance", "-Xbeam", "-Ybeam", "-Xclose", "-Yclose", "-ORGX", "-ORGY",
                      "-twotheta", "-detector_rotx", "-detector_roty", "-detector_rotz", "-fdet_vector",
-                     "-sdet_vector", "-odet_vector", "-pix0_vector", "-pix0_vector_mm", "-pivot", "-detpixels", "-detpixels_f",
+                     "-sdet_vector", "-odet_vector", "-pix0_vector", "-pivot", "-detpixels", "-detpixels_f",
                      "-detpixels_x", "-detpixels_s", "-detpixels_y", "-detsize", "-detsize_f", "-detsize_s",
                      "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel")
+SINGLE_PANEL_ONLY += ("-pix0_vector_mm",)
 """Flags that place, shape or select pixels of the one panel: refused with -panelfile."""
 SINGLE_PANEL_FILES = ("-intfile", "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-pgmscale",
                       "-cbffile")
