@@ -131,11 +131,14 @@ def test_corrected_pix0_vector_mm_places_the_detector():
     assert any("-pix0_vector_mm" in note for note in run.notes)
 
 
+BACKGROUND_DISTANCE_MM = 6.0
+
+
 def _simtbx_pixel(curve, fast: int, slow: int, thickness_mm: float, density: float, mw: float,
                   fluence: float, beamsize_mm: float) -> float:
-    """simtbx's add_background for one pixel, by hand: MOSFLM geometry, distance 100 mm, 0.1 mm pixels, 48x48,
+    """simtbx's add_background for one pixel, by hand: MOSFLM geometry, distance 6 mm, 0.1 mm pixels, 48x48,
     λ 1 Å, unpolarized (Kahn 0), polint over the padded curve."""
-    pixel, distance = 1e-4, 0.1
+    pixel, distance = 1e-4, BACKGROUND_DISTANCE_MM * 1e-3
     beam_centre = (48 * pixel + pixel) / 2 + pixel / 2
     # MOSFLM: f̂ = (0, 0, 1), ŝ = (0, -1, 0), beam along x; pixel centre relative to the sample
     position = np.array([distance, -((slow + 0.5) * pixel - beam_centre), (fast + 0.5) * pixel - beam_centre])
@@ -158,9 +161,10 @@ def _simtbx_pixel(curve, fast: int, slow: int, thickness_mm: float, density: flo
 @pytest.mark.parametrize("name, curve, density, mw", [("water", WATER_CURVE, 1.0, 18.0),
                                                       ("air", AIR_CURVE, 1.2e-3, 14.0)])
 def test_background_curve_matches_simtbx_formula(name, curve, density, mw):
-    extra = ["-background", name, "-background_thick", "0.5", "-fluence", "1e24", "-distance", "100"]
+    extra = ["-background", name, "-background_thick", "0.5", "-fluence", "1e24", "-distance",
+             f"{BACKGROUND_DISTANCE_MM}", "-oversample", "1"]
     image = background_of(extra)
-    for fast, slow in ((24, 24), (3, 40), (47, 0)):
+    for fast, slow in ((24, 24), (3, 40), (47, 0)):  # sin(theta)/lambda 0.006, 0.21 and 0.25 per A
         expected = _simtbx_pixel(curve, fast, slow, 0.5, density, mw, 1e24, 0.1)
         assert image[slow, fast] == pytest.approx(expected, rel=1e-6)
 
