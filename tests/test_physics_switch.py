@@ -272,3 +272,36 @@ def test_user_table_overrides_cromer_liberman(tmp_path):
     factors = scattering_factors(("Se", "C"), 12500.0, read_factor_table(str(path)), str(path))
     assert factors["Se"] == pytest.approx((-5.5, 2.0))
     assert factors["C"] == pytest.approx(gemmi.cromer_liberman(z=6, energy=12500.0))
+
+
+def test_step_ordered_evaluation_reads_each_sources_table(tmp_path):
+    """The loop-ordered path (here -oversample_omega, one sub-pixel: the same ω at every step) looks up each
+    source's own table, as the fused kernel does."""
+    model = tmp_path / "se.pdb"
+    model.write_text(MODEL)
+    spectrum = tmp_path / "spectrum.txt"
+    spectrum.write_text(f"energy_eV weight\n{SE_K_EDGE_EV - 100.0} 1\n{SE_K_EDGE_EV + 100.0} 2\n")
+    base = ["-model", str(model), "-anomalous", "-spectrumfile", str(spectrum), "-N", "4", "-distance", "60",
+            "-detpixels", "24", "-pixel", "0.4", "-misset", "10", "20", "30", "-oversample", "1", "-physics",
+            "corrected"]
+    fused, _ = render(base)
+    ordered, _ = render(base + ["-oversample_omega"])
+    np.testing.assert_allclose(ordered, fused, rtol=1e-12)
+
+
+def test_corrected_changes_nothing_where_no_defect_is_met():
+    default, setup = render(CRYSTAL + ["-mosaic", "0.3", "-mosaic_dom", "3", "-oversample", "2"])
+    corrected, _ = render(CRYSTAL + ["-mosaic", "0.3", "-mosaic_dom", "3", "-oversample", "2", "-physics", "corrected"])
+    np.testing.assert_array_equal(default, corrected)
+    assert not any("-physics corrected" in w for w in setup.warnings)
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["-phi", "0", "-osc", "0.5", "-phisteps", "2"], "phi step at 0"),
+    (["-oversample_thick", "-oversample_omega"], "-oversample_thick/-oversample_omega"),
+    (["-misset_seed", "5", "-misset", "random"], "-misset random"),
+])
+def test_default_physics_names_each_defect_met_in_one_warning(extra, named):
+    config, _ = parse(CRYSTAL + extra)
+    defects = [w for w in resolve(config).warnings if "-physics corrected" in w]
+    assert len(defects) == 1 and named in defects[0]
