@@ -305,3 +305,48 @@ def test_default_physics_names_each_defect_met_in_one_warning(extra, named):
     config, _ = parse(CRYSTAL + extra)
     defects = [w for w in resolve(config).warnings if "-physics corrected" in w]
     assert len(defects) == 1 and named in defects[0]
+
+
+CCTBX_F_CALC = """
+import json, sys
+import iotbx.pdb
+from cctbx import miller
+from cctbx.array_family import flex
+request = json.load(sys.stdin)
+structure = iotbx.pdb.input(file_name=request["model"]).xray_structure_simple()
+structure.scattering_type_registry(table="it1992")
+for scatterer in structure.scatterers():
+    scatterer.fp, scatterer.fdp = request["factors"][scatterer.scattering_type]
+indices = miller.set(structure.crystal_symmetry(), flex.miller_index([tuple(h) for h in request["hkl"]]),
+                     anomalous_flag=True)
+f_calc = indices.structure_factors_from_scatterers(structure, algorithm="direct").f_calc()
+print(json.dumps([abs(f) for f in f_calc.data()]))
+"""
+"""cctbx's f_calc in a process of its own: its boost.python extensions crash a process that has loaded torch."""
+
+
+def test_anomalous_table_matches_cctbx_f_calc(tmp_path):
+    """cctbx's f_calc (direct summation, IT1992 form factors) with the same Cromer–Liberman f′ and f″ per
+    scatterer: |F(+)| and |F(−)| as nbsim's table holds them."""
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("cctbx") is None:
+        pytest.skip("cctbx-base is not installed (pip install cctbx-base)")
+    model = tmp_path / "se.pdb"
+    model.write_text(MODEL)
+    energy = SE_K_EDGE_EV + 150.0
+    config, _ = parse(["-model", str(model), "-anomalous", "-energy", f"{energy}", "-N", "3", "-distance", "60",
+                       "-detpixels", "64"])
+    setup = resolve(config)
+    lookup = {tuple(int(v) for v in row[:3]): row[3] for row in setup.p1_table.reflections}
+    hkl = [h for h in lookup if h != (0, 0, 0)][::7]
+    channel_eV = float(setup.channels.energies_eV[0])
+    factors = {name: gemmi.cromer_liberman(z=gemmi.Element(name).atomic_number, energy=channel_eV)
+               for name in ("N", "C", "O", "Se")}
+    request = json.dumps({"model": str(model), "hkl": hkl, "factors": factors})
+    result = subprocess.run([sys.executable, "-c", CCTBX_F_CALC], input=request, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    expected = json.loads(result.stdout)
+    np.testing.assert_allclose([lookup[h] for h in hkl], expected, rtol=1e-4)
