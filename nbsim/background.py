@@ -78,8 +78,6 @@ def check_curve(rows: tuple[tuple[float, float], ...], path: str) -> None:
 def background_curve(beam: BeamConfig, fluence: float, corrected: bool) -> BackgroundCurve | None:
     """The curve a render adds: -background's (water, air or a file), or, under -physics corrected, -water's
     constant F = 2.57 over nanoBragg's water volume (its -water µm cubed, 1 g/cm³, 18 g/mol); None without."""
-    if beam.background is not None and beam.water_thickness_um > 0:
-        raise NbsimError("-background and -water both add a background: use one")
     if beam.background is None:
         if not (corrected and beam.water_thickness_um > 0):
             return None
@@ -102,7 +100,10 @@ def background_curve(beam: BeamConfig, fluence: float, corrected: bool) -> Backg
 
 
 def check_background(beam: BeamConfig) -> None:
-    """One-line errors for a background's thickness, density, molecular weight and beam size."""
+    """One-line errors for a second background beside -water, and the material's thickness, density, molecular
+    weight and beam size."""
+    if beam.water_thickness_um > 0:
+        raise NbsimError("-background and -water both add a background: use one")
     if not (beam.background_thickness_mm > 0 and np.isfinite(beam.background_thickness_mm)):
         raise NbsimError(f"-background {beam.background} needs a thickness above 0 (-background_thick MM, "
                          f"got {beam.background_thickness_mm:g})")

@@ -19,7 +19,7 @@ import torch
 
 from . import crystal as crystal_mod
 from .anomalous import Channels, channel_tables, source_channels
-from .background import BackgroundCurve, background_curve
+from .background import BackgroundCurve, background_curve, check_background
 from .beam import Sources, build_sources
 from .config import (
     CRYSTAL_SHAPES,
@@ -375,6 +375,8 @@ def _validate(config: SimulationConfig) -> None:
     structure = config.structure
     if (structure.anomalous or structure.anomalous_table or structure.energy_bins) and not structure.model_file:
         raise NbsimError("anomalous scattering (-anomalous, -fp_fdp, -energy_bins) needs a -model FILE")
+    if config.beam.background is not None:
+        check_background(config.beam)
     if structure.energy_bins is not None and structure.energy_bins < 1:
         raise NbsimError(f"-energy_bins must be at least 1 (got {structure.energy_bins})")
     if config.crystal.shape not in CRYSTAL_SHAPES:
