@@ -21,7 +21,7 @@ from nbsim.setup import resolve
 
 CRYSTAL = "-cell 50 60 70 90 90 90 -default_F 10 -N 3 -lambda 1 -distance 100 -detpixels 48 -pixel 0.1".split()
 MODEL_CRYSTAL = "-N 3 -distance 100 -detpixels 48 -pixel 0.1".split()
-QUIET = ["-nonoise", "-nopgm", "-floatfile", "/tmp/nbsim_unused.bin"]
+QUIET = ["-nonoise", "-nopgm", "-floatfile", "unused.bin"]
 
 MODEL = """\
 CRYST1   30.000   35.000   40.000  90.00  95.00  90.00 P 1 21 1
