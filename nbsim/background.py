@@ -55,12 +55,26 @@ def padded_curve(rows: tuple[tuple[float, float], ...] | list[tuple[float, float
 
 
 def read_curve(path: str) -> tuple[tuple[float, float], ...]:
-    """A curve file: rows of sin(θ)/λ (Å⁻¹) and F, at least two, sin(θ)/λ strictly ascending."""
-    from .io.text import numeric_rows
+    """A curve file: rows of sin(θ)/λ (Å⁻¹) and F (text after '#' and blank lines skipped), at least two,
+    sin(θ)/λ strictly ascending."""
+    from .io.text import read_text
 
-    rows = numeric_rows(path, 2, 2)
-    check_curve(tuple((values[0], values[1]) for _, values in rows), path)
-    return tuple((values[0], values[1]) for _, values in rows)
+    rows = []
+    for line_number, line in enumerate(read_text(path).splitlines(), start=1):
+        tokens = line.split("#", 1)[0].replace(",", " ").split()
+        if not tokens:
+            continue
+        try:
+            values = [float(token) for token in tokens]
+        except ValueError:
+            raise InputFileError(path, f"expected sin(theta)/lambda and F, found {' '.join(tokens)!r}",
+                                 line_number) from None
+        if len(values) != 2:
+            raise InputFileError(path, f"expected 2 numbers, sin(theta)/lambda and F, found {len(values)}",
+                                 line_number)
+        rows.append((values[0], values[1]))
+    check_curve(tuple(rows), path)
+    return tuple(rows)
 
 
 def check_curve(rows: tuple[tuple[float, float], ...], path: str) -> None:
