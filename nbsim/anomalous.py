@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputFileError, NbsimError
-from .io.structure_files import ReflectionTable, anomalous_model_table, model_partials
+from .io.structure_files import ReflectionTable, anomalous_model_tables, model_partials
 
 HC_EV_A = 12398.419843320026
 """h·c in eV·Å: energy_eV = HC_EV_A / wavelength_A."""
@@ -105,7 +105,8 @@ def channel_tables(model_file: str, d_min_A: float, channels: Channels,
     partials = model_partials(model_file, d_min_A)
     table = read_factor_table(table_path) if table_path else None
     source = "f' f'' from " + (f"{table_path} (else Cromer-Liberman)" if table_path else "Cromer-Liberman")
-    return [anomalous_model_table(partials, scattering_factors(partials.elements, float(energy), table, table_path),
-                                  f"model, |F(+)| and |F(-)| by direct summation to {d_min_A:.3g} A at "
-                                  f"{energy:.6g} eV, {source}")
-            for energy in channels.energies_eV]
+    energies = [float(energy) for energy in channels.energies_eV]
+    return anomalous_model_tables(
+        partials, [scattering_factors(partials.elements, energy, table, table_path) for energy in energies],
+        [f"model, |F(+)| and |F(-)| by direct summation to {d_min_A:.3g} A at {energy:.6g} eV, {source}"
+         for energy in energies])

@@ -367,14 +367,24 @@ def _partial_sum(miller: np.ndarray, atoms: list[Any], cell: Any, images: list[t
     return total
 
 
-def anomalous_model_table(partials: ModelPartials, factors: dict[str, tuple[float, float]],
-                          description: str) -> ReflectionTable:
-    """The full-sphere P1 |F| table of a model with f′ and f″ per element (`factors`): F(+) at h·R, F(−) at −h·R."""
-    plus = partials.F0.copy()
-    minus = np.conj(partials.F0)
-    for index, element in enumerate(partials.elements):
-        fp, fpp = factors.get(element, (0.0, 0.0))
-        plus += complex(fp, fpp) * partials.G[index]
-        minus += complex(fp, fpp) * np.conj(partials.G[index])
-    reflections = expand_to_p1_sphere(partials.miller, np.abs(plus), np.abs(minus), partials.spacegroup)
-    return ReflectionTable(reflections, partials.cell_A_deg, description)
+def anomalous_model_tables(partials: ModelPartials, factors: list[dict[str, tuple[float, float]]],
+                           descriptions: list[str]) -> list[ReflectionTable]:
+    """The full-sphere P1 |F| tables of a model, one per set of f′ and f″ per element (`factors`): F(+) at h·R,
+    F(−) at −h·R. The expansion is the same for every set, so it is made once (on the reflections' positions)
+    and each table only gathers its values."""
+    count = len(partials.miller)
+    positions = np.arange(count, dtype=np.float64)
+    expanded = expand_to_p1_sphere(partials.miller, positions, positions + count, partials.spacegroup)
+    source = expanded[:, 3].astype(np.int64)
+    tables = []
+    for channel, description in zip(factors, descriptions, strict=True):
+        plus = partials.F0.copy()
+        minus = np.conj(partials.F0)
+        for index, element in enumerate(partials.elements):
+            fp, fpp = channel.get(element, (0.0, 0.0))
+            plus += complex(fp, fpp) * partials.G[index]
+            minus += complex(fp, fpp) * np.conj(partials.G[index])
+        amplitudes = np.concatenate([np.abs(plus), np.abs(minus)])
+        tables.append(ReflectionTable(np.column_stack([expanded[:, :3], amplitudes[source]]), partials.cell_A_deg,
+                                      description))
+    return tables
