@@ -350,3 +350,18 @@ def test_anomalous_table_matches_cctbx_f_calc(tmp_path):
     assert result.returncode == 0, result.stderr
     expected = json.loads(result.stdout)
     np.testing.assert_allclose([lookup[h] for h in hkl], expected, rtol=1e-4)
+
+
+def test_background_is_computed_in_float64_whatever_the_render_dtype():
+    from nbsim.kernel.background import background_rows
+
+    config, _ = parse(CRYSTAL + ["-background", "water", "-background_thick", "0.5", "-distance", "6"])
+    setup = resolve(config)
+    images = []
+    for dtype in (torch.float32, torch.float64):
+        renderer = Renderer(setup, dtype=dtype, compile="off")
+        rows = torch.arange(48, dtype=dtype)
+        image = background_rows(rows, renderer.cols, renderer.background, renderer.inputs.options)
+        assert image.dtype == dtype
+        images.append(image.double().numpy())
+    np.testing.assert_allclose(images[0], images[1], rtol=1e-6)

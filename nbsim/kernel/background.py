@@ -9,6 +9,7 @@ import dataclasses
 from typing import NamedTuple
 
 import torch
+from torch.utils._pytree import tree_map
 
 from ..background import BackgroundCurve
 from .inputs import KernelOptions, KernelTensors, Projection
@@ -16,20 +17,24 @@ from .physics import pixel_frame, polarization_factor, project, solid_angle
 
 
 class BackgroundInputs(NamedTuple):
-    """The kernel inputs moved to the pixel centre (one sub-step), the padded curve (float64), the scale and the
-    sensor's whole thickness times μ (0 without a sensor)."""
+    """The kernel inputs moved to the pixel centre (one sub-step) in float64, the padded curve, the scale, the
+    sensor's whole thickness times μ (0 without a sensor) and the dtype the image is rendered in."""
 
     centre: KernelTensors
     stol_per_A: torch.Tensor
     F: torch.Tensor
     scale: float
     mu_thickness: float
+    dtype: torch.dtype
 
 
 def background_inputs(t: KernelTensors, centre_m: torch.Tensor, curve: BackgroundCurve,
                       mu_thickness: float) -> BackgroundInputs:
-    """`t` with its one sub-step at `centre_m` (the first pixel's centre on the front face, float64 (3,)): every
-    projection's origin recomputed from its vectors."""
+    """`t` in float64 with its one sub-step at `centre_m` (the first pixel's centre on the front face, (3,)): every
+    projection's origin recomputed from its vectors. float64 whatever the render's dtype: sin(θ)/λ at small angles
+    comes from 1 − cos 2θ, which float32 would hold to a few digits only."""
+    dtype = t.origins.dtype
+    t = tree_map(lambda x: x.double() if x.is_floating_point() else x, t)
     centre = centre_m.to(t.origins)
 
     def at_centre(p: Projection) -> Projection:
@@ -39,7 +44,7 @@ def background_inputs(t: KernelTensors, centre_m: torch.Tensor, curve: Backgroun
                        cells=tuple(at_centre(p) for p in t.cells), incident=at_centre(t.incident),
                        odet=at_centre(t.odet), polar_e=at_centre(t.polar_e), polar_b=at_centre(t.polar_b))
     return BackgroundInputs(moved, torch.as_tensor(curve.stol_per_A, device=t.origins.device),
-                            torch.as_tensor(curve.F, device=t.origins.device), curve.scale, mu_thickness)
+                            torch.as_tensor(curve.F, device=t.origins.device), curve.scale, mu_thickness, dtype)
 
 
 def polint(x_nodes: torch.Tensor, y_nodes: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -60,25 +65,25 @@ def polint(x_nodes: torch.Tensor, y_nodes: torch.Tensor, x: torch.Tensor) -> tor
 
 def background_rows(rows: torch.Tensor, cols: torch.Tensor, b: BackgroundInputs,
                     options: KernelOptions) -> torch.Tensor:
-    """Background photons of each pixel (R, C), in the dtype of the inputs."""
+    """Background photons of each pixel (R, C), computed in float64, in the render's dtype."""
     t = b.centre
     options = dataclasses.replace(options, use_dmin=False)
-    f = pixel_frame(rows, cols, t, options)
-    omega = solid_angle(f.inverse_path[:, :, 0], t, options).double()
-    cos2theta = f.cos2theta[:, :, 0, :].double()
-    stol = 0.5 * t.inv_wavelength.double() * torch.sqrt(torch.clamp(2.0 - 2.0 * cos2theta, min=0.0))
+    f = pixel_frame(rows.double(), cols.double(), t, options)
+    omega = solid_angle(f.inverse_path[:, :, 0], t, options)
+    cos2theta = f.cos2theta[:, :, 0, :]
+    stol = 0.5 * t.inv_wavelength * torch.sqrt(torch.clamp(2.0 - 2.0 * cos2theta, min=0.0))
     F = polint(b.stol_per_A, b.F, stol)
     if options.polarization == "none":
         polar = torch.ones_like(cos2theta)
     else:
-        polar = polarization_factor(f, t, options)[:, :, 0, :].double()
-    weights = t.source_weight.double() / t.source_weight.shape[0]
+        polar = polarization_factor(f, t, options)[:, :, 0, :]
+    weights = t.source_weight / t.source_weight.shape[0]
     intensity = (torch.sign(F) * F * F * polar * weights).sum(-1)
     capture = torch.ones_like(omega)
     if b.mu_thickness > 0:
-        parallax = (project(f, t.odet, options)[..., 0] * f.inverse_path)[:, :, 0].double()
+        parallax = (project(f, t.odet, options)[..., 0] * f.inverse_path)[:, :, 0]
         capture = 1.0 - torch.exp(-b.mu_thickness / parallax)
-    return (b.scale * intensity * omega * capture).to(t.origins.dtype)
+    return (b.scale * intensity * omega * capture).to(b.dtype)
 
 
 def pixel_centre_m(pix0_m: torch.Tensor, fdet: torch.Tensor, sdet: torch.Tensor, pixel_size_m: float) -> torch.Tensor:
