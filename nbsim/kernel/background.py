@@ -13,26 +13,52 @@ from torch.utils._pytree import tree_map
 
 from ..background import BackgroundCurve
 from .inputs import KernelOptions, KernelTensors, Projection
-from .physics import pixel_frame, polarization_factor, project, solid_angle
+from .physics import pixel_frame, polarization_factor, project, restrict, solid_angle
 
 
 class BackgroundInputs(NamedTuple):
-    """The kernel inputs moved to the pixel centre (one sub-step) in float64, the padded curve, the scale, the
-    sensor's whole thickness times μ (0 without a sensor) and the dtype the image is rendered in."""
+    """The kernel inputs moved to the pixel centre (one sub-step) in float64 and cut to one source per incident
+    direction; each source's direction, 1/λ and weight (summing to 1); the padded curve as four-point Lagrange
+    segments; the scale, the sensor's whole thickness times μ (0 without a sensor) and the render's dtype."""
 
     centre: KernelTensors
-    stol_per_A: torch.Tensor
-    F: torch.Tensor
+    source_direction: torch.Tensor
+    inv_wavelength: torch.Tensor
+    weight: torch.Tensor
+    curve: LagrangeSegments
     scale: float
     mu_thickness: float
     dtype: torch.dtype
 
 
+class LagrangeSegments(NamedTuple):
+    """simtbx's four-point interpolation (`polint`) precomputed: for x at or above nodes[i] (and below the next
+    node), the cubic through nodes[i−1 .. i+2] is Σ_k values[k]/Π_{m≠k}(node_k − node_m) · Π_{m≠k}(x − node_m);
+    `points` (segments, 4) holds those four nodes and `scaled` (segments, 4) the fractions."""
+
+    nodes: torch.Tensor
+    points: torch.Tensor
+    scaled: torch.Tensor
+
+
+def lagrange_segments(x_nodes: torch.Tensor, y_nodes: torch.Tensor) -> LagrangeSegments:
+    starts = torch.arange(1, len(x_nodes) - 2)
+    points = torch.stack([x_nodes[starts + offset] for offset in (-1, 0, 1, 2)], dim=1)
+    values = torch.stack([y_nodes[starts + offset] for offset in (-1, 0, 1, 2)], dim=1)
+    denominators = torch.ones_like(points)
+    for k in range(4):
+        for m in range(4):
+            if m != k:
+                denominators[:, k] = denominators[:, k] * (points[:, k] - points[:, m])
+    return LagrangeSegments(x_nodes, points, values / denominators)
+
+
 def background_inputs(t: KernelTensors, centre_m: torch.Tensor, curve: BackgroundCurve,
                       mu_thickness: float) -> BackgroundInputs:
-    """`t` in float64 with its one sub-step at `centre_m` (the first pixel's centre on the front face, (3,)): every
-    projection's origin recomputed from its vectors. float64 whatever the render's dtype: sin(θ)/λ at small angles
-    comes from 1 − cos 2θ, which float32 would hold to a few digits only."""
+    """`t` in float64 with its one sub-step at `centre_m` (the first pixel's centre on the front face, (3,)), every
+    projection's origin recomputed from its vectors, and its sources cut to one per incident direction (a
+    spectrum's channels share theirs). float64 whatever the render's dtype: sin(θ)/λ at small angles comes from
+    1 − cos 2θ, which float32 would hold to a few digits only."""
     dtype = t.origins.dtype
     t = tree_map(lambda x: x.double() if x.is_floating_point() else x, t)
     centre = centre_m.to(t.origins)
@@ -43,47 +69,56 @@ def background_inputs(t: KernelTensors, centre_m: torch.Tensor, curve: Backgroun
     moved = t._replace(origins=centre.view(1, 3), layer_of_substep=t.layer_of_substep[:1] * 0,
                        cells=tuple(at_centre(p) for p in t.cells), incident=at_centre(t.incident),
                        odet=at_centre(t.odet), polar_e=at_centre(t.polar_e), polar_b=at_centre(t.polar_b))
-    return BackgroundInputs(moved, torch.as_tensor(curve.stol_per_A, device=t.origins.device),
-                            torch.as_tensor(curve.F, device=t.origins.device), curve.scale, mu_thickness, dtype)
+    directions, source_direction = torch.unique(t.incident.vectors, dim=0, return_inverse=True)
+    first_source = torch.stack([torch.nonzero(source_direction == d)[0, 0] for d in range(len(directions))])
+    device = t.origins.device
+    nodes = torch.as_tensor(curve.stol_per_A, device=device)
+    return BackgroundInputs(restrict(moved, source=first_source), source_direction, t.inv_wavelength,
+                            t.source_weight / t.source_weight.shape[0],
+                            lagrange_segments(nodes, torch.as_tensor(curve.F, device=device)), curve.scale,
+                            mu_thickness, dtype)
 
 
-def polint(x_nodes: torch.Tensor, y_nodes: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """simtbx's four-point interpolation: the cubic through the curve's points nearest-1 .. nearest+2, nearest
-    the last point at or below x (Lagrange's form of its Neville scheme, float64)."""
-    nearest = torch.clamp(torch.searchsorted(x_nodes, x, right=True) - 1, 1, len(x_nodes) - 3)
-    xs = [x_nodes[nearest + offset] for offset in (-1, 0, 1, 2)]
-    ys = [y_nodes[nearest + offset] for offset in (-1, 0, 1, 2)]
-    total = torch.zeros_like(x)
-    for i in range(4):
-        weight = torch.ones_like(x)
-        for j in range(4):
-            if j != i:
-                weight = weight * ((x - xs[j]) / (xs[i] - xs[j]))
-        total = total + weight * ys[i]
-    return total
+def polint(curve: LagrangeSegments, x: torch.Tensor) -> torch.Tensor:
+    """simtbx's four-point interpolation at x: the cubic through the curve's points nearest−1 .. nearest+2,
+    nearest the last point at or below x (float64)."""
+    segment = torch.clamp(torch.searchsorted(curve.nodes, x, right=True) - 2, 0, len(curve.points) - 1)
+    differences = x.unsqueeze(-1) - curve.points[segment]
+    d0, d1, d2, d3 = differences.unbind(-1)
+    c0, c1, c2, c3 = curve.scaled[segment].unbind(-1)
+    return c0 * (d1 * d2 * d3) + c1 * (d0 * d2 * d3) + c2 * (d0 * d1 * d3) + c3 * (d0 * d1 * d2)
 
 
 def background_rows(rows: torch.Tensor, cols: torch.Tensor, b: BackgroundInputs,
                     options: KernelOptions) -> torch.Tensor:
-    """Background photons of each pixel (R, C), computed in float64, in the render's dtype."""
+    """Background photons of each pixel (R, C), computed in float64, in the render's dtype: the geometry once per
+    pixel and incident direction, the curve once per pixel and source."""
     t = b.centre
     options = dataclasses.replace(options, use_dmin=False)
     f = pixel_frame(rows.double(), cols.double(), t, options)
     omega = solid_angle(f.inverse_path[:, :, 0], t, options)
     cos2theta = f.cos2theta[:, :, 0, :]
-    stol = 0.5 * t.inv_wavelength * torch.sqrt(torch.clamp(2.0 - 2.0 * cos2theta, min=0.0))
-    F = polint(b.stol_per_A, b.F, stol)
+    sin_theta = 0.5 * torch.sqrt(torch.clamp(2.0 - 2.0 * cos2theta, min=0.0))
     if options.polarization == "none":
         polar = torch.ones_like(cos2theta)
     else:
         polar = polarization_factor(f, t, options)[:, :, 0, :]
-    weights = t.source_weight / t.source_weight.shape[0]
-    intensity = (torch.sign(F) * F * F * polar * weights).sum(-1)
+    intensity = torch.zeros_like(omega)
+    chunk = max(1, SOURCE_CHUNK_VALUES // max(1, omega.numel()))
+    for first in range(0, len(b.weight), chunk):
+        sources = slice(first, first + chunk)
+        direction = b.source_direction[sources]
+        F = polint(b.curve, sin_theta[:, :, direction] * b.inv_wavelength[sources])
+        intensity += (torch.sign(F) * F * F * polar[:, :, direction] * b.weight[sources]).sum(-1)
     capture = torch.ones_like(omega)
     if b.mu_thickness > 0:
         parallax = (project(f, t.odet, options)[..., 0] * f.inverse_path)[:, :, 0]
         capture = 1.0 - torch.exp(-b.mu_thickness / parallax)
     return (b.scale * intensity * omega * capture).to(b.dtype)
+
+
+SOURCE_CHUNK_VALUES = 1 << 22
+"""(pixel, source) values the curve is evaluated for at once."""
 
 
 def pixel_centre_m(pix0_m: torch.Tensor, fdet: torch.Tensor, sdet: torch.Tensor, pixel_size_m: float) -> torch.Tensor:
