@@ -241,9 +241,9 @@ class Renderer:
 
     def _add_background(self, start: int, stop: int, out: torch.Tensor) -> None:
         """Add the amorphous background of ROI rows [start, stop) to `out`, in tiles of about TILE_ELEMENTS
-        values (one per pixel and source)."""
-        sources = self.inputs.tensors.inv_wavelength.shape[0]
-        rows_per_tile = max(1, TILE_ELEMENTS // (len(self.cols) * sources))
+        values (one per pixel and incident direction)."""
+        directions = len(self.background.weight)
+        rows_per_tile = max(1, TILE_ELEMENTS // (len(self.cols) * directions))
         for first in range(start, stop, rows_per_tile):
             rows = torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
             out[first - start:first - start + len(rows)] += background_rows(rows, self.cols, self.background,

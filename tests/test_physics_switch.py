@@ -365,3 +365,26 @@ def test_background_is_computed_in_float64_whatever_the_render_dtype():
         assert image.dtype == dtype
         images.append(image.double().numpy())
     np.testing.assert_allclose(images[0], images[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("curve", ["water", "air", "0 2\n0.05 -1\n0.1 3\n0.3 2.5\n"])
+def test_channel_moments_equal_the_sum_over_channels(tmp_path, curve):
+    """A spectrum's channels summed through their moments (one polynomial per pixel where they share a curve
+    segment) equal simtbx's per-channel sum, for every sin θ across the curve and past its ends."""
+    from nbsim.kernel.background import curve_sum, polint
+
+    if "\n" in curve:
+        path = tmp_path / "curve.txt"
+        path.write_text(curve)
+        curve = str(path)
+    spectrum = tmp_path / "spectrum.txt"
+    spectrum.write_text("".join(f"{1.0 + 0.002 * i} {1 + (i % 3)}\n" for i in range(40)))
+    config, _ = parse(CRYSTAL + ["-background", curve, "-background_thick", "1", "-spectrumfile", str(spectrum)])
+    renderer = Renderer(resolve(config), dtype=torch.float64, compile="off")
+    b = renderer.background
+    assert len(b.weight) == 1 and len(b.weight[0]) == 40
+    sin_theta = torch.linspace(0.0, 1.0, 4001, dtype=torch.float64).view(1, -1)
+    F = polint(b.curve, sin_theta.unsqueeze(-1) * b.inv_wavelength[0])
+    expected = (torch.sign(F) * F * F * b.weight[0]).sum(-1)
+    np.testing.assert_allclose(curve_sum(b, 0, sin_theta).numpy(), expected.numpy(), rtol=1e-9,
+                               atol=1e-12 * float(expected.abs().max()))
