@@ -23,10 +23,10 @@ CHANNELS = 100
 ATOMS, SELENIUM_EVERY = 400, 40
 CELL_A_DEG = (50.0, 60.0, 70.0, 90.0, 90.0, 90.0)
 CRYSTAL = ["-cell", *(f"{v:g}" for v in CELL_A_DEG), "-N", "10", "-misset", "10", "20", "30", "-distance", "150",
-           "-pixel", "0.1", "-mosaic", "0.3", "-mosaic_dom", "5", "-mosaic_seed", "3", "-oversample", "1"]
+           "-pixel", "0.1", "-mosaic", "0.3", "-mosaic_dom", "25", "-mosaic_seed", "3", "-oversample", "1"]
 DETPIXELS, QUICK_DETPIXELS = 1024, 128
 MIN_SPEEDUP = 20.0
-REPEATS = 3
+REPEATS = 2
 
 
 def write_selenium_model(path: Path) -> None:
