@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from anomalous_workloads import ANOMALOUS_WORKLOADS
 from answers import ANSWER_WORKLOADS
 from dataset_workloads import DATASET_WORKLOADS
 from detector_workloads import DETECTOR_WORKLOADS
@@ -52,7 +53,7 @@ from nbsim import workloads
 
 TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS, **DETECTOR_WORKLOADS,
                    **DATASET_WORKLOADS, **PANEL_WORKLOADS, **GRADIENT_WORKLOADS, **DIALS_WORKLOADS,
-                   **FIT_WORKLOADS}
+                   **FIT_WORKLOADS, **ANOMALOUS_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent

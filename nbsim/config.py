@@ -54,6 +54,8 @@ def check_cell(cell_A_deg: tuple[Scalar, ...]) -> None:
 Convention = Literal["mosflm", "denzo", "adxv", "xds", "dials", "custom"]
 CrystalShape = Literal["square", "round", "gauss", "tophat"]
 Pivot = Literal["beam", "sample"]
+PhysicsModel = Literal["nanobragg", "corrected"]
+PHYSICS_MODELS: tuple[PhysicsModel, ...] = get_args(PhysicsModel)
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 CRYSTAL_SHAPES: tuple[CrystalShape, ...] = get_args(CrystalShape)
 
@@ -112,6 +114,15 @@ class BeamConfig:
     beamsize_mm: float = 0.1
     water_thickness_um: float = 0.0
     dmin_A: float = 0.0
+    background: str | None = None
+    """An amorphous background from a scattering curve (-background): "water", "air" (simtbx's tables) or a
+    file of sin(θ)/λ (Å⁻¹) and F rows; None: none. Linear in fluence, added once per pixel (docs/physics.md)."""
+    background_thickness_mm: float = 0.0
+    """Path length of the background material along the beam (-background_thick), mm."""
+    background_density_g_cm3: float | None = None
+    """Its density (-background_density); None: the curve's own (water 1, air 0.0012, a file 1)."""
+    background_molecular_weight: float | None = None
+    """Its molecular weight in g/mol (-background_mw); None: the curve's own (water 18, air 14, a file 18)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,9 @@ class DetectorConfig:
     polar_vector: Vector3 | None = None
     spindle_axis: Vector3 | None = None
     twotheta_axis: Vector3 | None = None
+    pix0_vector_mm: Vector3 | None = None
+    """The first pixel's outer corner from the sample, mm (-pix0_vector_mm under -physics corrected): it places the
+    detector, after the vectors' rotations. nanoBragg reads it as metres and then recomputes it (None)."""
     point_pixel: bool = False
     curved: bool = False
     sensor_thickness_um: float = 0.0
@@ -199,6 +213,13 @@ class StructureFactorConfig:
     """A PDB or mmCIF atomic model (-model) whose |F| are computed to the detector's resolution."""
     default_F: float = 0.0
     interpolate: bool | None = None
+    anomalous: bool = False
+    """f′ and f″ of every element of a -model at each wavelength (-anomalous): F(+) ≠ F(−), and with a spectrum
+    one table per channel (or per energy bin)."""
+    anomalous_table: str | None = None
+    """A file of `element energy_eV f′ f″` rows (-fp_fdp) that overrides Cromer–Liberman for its elements."""
+    energy_bins: int | None = None
+    """Anomalous tables for a spectrum: one per channel (None) or one per energy bin of equal width."""
 
 
 NoiseGenerator = Literal["nanobragg", "philox"]
@@ -272,6 +293,15 @@ def check_response(response: DetectorResponseConfig) -> None:
 
 
 @dataclass(frozen=True)
+class PhysicsConfig:
+    """Which physics renders the image (docs/physics.md, "The physics switch")."""
+
+    physics: PhysicsModel = "nanobragg"
+    """"nanobragg": the C program's image, its defects included (parity); "corrected": every known defect
+    fixed."""
+
+
+@dataclass(frozen=True)
 class SimulationConfig:
     """Everything that determines the image (and, `response`, the detector image made from it)."""
 
@@ -280,6 +310,12 @@ class SimulationConfig:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     structure: StructureFactorConfig = field(default_factory=StructureFactorConfig)
     response: DetectorResponseConfig = field(default_factory=DetectorResponseConfig)
+    physics: PhysicsConfig = field(default_factory=PhysicsConfig)
+
+    @property
+    def corrected(self) -> bool:
+        """Whether nanoBragg's known defects are corrected (-physics corrected)."""
+        return self.physics.physics == "corrected"
 
     def with_options(self, **options: Any) -> SimulationConfig:
         """Return a copy with fields replaced by name, wherever they live (e.g. mosaic_spread_deg=0.2)."""

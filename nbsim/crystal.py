@@ -92,8 +92,14 @@ def _clamp_cos(value: torch.Tensor) -> torch.Tensor:
     return torch.where(value * value > 1.0, torch.ones_like(value), value)
 
 
-def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) -> Lattice:
-    """Real and reciprocal cell vectors after -cell/-mat and -misset, as nanoBragg derives them."""
+MISSET_RANDOM_CAP_DEG = 90.0
+"""The spherical cap -misset random draws from. nanoBragg passes 90 where its rotation takes radians (a cap of 90
+rad, many turns); `-physics corrected` passes 90 degrees."""
+
+
+def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1, corrected: bool = False) -> Lattice:
+    """Real and reciprocal cell vectors after -cell/-mat and -misset, as nanoBragg derives them (`corrected`: the
+    -misset random cap in degrees, see MISSET_RANDOM_CAP_DEG)."""
     mosflm_matrix = config.mosflm_matrix
     if config.cell_A_deg is None and mosflm_matrix is None:
         raise NbsimError("no crystal: give -cell a b c alpha beta gamma or -mat with a MOSFLM matrix")
@@ -108,7 +114,8 @@ def build_lattice(config: CrystalConfig, wavelength_A: Scalar, generator: Ran1) 
     misset_rad = None
     if config.misset_random:
         seed = -(config.misset_seed if config.misset_seed is not None else int(time.time()))
-        _, _, umat, _ = cap_rotation(generator, seed, 90.0)
+        cap = math.radians(MISSET_RANDOM_CAP_DEG) if corrected else MISSET_RANDOM_CAP_DEG
+        _, _, umat, _ = cap_rotation(generator, seed, cap)
         misset_rad = matrix_to_misset_rad(umat)
         angles = torch.tensor(misset_rad, dtype=torch.float64)
     elif config.misset_deg is not None:
@@ -187,15 +194,16 @@ def phi_sampling(config: CrystalConfig) -> PhiSampling:
     return PhiSampling(start_rad=start, step_rad=step, steps=steps, osc_rad=osc)
 
 
-def effective_phi_rad(sampling: PhiSampling) -> np.ndarray:
+def effective_phi_rad(sampling: PhiSampling, corrected: bool = False) -> np.ndarray:
     """The spindle angle each phi step really uses.
 
     nanoBragg only rotates the crystal when phi is non-zero; a step at exactly zero reuses the
     orientation left by the previous step (cyclically, the last step of the previous pass).
+    `corrected`: every step uses its own angle (fresh vectors at phi = 0).
     """
     angles = sampling.angles_rad()
     effective = angles.copy()
-    if not np.any(angles != 0.0):
+    if corrected or not np.any(angles != 0.0):
         return effective
     last_nonzero = angles[np.nonzero(angles)[0][-1]]
     previous = last_nonzero
@@ -280,9 +288,9 @@ def mosaic_domains(config: CrystalConfig, generator: Ran1) -> MosaicDomains:
 
 
 def oriented_cells(lattice: Lattice, phi: PhiSampling, spindle_axis: torch.Tensor,
-                   mosaic: MosaicDomains) -> torch.Tensor:
+                   mosaic: MosaicDomains, corrected: bool = False) -> torch.Tensor:
     """Real cell vectors for every (phi step, mosaic domain), shape (phi × domains, 3 vectors, 3)."""
-    angles = torch.as_tensor(effective_phi_rad(phi), dtype=torch.float64)
+    angles = torch.as_tensor(effective_phi_rad(phi, corrected), dtype=torch.float64)
     rotated = rotate_about_axis(lattice.real_A.unsqueeze(0), spindle_axis, angles.view(-1, 1))
     domain_mats = mosaic.matrices()
     cells = torch.einsum("mij,pvj->pmvi", domain_mats, rotated)

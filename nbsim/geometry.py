@@ -153,6 +153,8 @@ def build_geometry(config: DetectorConfig) -> DetectorGeometry:
                         for v in (fdet, sdet, odet))
     if pivot == "beam":
         pix0 = -fbeam * fdet - sbeam * sdet + distance * beam
+    if config.pix0_vector_mm is not None:
+        pix0 = _vec(config.pix0_vector_mm) / 1000.0
 
     return _placed(fdet, sdet, odet, pix0, beam, polar, spindle, vertical, ratio, pixels_f, pixels_s, pixel,
                    detsize_f, detsize_s, requested_distance, (beam_x, beam_y, close_x, close_y),

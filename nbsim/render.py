@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from .config import SimulationConfig
 from .errors import NbsimError
+from .kernel.background import background_inputs, background_rows, pixel_centre_m
 from .kernel.build import start_background_build
 from .kernel.cache import KernelCache, KernelLoads
 from .kernel.dispatch import kernel_callable
@@ -97,6 +98,13 @@ class Renderer:
         xmin, xmax, ymin, ymax = setup.roi
         self.cols = torch.arange(xmin, xmax + 1, device=self.device, dtype=dtype)
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
+        self.background = None
+        """The amorphous background's inputs (nbsim.kernel.background), or None without one."""
+        if setup.background_curve is not None and not setup.panels:
+            g = setup.geometry
+            self.background = background_inputs(
+                self.inputs.tensors, pixel_centre_m(g.pix0_m, g.fdet, g.sdet, g.pixel_size_m), setup.background_curve,
+                setup.sensor.mu_per_m * setup.sensor.thickness_m if setup.sensor.thickness_m > 0 else 0.0)
         self.warnings: list[str] = []
         """What the renders found that nanoBragg warns about (each once)."""
         self.panels = [Renderer(panel, self.device, dtype, compile, tile_elements, reference_threads, self.cache)
@@ -185,6 +193,8 @@ class Renderer:
             ordered = dataclasses.replace(ordered, **self._ordered_flags())
             value, _ = self._ordered(row, col, ordered)
             region[row - ymin, col - xmin] = value
+        if self.background is not None:
+            self._add_background(ymin, ymax + 1, region)
         if self.mask is not None:
             region.mul_(torch.as_tensor(self.mask, device=self.device, dtype=self.dtype))
         return image
@@ -227,7 +237,17 @@ class Renderer:
     def _ordered_flags(self) -> dict[str, bool]:
         detector = self.setup.config.detector
         return dict(oversample_thick=detector.oversample_thick, oversample_polar=detector.oversample_polar,
-                    oversample_omega=detector.oversample_omega)
+                    oversample_omega=detector.oversample_omega, corrected=self.setup.config.corrected)
+
+    def _add_background(self, start: int, stop: int, out: torch.Tensor) -> None:
+        """Add the amorphous background of ROI rows [start, stop) to `out`, in tiles of about TILE_ELEMENTS
+        values (one per pixel and incident direction)."""
+        directions = len(self.background.weight)
+        rows_per_tile = max(1, TILE_ELEMENTS // (len(self.cols) * directions))
+        for first in range(start, stop, rows_per_tile):
+            rows = torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
+            out[first - start:first - start + len(rows)] += background_rows(rows, self.cols, self.background,
+                                                                            self.inputs.options)
 
     def _ordered(self, row: int, col: int, ordered: OrderedOptions) -> tuple[torch.Tensor, Trace]:
         rows = torch.tensor([row], device=self.device, dtype=self.dtype)

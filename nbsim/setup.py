@@ -18,9 +18,12 @@ import numpy as np
 import torch
 
 from . import crystal as crystal_mod
+from .anomalous import Channels, channel_tables, source_channels
+from .background import BackgroundCurve, background_curve, check_background
 from .beam import Sources, build_sources
 from .config import (
     CRYSTAL_SHAPES,
+    PHYSICS_MODELS,
     DetectorConfig,
     Scalar,
     SimulationConfig,
@@ -167,6 +170,19 @@ class Setup:
     ran1_table: tuple[int, ...] = ()
     """ran1's state after the misset and mosaic draws (Ran1.table): nanoBragg's noise continues it when
     its seed is positive."""
+    background_curve: BackgroundCurve | None = None
+    """The amorphous background added once per pixel (-background, or -water under -physics corrected)."""
+    channels: Channels | None = None
+    """With -anomalous: each structure-factor channel's energy and each source's channel."""
+    channel_grids: list[HKLGrid] | None = None
+    """With -anomalous: one grid per channel (the same index range); `grid` is the first."""
+
+    @property
+    def source_channel(self) -> np.ndarray:
+        """Each source's structure-factor channel (all 0 with one table)."""
+        if self.channels is None:
+            return np.zeros(self.sources.count, np.int64)
+        return self.channels.source_channel
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -204,13 +220,14 @@ def resolve(config: SimulationConfig) -> Setup:
     warnings: list[str] = []
     panels = detector_panels(config.detector)
     geometry = panels[0]
-    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator)
+    corrected = config.corrected
+    lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator, corrected)
     n_cells = crystal_mod.cell_counts(config.crystal, lattice)
     phi = crystal_mod.phi_sampling(config.crystal)
     mosaic = crystal_mod.mosaic_domains(config.crystal, generator)
-    cells = crystal_mod.oriented_cells(lattice, phi, geometry.spindle, mosaic)
+    cells = crystal_mod.oriented_cells(lattice, phi, geometry.spindle, mosaic, corrected)
     first_cells = None
-    if crystal_mod.effective_phi_rad(phi)[0] != phi.angles_rad()[0]:
+    if crystal_mod.effective_phi_rad(phi, corrected)[0] != phi.angles_rad()[0]:
         unrotated = crystal_mod.PhiSampling(start_rad=0.0, step_rad=0.0, steps=1, osc_rad=0.0)
         first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
     sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
@@ -228,18 +245,29 @@ def resolve(config: SimulationConfig) -> Setup:
                                     math.degrees(phi.osc_rad), _mosaic_spread_deg(config))
     warnings += sampling_warnings(sampling_need, phi.steps, mosaic.count)
     p1_table = files.hkl
+    channels = channel_grids = None
     if config.structure.model_file:
-        p1_table = model_reflections(config.structure.model_file, min(
-            model_d_min_A(panel, config.detector, sources, lattice) for panel in panels))
+        d_min_A = min(model_d_min_A(panel, config.detector, sources, lattice) for panel in panels)
+        if config.structure.anomalous:
+            channels = source_channels(sources.wavelength_A.detach().double().numpy(), config.structure.energy_bins)
+            tables = channel_tables(config.structure.model_file, d_min_A, channels, config.structure.anomalous_table)
+            channel_grids = [build_grid(table.reflections, config.structure.default_F) for table in tables]
+            _check_channel_memory(channel_grids)
+            p1_table = tables[0]
+        else:
+            p1_table = model_reflections(config.structure.model_file, d_min_A)
     warnings += structure_factor_warnings(config, p1_table)
-    grid = None if p1_table is None else build_grid(p1_table.reflections, config.structure.default_F)
+    grid = None if p1_table is None else (channel_grids[0] if channel_grids else
+                                          build_grid(p1_table.reflections, config.structure.default_F))
     lookup = lookup_of(config.structure, lambda: n_cells)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
     if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:
         fluence = beam.flux_photons_per_s * beam.exposure_s / (beam.beamsize_mm * 1e-3) ** 2
     water_m = beam.water_thickness_um * 1e-6
-    background = WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m ** 3 * 1e6 * AVOGADRO / WATER_MW
+    background = 0.0 if corrected else WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m ** 3 * 1e6 * AVOGADRO / WATER_MW
+    if not corrected:
+        warnings += nanobragg_defects(config, first_cells is not None)
     steps = sources.count * mosaic.count * phi.steps * oversample * oversample
     roi = _roi(config.detector.roi, geometry)
     mask = files.mask
@@ -254,7 +282,43 @@ def resolve(config: SimulationConfig) -> Setup:
                  sensor=sensor_layers(config.detector),
                  fluence=fluence, background=background, steps=steps, roi=roi, mask=mask, gaps=gaps,
                  first_evaluation_cells_A=first_cells, warnings=warnings, p1_table=p1_table,
-                 ran1_table=generator.table(), panels=panels if config.detector.panels else None)
+                 ran1_table=generator.table(), panels=panels if config.detector.panels else None,
+                 background_curve=background_curve(beam, fluence, corrected), channels=channels,
+                 channel_grids=channel_grids)
+
+
+MAX_CHANNEL_TABLE_ENTRIES = 2**31 - 1
+"""The per-channel tables are indexed in int32, end to end."""
+
+
+def _check_channel_memory(grids: list[HKLGrid]) -> None:
+    """The channels' padded tables together must stay within int32 indexing."""
+    entries = sum(int(np.prod(np.array(grid.shape) + 2)) for grid in grids)
+    if entries > MAX_CHANNEL_TABLE_ENTRIES:
+        raise NbsimError(f"{len(grids)} anomalous tables of {entries // len(grids)} entries each exceed "
+                         f"{MAX_CHANNEL_TABLE_ENTRIES} entries: give -energy_bins N to share tables between channels")
+
+
+def nanobragg_defects(config: SimulationConfig, stale_phi: bool) -> list[str]:
+    """One warning naming the known defects of nanoBragg's physics this configuration meets (none: no line),
+    and -physics corrected, which fixes them (docs/physics.md, The physics switch)."""
+    detector, crystal, beam = config.detector, config.crystal, config.beam
+    met = []
+    if beam.water_thickness_um > 0:
+        met.append("-water background scales with fluence squared and shrinks with the step count")
+    if stale_phi:
+        met.append("a phi step at 0 reuses the previous pixel's crystal orientation (depends on the threads)")
+    flags = [flag for flag, on in (("-oversample_thick", detector.oversample_thick),
+                                   ("-oversample_polar", detector.oversample_polar),
+                                   ("-oversample_omega", detector.oversample_omega)) if on]
+    if flags:
+        met.append(f"{'/'.join(flags)} multiply the running sum, not each contribution")
+    if crystal.misset_random:
+        met.append("-misset random draws from a cap of 90 radians, not degrees")
+    if not met:
+        return []
+    return [f"nanoBragg's physics (-physics nanobragg, the default): {'; '.join(met)}. -physics corrected fixes "
+            f"{'this' if len(met) == 1 else 'these'} (docs/physics.md)"]
 
 
 def module_gaps(detector: DetectorConfig, pixels_f: int, pixels_s: int) -> np.ndarray | None:
@@ -410,6 +474,15 @@ def _validate(config: SimulationConfig) -> None:
     if not (wavelength > 0 and math.isfinite(wavelength)):
         raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
     check_spectrum(config.beam)
+    if config.physics.physics not in PHYSICS_MODELS:
+        raise NbsimError(f"physics must be one of {', '.join(PHYSICS_MODELS)} (got {config.physics.physics!r})")
+    structure = config.structure
+    if (structure.anomalous or structure.anomalous_table or structure.energy_bins) and not structure.model_file:
+        raise NbsimError("anomalous scattering (-anomalous, -fp_fdp, -energy_bins) needs a -model FILE")
+    if config.beam.background is not None:
+        check_background(config.beam)
+    if structure.energy_bins is not None and structure.energy_bins < 1:
+        raise NbsimError(f"-energy_bins must be at least 1 (got {structure.energy_bins})")
     if config.crystal.shape not in CRYSTAL_SHAPES:
         raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
     if config.structure.hkl_file is None and config.structure.model_file is None and config.structure.default_F == 0.0:

@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nbsim.io",),
     ("nbsim.nanobragg",),
     ("nbsim.geometry", "nbsim.crystal", "nbsim.beam", "nbsim.structure_factors", "nbsim.setup",
-     "nbsim.spectra"),
+     "nbsim.spectra", "nbsim.background", "nbsim.anomalous"),
     ("nbsim.kernel",),
     ("nbsim.render", "nbsim.detector"),
     ("nbsim.timing",),

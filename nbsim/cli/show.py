@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
 from ..nanobragg.presets import detector_model
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 USAGE = """usage: nbsim show [--] <nanoBragg options>   (what the command resolves to, nothing rendered)
        nbsim show --options                  (the simulator options, for sweep.extra and with_options)"""
@@ -83,6 +87,7 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
         f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic})",
         f"sources: {sources} = {setup.sources.divergence_points} divergence point(s) x "
         f"{setup.sources.dispersion.steps} wavelength(s)",
+        *physics_lines(setup),
         f"kernel structure: {plan.structure.name}",
         f"kernels ({dtype_name}, {device}) in {cache.kernels}: " + (
             f"all {len(variants)} cached" if not missing else
@@ -111,4 +116,19 @@ def detector_lines(config: SimulationConfig, setup) -> list[str]:
         lines.append(f"sensor: {detector.sensor_material} {sensor.thickness_m * 1e6:g} um, attenuation length {length}")
     psf = "none" if response.psf == "none" else f"{response.psf} {response.psf_fwhm_um:g} um FWHM"
     lines.append(f"response: point spread {psf}, pedestal (-adc) {response.adc_offset_adu:g} ADU")
+
+
+def physics_lines(setup: Setup) -> list[str]:
+    """The physics switch, the background and the structure-factor channels a command resolves to."""
+    config = setup.config
+    note = "" if config.corrected else " (nanoBragg's image, defects included; -physics corrected fixes them)"
+    lines = [f"physics: {config.physics.physics}{note}"]
+    beam = config.beam
+    if setup.background_curve is not None:
+        what = f"-background {beam.background}" if beam.background else "-water (corrected: constant F 2.57)"
+        lines.append(f"background: {what}, {setup.background_curve.scale:.6g} photons per e^2 per sr, once per pixel")
+    if setup.channel_grids:
+        energies = setup.channels.energies_eV
+        lines.append(f"structure factors: {len(setup.channel_grids)} anomalous table(s), {energies.min():.6g} to "
+                     f"{energies.max():.6g} eV, {setup.channel_grids[0].entries} reflections each")
     return lines

@@ -318,3 +318,104 @@ def model_reflections(path: str | Path, d_min_A: float) -> ReflectionTable:
                                f"model, {model.atoms} atoms, |F| by direct summation to {d_min_A:.3g} A")
 
     return TABLES.get(key, compute)
+
+
+@dataclass(frozen=True)
+class ModelPartials:
+    """A model's structure factors split for anomalous scattering, at its unique reflections (d ≥ d_min):
+    F0 with the normal form factors (gemmi's direct summation), and per element the partial sum
+    G_el(h) = Σ occupancy·Debye–Waller·exp(2πi h·x) over that element's atoms and their symmetry images, so
+    that F(h) = F0(h) + Σ_el (f′_el + i·f″_el)·G_el(h) and
+    F(−h) = conj(F0(h)) + Σ_el (f′_el + i·f″_el)·conj(G_el(h))."""
+
+    miller: np.ndarray
+    F0: np.ndarray
+    elements: tuple[str, ...]
+    G: np.ndarray
+    """(elements, reflections), complex."""
+    cell_A_deg: tuple[float, float, float, float, float, float]
+    spacegroup: Any
+
+
+PARTIALS: ParsedFiles[ModelPartials] = ParsedFiles()
+"""Each model's anomalous partial sums, by its digest and resolution."""
+
+
+def model_partials(path: str | Path, d_min_A: float) -> ModelPartials:
+    """The model's F0 and per-element partial sums (kept per process by its digest and resolution)."""
+    model = read_model(path)
+    return PARTIALS.get((model.digest, f"{d_min_A:.6g}"), lambda: _partials(path, model, d_min_A))
+
+
+def _partials(path: str | Path, model: AtomicModel, d_min_A: float) -> ModelPartials:
+    """ModelPartials computed (model_partials keeps them)."""
+    import gemmi
+
+    _, structure = _read_structure(path)
+    spacegroup = structure.find_spacegroup() or gemmi.SpaceGroup("P 1")
+    miller = np.asarray(gemmi.make_miller_array(structure.cell, spacegroup, d_min_A), np.int64)
+    calculator = gemmi.StructureFactorCalculatorX(structure.cell)
+    F0 = np.array([calculator.calculate_sf_from_model(structure[0], [int(i) for i in hkl]) for hkl in miller],
+                  np.complex128)
+    images = [(np.eye(3), np.zeros(3))] + [(np.array(image.mat.tolist()), np.array(image.vec.tolist()))
+                                           for image in structure.cell.images]
+    orthogonal = np.array(structure.cell.frac.mat.tolist())  # x_frac = frac · x_cart
+    atoms: dict[str, list[Any]] = {}
+    for residue in (residue for chain in structure[0] for residue in chain):
+        for atom in residue:
+            atoms.setdefault(atom.element.name, []).append(atom)
+    elements = tuple(sorted(atoms))
+    G = np.zeros((len(elements), len(miller)), np.complex128)
+    for index, element in enumerate(elements):
+        G[index] = _partial_sum(miller, atoms[element], structure.cell, images, orthogonal)
+    return ModelPartials(miller, F0, elements, G, model.cell_A_deg, spacegroup)
+
+
+def _partial_sum(miller: np.ndarray, atoms: list[Any], cell: Any, images: list[tuple[np.ndarray, np.ndarray]],
+                 frac: np.ndarray) -> np.ndarray:
+    """Σ over atoms and symmetry images of occupancy·DW(h·R)·exp(2πi h·(R x + t)); DW from B (isotropic) or
+    U (anisotropic, Cartesian Å²) of the atom, at the image's rotated index h·R."""
+    positions = np.array([cell.fractionalize(atom.pos).tolist() for atom in atoms])
+    occupancy = np.array([atom.occ for atom in atoms])
+    b_iso = np.array([atom.b_iso for atom in atoms])
+    aniso = [atom.aniso.nonzero() for atom in atoms]
+    u_cart = np.array([np.array(atom.aniso.as_mat33().tolist()) if has else np.zeros((3, 3))
+                       for atom, has in zip(atoms, aniso, strict=True)])
+    has_aniso = np.array(aniso)
+    total = np.zeros(len(miller), np.complex128)
+    for start in range(0, len(miller), 4096):
+        h = miller[start:start + 4096].astype(np.float64)
+        for rotation, translation in images:
+            rotated = h @ rotation  # (n, 3): h·R
+            s_cart = rotated @ frac  # reciprocal vector of h·R in Cartesian Å⁻¹
+            stol_sqr = 0.25 * np.einsum("ni,ni->n", s_cart, s_cart)
+            dw = np.exp(-b_iso[None, :] * stol_sqr[:, None])
+            if has_aniso.any():
+                quadratic = np.einsum("ni,aij,nj->na", s_cart, u_cart, s_cart)
+                dw = np.where(has_aniso[None, :], np.exp(-2.0 * np.pi ** 2 * quadratic), dw)
+            phase = 2.0 * np.pi * (rotated @ positions.T + (h @ translation)[:, None])
+            total[start:start + len(h)] += (occupancy[None, :] * dw * np.exp(1j * phase)).sum(axis=1)
+    return total
+
+
+def anomalous_model_tables(partials: ModelPartials, factors: list[dict[str, tuple[float, float]]],
+                           descriptions: list[str]) -> list[ReflectionTable]:
+    """The full-sphere P1 |F| tables of a model, one per set of f′ and f″ per element (`factors`): F(+) at h·R,
+    F(−) at −h·R. The expansion is the same for every set, so it is made once (on the reflections' positions)
+    and each table only gathers its values."""
+    count = len(partials.miller)
+    positions = np.arange(count, dtype=np.float64)
+    expanded = expand_to_p1_sphere(partials.miller, positions, positions + count, partials.spacegroup)
+    source = expanded[:, 3].astype(np.int64)
+    tables = []
+    for channel, description in zip(factors, descriptions, strict=True):
+        plus = partials.F0.copy()
+        minus = np.conj(partials.F0)
+        for index, element in enumerate(partials.elements):
+            fp, fpp = channel.get(element, (0.0, 0.0))
+            plus += complex(fp, fpp) * partials.G[index]
+            minus += complex(fp, fpp) * np.conj(partials.G[index])
+        amplitudes = np.concatenate([np.abs(plus), np.abs(minus)])
+        tables.append(ReflectionTable(np.column_stack([expanded[:, :3], amplitudes[source]]), partials.cell_A_deg,
+                                      description))
+    return tables

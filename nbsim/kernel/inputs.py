@@ -10,9 +10,11 @@ ahead-of-time and just-in-time back-ends mark the same dimensions dynamic.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -101,7 +103,9 @@ class KernelTensors(NamedTuple):
     (3, S, O). incident, odet, polar_e, polar_b: projections onto the source directions, the detector
     normal and the per-source polarization frame. source_weight (S,): each source's weight relative to
     the mean (all 1 but with a -spectrumfile), multiplying its steps' intensity. grid: the padded HKL
-    table, flat (G,); grid_extent: its (h, k, l) sizes (int32); grid_min/grid_max: the file's index range.
+    table, flat (G,), or one padded table per channel laid end to end (anomalous scattering); grid_extent:
+    one table's (h, k, l) sizes (int32); grid_offset (S,) int32: where each source's table starts in `grid`
+    (all 0 with one table); grid_min/grid_max: the file's index range.
     """
 
     origins: torch.Tensor
@@ -118,6 +122,7 @@ class KernelTensors(NamedTuple):
     source_weight: torch.Tensor
     grid: torch.Tensor
     grid_extent: torch.Tensor
+    grid_offset: torch.Tensor
     grid_min: torch.Tensor
     grid_max: torch.Tensor
     n_cells: torch.Tensor
@@ -134,7 +139,7 @@ INPUT_SHAPES = KernelTensors(
     cells=tuple(_projection_shapes(ORIENTATIONS) for _ in range(3)), beam_terms=(3, SOURCES, ORIENTATIONS),
     incident=_projection_shapes(SOURCES), odet=_projection_shapes(1), polar_e=_projection_shapes(SOURCES),
     polar_b=_projection_shapes(SOURCES), inv_wavelength=(SOURCES,), source_weight=(SOURCES,), grid=(TABLE,),
-    grid_extent=(3,), grid_min=(3,), grid_max=(3,), n_cells=(3,), reciprocal=(3, 3),
+    grid_extent=(3,), grid_offset=(SOURCES,), grid_min=(3,), grid_max=(3,), n_cells=(3,), reciprocal=(3, 3),
     scalars=Scalars(*([()] * len(Scalars._fields))))
 """Every input's shape: ints are fixed sizes, names are run-time counts."""
 
@@ -166,7 +171,8 @@ def example_tensors(dtype: torch.dtype, device: torch.device, single_step: bool)
 
     tensors = tree_map(make, INPUT_SHAPES, is_leaf=_is_shape)
     return tensors._replace(last_layer_substep=torch.zeros(1, dtype=torch.int64, device=device),
-                            grid_extent=torch.ones(3, dtype=torch.int32, device=device))
+                            grid_extent=torch.ones(3, dtype=torch.int32, device=device),
+                            grid_offset=torch.zeros(tensors.grid_offset.shape, dtype=torch.int32, device=device))
 
 
 @dataclass
@@ -180,11 +186,13 @@ class KernelInputs:
 
 
 class TableTensors(NamedTuple):
-    """The structure-factor table as kernel inputs: the padded grid (flat), its (h, k, l) sizes (int32),
-    and the file's index range."""
+    """The structure-factor tables as kernel inputs: the padded grids end to end (flat; one per anomalous
+    channel, else one), one grid's (h, k, l) sizes (int32), where each source's grid starts (int32), and the
+    file's index range."""
 
     grid: torch.Tensor
     grid_extent: torch.Tensor
+    grid_offset: torch.Tensor
     grid_min: torch.Tensor
     grid_max: torch.Tensor
 
@@ -193,14 +201,20 @@ def table_tensors(setup: Setup, device: str | torch.device, dtype: torch.dtype) 
     """The setup's HKL grid on the device (a zero table without one): built once, reused by callers that
     make kernel inputs for many values of the same set-up (a fit)."""
     device = torch.device(device)
+    source_table = torch.zeros(setup.sources.count, dtype=torch.int64)
     if setup.grid is not None:
-        padded = setup.grid.padded(setup.config.structure.default_F)
+        default_F = setup.config.structure.default_F
+        padded = np.stack([table.padded(default_F) for table in setup.channel_grids or [setup.grid]])
         grid = torch.as_tensor(padded.reshape(-1), dtype=dtype, device=device)
-        grid_min, grid_max, grid_extent = setup.grid.index_min, setup.grid.index_max, padded.shape
+        grid_min, grid_max, grid_extent = setup.grid.index_min, setup.grid.index_max, padded.shape[1:]
+        if setup.channel_grids:
+            source_table = torch.as_tensor(setup.source_channel, dtype=torch.int64)
     else:
         grid = torch.zeros(1, dtype=dtype, device=device)
         grid_min, grid_max, grid_extent = (0, 0, 0), (0, 0, 0), (1, 1, 1)
+    grid_offset = (source_table * math.prod(grid_extent)).to(device=device, dtype=torch.int32)
     return TableTensors(grid=grid, grid_extent=torch.tensor(grid_extent, dtype=torch.int32, device=device),
+                        grid_offset=grid_offset,
                         grid_min=torch.as_tensor(grid_min, dtype=torch.float64).to(device=device, dtype=dtype),
                         grid_max=torch.as_tensor(grid_max, dtype=torch.float64).to(device=device, dtype=dtype))
 

@@ -3,7 +3,8 @@
 The fused kernel sums all steps at once. A few reference behaviours need the C's loop order
 (sensor layer → sub-pixel → source → phi → mosaic domain) instead:
 
-* `-oversample_thick/_polar/_omega` multiply the *running* sum by the factor after every step;
+* `-oversample_thick/_polar/_omega` multiply the *running* sum by the factor after every step (under
+  `-physics corrected`, each contribution instead);
 * the first evaluation of each OpenMP thread uses the unrotated crystal at a phi step of exactly 0
   (later ones reuse the previous orientation);
 * tricubic interpolation stops for the rest of the run at the first step too close to the HKL grid
@@ -31,6 +32,7 @@ from .physics import (
     polarization_factor,
     restrict,
     solid_angle,
+    source_offsets,
     step_terms,
     structure_factor,
 )
@@ -48,6 +50,9 @@ class OrderedOptions:
     sub-step 0, source 0 (nanoBragg's first evaluation in a thread)."""
     interpolation_switch: bool = False
     """Interpolate until the first out-of-range step of the tile's pixel (0, 0), then look up nearest."""
+    corrected: bool = False
+    """-physics corrected: the -oversample_* factors multiply each contribution, not the running sum (and
+    -oversample_thick without a sensor thickness captures everything instead of nothing)."""
 
 
 @dataclass
@@ -74,7 +79,8 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, opt
     # With -oversample_thick the fraction is evaluated even without a sensor thickness, as in
     # nanoBragg (where it is then exp(0) − exp(0) = 0 and the image is blank).
     capture_each = (capture_fraction(f, t.layer_of_substep, t, options)
-                    if options.use_sensor or ordered.oversample_thick else torch.ones_like(omega_each))
+                    if options.use_sensor or (ordered.oversample_thick and not ordered.corrected)
+                    else torch.ones_like(omega_each))
     polar_each = (torch.ones_like(f.cos2theta) if options.polarization == "none"
                   else polarization_factor(f, t, options))
     running = torch.full_like(omega_each[:, :, 0], float(background))
@@ -92,7 +98,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, opt
             mask = evaluated(terms, None if block.valid is None else block.valid.unsqueeze(-1), t)[:, :, 0, 0, :]
             f_cell = terms.f_cell[:, :, 0, 0, :]
             if interpolating:
-                f_cell, interpolating = _switching_lookup(terms, mask, t)
+                f_cell, interpolating = _switching_lookup(terms, mask, block_inputs)
                 if not interpolating:
                     # Interpolation is off for the rest of the run: this pixel's later steps look up nearest.
                     lookup = "nearest"
@@ -104,7 +110,10 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, opt
                 factor = factor * polar_each[:, :, k, s]
             if ordered.oversample_omega:
                 factor = factor * omega_each[:, :, k]
-            running = _accumulate(running, term, mask, factor)
+            if ordered.corrected:
+                running = running + (term * mask.to(term.dtype) * factor.unsqueeze(-1)).sum(-1)
+            else:
+                running = _accumulate(running, term, mask, factor)
             last = (terms, f_cell)
     capture = capture_each[:, :, -1] if ordered.oversample_thick else _last_layer_capture(capture_each, t, options)
     polar = polar_each[:, :, -1, -1] if ordered.oversample_polar else pixel_polarization(f, t, options)
@@ -141,7 +150,8 @@ def _switching_lookup(terms: StepTerms, mask: torch.Tensor, t: KernelTensors) ->
     F_cell = default_F there but, interpolation now off, overwrites it with the nearest lookup)."""
     interpolated = terms.f_cell[:, :, 0, 0, :]
     nearest = structure_factor(terms.h, terms.k, terms.l, terms.h0, terms.k0, terms.l0, t.grid, t.grid_min,
-                               t.grid_max, t.grid_extent, t.scalars.default_F, "nearest")[:, :, 0, 0, :]
+                               t.grid_max, t.grid_extent, t.scalars.default_F, "nearest",
+                               source_offsets(t))[:, :, 0, 0, :]
     outside = interpolation_outside(terms, t)[:, :, 0, 0, :] & mask
     if not bool(outside.any()):
         return interpolated, True

@@ -83,17 +83,18 @@ def _sinc3(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gather(grid: torch.Tensor, h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
-            grid_min: torch.Tensor, grid_extent: torch.Tensor) -> torch.Tensor:
+            grid_min: torch.Tensor, grid_extent: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """grid[h, k, l] for integer-valued indices within one node of the file's range.
 
     The table carries a border of default_F one node wide (see HKLGrid.padded), so its first
     entry is index grid_min − 1; grid_extent holds the padded table's (h, k, l) sizes, int32. The flat
     index is int32 arithmetic on each axis's node: exact for any table (a float32 index is not past
     2²⁴ entries), and three float-to-int32 conversions are single vector instructions where one
-    float-to-int64 conversion is not (AVX2 has none).
+    float-to-int64 conversion is not (AVX2 has none). `offset` (int32, broadcast along the sources) is where
+    each source's table starts: 0 with one table, a channel's start with one table per channel.
     """
     nodes = [(x - low + 1.0).to(torch.int32) for x, low in ((h, grid_min[0]), (k, grid_min[1]), (l, grid_min[2]))]
-    return grid[(nodes[0] * grid_extent[1] + nodes[1]) * grid_extent[2] + nodes[2]]
+    return grid[(nodes[0] * grid_extent[1] + nodes[1]) * grid_extent[2] + nodes[2] + offset]
 
 
 def _in_table(index: torch.Tensor, axis: int, grid_min: torch.Tensor, grid_max: torch.Tensor) -> torch.Tensor:
@@ -105,13 +106,15 @@ def _in_table(index: torch.Tensor, axis: int, grid_min: torch.Tensor, grid_max: 
 def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
                      h0: torch.Tensor, k0: torch.Tensor, l0: torch.Tensor,
                      grid: torch.Tensor, grid_min: torch.Tensor, grid_max: torch.Tensor,
-                     grid_extent: torch.Tensor, default_F: torch.Tensor, lookup: str) -> torch.Tensor:
-    """F_cell at fractional (h, k, l): default_F, nearest grid node, or tricubic interpolation."""
+                     grid_extent: torch.Tensor, default_F: torch.Tensor, lookup: str,
+                     offset: torch.Tensor) -> torch.Tensor:
+    """F_cell at fractional (h, k, l): default_F, nearest grid node, or tricubic interpolation, in the table
+    each source reads (`offset`, shaped to broadcast along the sources: `source_offsets`)."""
     if lookup == "default":
         return default_F.expand_as(h)
     if lookup == "nearest":
         return _gather(grid, *(_in_table(x, v, grid_min, grid_max) for v, x in enumerate((h0, k0, l0))),
-                       grid_min, grid_extent)
+                       grid_min, grid_extent, offset)
     h_floor, k_floor, l_floor = torch.floor(h), torch.floor(k), torch.floor(l)
     wh = lagrange_weights(h - h_floor)
     wk = lagrange_weights(k - k_floor)
@@ -125,7 +128,7 @@ def structure_factor(h: torch.Tensor, k: torch.Tensor, l: torch.Tensor,
     for i in range(4):
         for j in range(4):
             for m in range(4):
-                node = _gather(grid, h_nodes[i], k_nodes[j], l_nodes[m], grid_min, grid_extent)
+                node = _gather(grid, h_nodes[i], k_nodes[j], l_nodes[m], grid_min, grid_extent, offset)
                 total = total + wh[i] * wk[j] * wl[m] * node
     return total
 
@@ -177,7 +180,8 @@ def restrict(t: KernelTensors, substep: Index | None = None, source: Index | Non
                               _take(p.vectors, 0, source))
 
         t = t._replace(beam_terms=_take(t.beam_terms, 1, source), inv_wavelength=_take(t.inv_wavelength, 0, source),
-                       source_weight=_take(t.source_weight, 0, source), incident=at_source(t.incident),
+                       source_weight=_take(t.source_weight, 0, source), grid_offset=_take(t.grid_offset, 0, source),
+                       incident=at_source(t.incident),
                        polar_e=at_source(t.polar_e), polar_b=at_source(t.polar_b))
     return t
 
@@ -363,8 +367,14 @@ def terms_from_projections(projections: torch.Tensor, inverse_path: torch.Tensor
     h0, k0, l0 = torch.ceil(h - 0.5), torch.ceil(k - 0.5), torch.ceil(l - 0.5)
     f_latt = lattice_factor(h - h0, k - k0, l - l0, t.n_cells, t.reciprocal, fudge, options)
     f_cell = structure_factor(h, k, l, h0, k0, l0, t.grid, t.grid_min, t.grid_max, t.grid_extent, default_F,
-                              lookup or options.lookup)
+                              lookup or options.lookup, source_offsets(t, pixels_last))
     return StepTerms(h, k, l, h0, k0, l0, f_latt, f_cell)
+
+
+def source_offsets(t: KernelTensors, pixels_last: bool = False) -> torch.Tensor:
+    """Each source's table start, shaped to broadcast along the sources of (R, C, K, S, O) steps, or of
+    (K, S, O, R, C) ones pixels last."""
+    return t.grid_offset.view(1, -1, 1, 1, 1) if pixels_last else t.grid_offset.view(-1, 1)
 
 
 def step_terms(f: PixelFrame, t: KernelTensors, options: KernelOptions,

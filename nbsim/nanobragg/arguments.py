@@ -98,6 +98,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     config = _config_from_state(state).with_options(column=nbsim_options.get("-column"),
                                                     model_file=nbsim_options.get("-model"),
                                                     **_modules(argv))
+    config, physics_notes = _with_physics_options(config, argv, nbsim_options)
     panel_file = nbsim_options.get("-panelfile")
     if panel_file:
         _check_panel_flags(argv)
@@ -112,7 +113,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
-             for flag in NO_EFFECT if flag in given]
+             for flag in NO_EFFECT if flag in given] + physics_notes
     if not state.calculate_noise:
         notes += [f"{flag} changes only the -noisefile image, which -nonoise turns off"
                   for flag in DETECTOR_FLAGS if flag in given]
@@ -171,6 +172,43 @@ def _modules(argv: list[str]) -> dict[str, tuple[int, int] | None]:
     if gap != (0, 0) and size is None:
         raise NbsimError("-module_gap separates modules: give -module_size F S too")
     return {"module_size_px": size, "module_gap_px": gap}
+
+
+def _with_physics_options(config: SimulationConfig, argv: list[str],
+                          options: dict[str, str]) -> tuple[SimulationConfig, list[str]]:
+    """-physics, -background and its material, -anomalous, -fp_fdp, -energy_bins and -pix0_vector_mm (read in mm
+    and placing the detector under -physics corrected; as nanoBragg, in metres and recomputed, by default)."""
+    notes = []
+    physics = options.get("-physics", "nanobragg")
+    anomalous = "-anomalous" in argv
+    for flag in ("-fp_fdp", "-energy_bins"):
+        if flag in options and not anomalous:
+            raise NbsimError(f"{flag} sets the f' and f'' of -anomalous: give -anomalous too")
+    if anomalous and "-model" not in options:
+        raise NbsimError("-anomalous computes the f' and f'' of a model's atoms: give -model FILE")
+    for flag in ("-background_thick", "-background_density", "-background_mw"):
+        if flag in options and "-background" not in options:
+            raise NbsimError(f"{flag} describes the -background material: give -background FILE|water|air")
+    config = config.with_options(
+        physics=physics, background=options.get("-background"),
+        background_thickness_mm=float(options.get("-background_thick", 0.0)),
+        background_density_g_cm3=_float_or_none(options.get("-background_density")),
+        background_molecular_weight=_float_or_none(options.get("-background_mw")), anomalous=anomalous,
+        anomalous_table=options.get("-fp_fdp"),
+        energy_bins=int(options["-energy_bins"]) if "-energy_bins" in options else None)
+    if "-pix0_vector_mm" in argv:
+        position = argv.index("-pix0_vector_mm")
+        values = tuple(float(v) for v in argv[position + 1:position + 4])
+        if physics == "corrected":
+            config = config.with_options(pix0_vector_mm=values)
+        else:
+            notes.append("-pix0_vector_mm: nanoBragg reads it as metres and then recomputes it (-physics "
+                         "corrected reads millimetres and places the detector there)")
+    return config, notes
+
+
+def _float_or_none(value: str | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _check_panel_flags(argv: list[str]) -> None:

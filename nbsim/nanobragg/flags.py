@@ -110,6 +110,8 @@ TABLE: tuple[Flag, ...] = (
          "unit vector of increasing fast or slow pixel index", "by convention"),
     Flag(DETECTOR, "-odet_vector", V3, "X Y Z", "unit vector of increasing detector distance", "by convention"),
     Flag(DETECTOR, "-pix0_vector", V3, "X Y Z", "vector from the sample to the first pixel, m", "beam on the centre"),
+    Flag(DETECTOR, "-pix0_vector_mm", V3, "X Y Z", "the same in mm; nanoBragg reads metres and recomputes it, "
+         "-physics corrected places the detector there", "beam on the centre"),
     Flag(DETECTOR, "-curved_det", (), "", "every pixel at the same distance from the sample"),
     Flag(DETECTOR, "-point_pixel", (), "", "no pixel solid-angle correction (obliquity and 1/r²)"),
     Flag(DETECTOR, "-detector_thick", N1, "UM", "sensor thickness, µm", "0"),
@@ -175,6 +177,19 @@ TABLE: tuple[Flag, ...] = (
          "65535 and -adc 40)", "2147483647, int32's largest"),
     Flag(NBSIM, "-min_photons", N1, "N", "warn when the image holds fewer photons in all (an empty shot); 0: never",
          "1"),
+    Flag(NBSIM, "-anomalous", (), "", "f' and f'' of the -model's elements at each wavelength (Cromer-Liberman): "
+         "F(+) != F(-), one table per spectrum channel"),
+    Flag(NBSIM, "-fp_fdp", P1, "FILE", "f' and f'' per element and energy (rows: element eV f' f''), in place of "
+         "Cromer-Liberman for its elements (with -anomalous)", "none"),
+    Flag(NBSIM, "-energy_bins", I1, "N", "-anomalous tables per energy bin of equal width instead of per channel",
+         "one per channel"),
+    Flag(NBSIM, "-physics", (WORD,), "nanobragg|corrected", "nanoBragg's image, defects included, or every known "
+         "defect corrected (docs/physics.md)", "nanobragg"),
+    Flag(NBSIM, "-background", P1, "FILE|water|air", "amorphous background from F against sin(θ)/λ (Å⁻¹): simtbx's "
+         "water or air, or a file; linear in fluence", "none"),
+    Flag(NBSIM, "-background_thick", N1, "MM", "path length of the -background material in the beam, mm", "0"),
+    Flag(NBSIM, "-background_density", N1, "G/CM3", "density of the -background material", "water 1, air 0.0012"),
+    Flag(NBSIM, "-background_mw", N1, "G/MOL", "molecular weight of the -background material", "water 18, air 14"),
     Flag(RESPONSE, "-noise_generator", (WORD,), "nanobragg|philox", "random numbers of the noise: nanoBragg's own (its "
          "noise image bit for bit) or counter-based Philox (any image reproduced alone, on any device)", "nanobragg"),
     Flag(RESPONSE, "-nopoisson", (), "", "no Poisson noise (the other effects still apply)"),
@@ -214,7 +229,8 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-divsteps", "-detector_thick", "-detector_thicksteps", "-thicksteps", "-water", "-fluence",
                         "-flux", "-dmin", "-samplesize", "-sample_size", "-xtalsize", "-xtal_size", "-fudge",
                         "-osc", "-phistep", "-psf_fwhm", "-gain", "-readout_noise", "-beamstop", "-module_gap",
-                        "-min_photons"}
+                        "-min_photons", "-background_thick"}
+MUST_BE_POSITIVE |= {"-background_density", "-background_mw", "-energy_bins"}
 MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
 WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (
@@ -230,13 +246,16 @@ CONFLICTS = (
     {"-spectrumfile", "-sourcefile"},
     {"-spectrumfile", "-dispersion"},
 )
+NAMED_VALUES = {"-background": ("water", "air")}
+"""File flags that also take a name in place of a file (not made absolute)."""
 NBSIM_ONLY = tuple(n for f in TABLE if f.group in (NBSIM, RESPONSE) for n in f.names)
 NO_EFFECT = tuple(n for f in TABLE if f.group == IGNORED for n in f.names)
 SINGLE_PANEL_ONLY = ("-distance", "-close_distance", "-Xbeam", "-Ybeam", "-Xclose", "-Yclose", "-ORGX", "-ORGY",
                      "-twotheta", "-detector_rotx", "-detector_roty", "-detector_rotz", "-fdet_vector",
                      "-sdet_vector", "-odet_vector", "-pix0_vector", "-pivot", "-detpixels", "-detpixels_f",
                      "-detpixels_x", "-detpixels_s", "-detpixels_y", "-detsize", "-detsize_f", "-detsize_s",
-                     "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel", "-module_size", "-module_gap")
+                     "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel", "-module_size", "-module_gap",
+                     "-pix0_vector_mm")
 """Flags that place, shape or select pixels of the one panel: refused with -panelfile."""
 SINGLE_PANEL_FILES = ("-intfile", "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-pgmscale",
                       "-cbffile")
@@ -300,7 +319,7 @@ def _check_value(flag: str, kind: str, value: str) -> None:
     if kind == WORD:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
                    "-compile": ("auto", "on", "off"), "-noise_generator": ("nanobragg", "philox"),
-                   "-psf": ("none", "gaussian", "fiber"),
+                   "-psf": ("none", "gaussian", "fiber"), "-physics": ("nanobragg", "corrected"),
                    "-sensor_material": tuple(MATERIALS)}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):
@@ -328,6 +347,8 @@ def absolute_file_arguments(argv: list[str], base: Path) -> list[str]:
     """The arguments with every file value (after -hkl, -mat, ... ) made absolute against `base`."""
     result = list(argv)
     for i, arg in enumerate(argv[:-1]):
+        if argv[i + 1] in NAMED_VALUES.get(arg, ()):
+            continue
         if FLAGS.get(arg) == (PATH,) and not Path(argv[i + 1]).is_absolute():
             result[i + 1] = str((base / argv[i + 1]).resolve())
     return result

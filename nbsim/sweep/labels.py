@@ -59,7 +59,7 @@ def rendered_labels(config: SimulationConfig) -> dict[str, float]:
     from ..rng import Ran1
 
     wavelength_A = scalar_value(config.beam.wavelength_A)
-    lattice = build_lattice(config.crystal, wavelength_A, Ran1())
+    lattice = build_lattice(config.crystal, wavelength_A, Ran1(), config.corrected)
     a_matrix = lattice.reciprocal_per_A.detach().double().T.reshape(-1).tolist()
     return {**dict(zip(A_COLUMNS, a_matrix, strict=True)), "wavelength_A": wavelength_A,
             "corner_resolution_A": corner_resolution_A(config, wavelength_A, build_geometry)}

@@ -246,6 +246,9 @@ def check_points(config: dict, points: list[Point], base: Path, builds: PointBui
         if c_reference and (simulation.structure.model_file or (hkl_file and hkl_format(hkl_file) != "text")):
             raise NbsimError("reference.c_binary: nanoBragg reads only h k l F text tables, not an MTZ, mmCIF or "
                              "-model; give both the P1 table nbsim writes with -p1_out")
+        if c_reference and (simulation.corrected or simulation.beam.background):
+            raise NbsimError("reference.c_binary: nanoBragg renders its own physics only, not -physics corrected "
+                             "or -background; compare the C with the default physics")
         for field, path in input_file_paths(simulation).items():
             key = (field, path, simulation.structure.column)
             if path is not None and key not in files_read:
