@@ -77,15 +77,20 @@ class SMVHeader:
         return found[-1] if found else byte_order()
 
 
-def read_smv_header(path: Path) -> SMVHeader:
-    """Parse the header of an SMV file; a one-line error if it is missing or not SMV."""
+def read_head(path: Path, size: int = SMV_HEADER_BYTES) -> bytes:
+    """The first `size` bytes of a file (fewer if it is shorter); a one-line error if it cannot be read."""
     try:
         with open(path, "rb") as stream:
-            head = stream.read(SMV_HEADER_BYTES)
+            return stream.read(size)
     except FileNotFoundError:
         raise InputFileError(str(path), "no such file") from None
     except OSError as error:
         raise InputFileError(str(path), error.strerror or "cannot be read") from None
+
+
+def read_smv_header(path: Path) -> SMVHeader:
+    """Parse the header of an SMV file; a one-line error if it is missing or not SMV."""
+    head = read_head(path)
     if not head.startswith(b"{\nHEADER_BYT") or len(head) < SMV_HEADER_BYTES:
         raise InputFileError(str(path), "not an SMV (ADSC) image")
     text = head.decode("ascii", errors="replace")

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from .images import SMV_HEADER_BYTES, read_smv
+from .images import read_head, read_smv
 
 NANOBRAGG_ADC_OFFSET_ADU = 40.0
 """nanoBragg's default `-adc`: what its SMV images carry on top of the counts (its header does not say)."""
@@ -110,13 +110,7 @@ def _split(spec: str) -> tuple[Path, str | None]:
 
 
 def _read_file(spec: str, path: Path, selector: str | None, shape: tuple[int, int] | None) -> ObservedImage:
-    try:
-        with open(path, "rb") as stream:
-            head = stream.read(SMV_HEADER_BYTES)
-    except FileNotFoundError:
-        raise InputFileError(str(path), "no such file") from None
-    except OSError as error:
-        raise InputFileError(str(path), error.strerror or "cannot be read") from None
+    head = read_head(path)
     if head.startswith(_HDF5_MAGIC):
         return _read_nxmx(spec, path, selector)
     if selector is not None:
