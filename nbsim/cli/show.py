@@ -116,6 +116,7 @@ def detector_lines(config: SimulationConfig, setup) -> list[str]:
         lines.append(f"sensor: {detector.sensor_material} {sensor.thickness_m * 1e6:g} um, attenuation length {length}")
     psf = "none" if response.psf == "none" else f"{response.psf} {response.psf_fwhm_um:g} um FWHM"
     lines.append(f"response: point spread {psf}, pedestal (-adc) {response.adc_offset_adu:g} ADU")
+    return lines
 
 
 def physics_lines(setup: Setup) -> list[str]:

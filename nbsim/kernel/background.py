@@ -48,6 +48,7 @@ class LagrangeSegments(NamedTuple):
 
 
 def lagrange_segments(x_nodes: torch.Tensor, y_nodes: torch.Tensor) -> LagrangeSegments:
+    """The four-point Lagrange interpolation of a curve, segment by segment, precomputed once per curve."""
     starts = torch.arange(1, len(x_nodes) - 2)
     points = torch.stack([x_nodes[starts + offset] for offset in (-1, 0, 1, 2)], dim=1)
     values = torch.stack([y_nodes[starts + offset] for offset in (-1, 0, 1, 2)], dim=1)
