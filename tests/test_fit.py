@@ -261,3 +261,21 @@ def test_starts_give_each_image_its_own_start(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"images": {"c.img": {"N": 3}}}))
     bad = _run("fit", "a.img", "--starts", "bad.json", "--", *small_still(64), cwd=tmp_path)
     assert bad.returncode == 2 and "c.img" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_fit_samples_as_advised_unless_told():
+    """A model without -phisteps or -mosaic_dom gets the φ steps and mosaic domains nbsim's sampling advice
+    asks for (and the flags that re-render it); flags given are kept."""
+    from nbsim.cli.fit import advised_sampling
+    from nbsim.setup import config_sampling_advice
+
+    argv = [*small_still(64)[:-2], "-N", "20", "-mosaic", "0.5", "-osc", "0.5"]
+    argv = [a for i, a in enumerate(argv) if a not in ("-mosaic_dom",) and argv[i - 1] != "-mosaic_dom"]
+    config = nbsim.config_from_args(argv)
+    advice = config_sampling_advice(config)
+    assert advice.phi_steps > 1 and advice.mosaic_domains > 1
+    advised, flags = advised_sampling(config, argv)
+    assert flags == ["-phisteps", str(advice.phi_steps), "-mosaic_dom", str(advice.mosaic_domains)]
+    assert (advised.crystal.phi_steps, advised.crystal.mosaic_domains) == (advice.phi_steps, advice.mosaic_domains)
+    kept, none = advised_sampling(config, [*argv, "-phisteps", "2", "-mosaic_dom", "3"])
+    assert none == [] and kept is config

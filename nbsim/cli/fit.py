@@ -90,6 +90,26 @@ def _flag_overrides(values: dict, source: str) -> list[str]:
     return flags
 
 
+def advised_sampling(config, argv: list[str]) -> tuple:
+    """The model with the φ steps and mosaic domains nbsim's sampling advice asks for (setup.sampling_advice),
+    where the flags leave them out: a fit of a rotation frame or a mosaic crystal needs every spot rendered,
+    not hit or missed between samples. Flags that give them are kept as given. Returns the model and the
+    flags added (so the refined flags re-render what was fitted)."""
+    from ..setup import config_sampling_advice
+
+    advice = config_sampling_advice(config)
+    changes, flags = {}, []
+    if "-phisteps" not in argv and advice.phi_steps > (config.crystal.phi_steps or 1):
+        changes["phi_steps"] = advice.phi_steps
+        flags += ["-phisteps", str(advice.phi_steps)]
+    if not {"-mosaic_domains", "-mosaic_dom"} & set(argv) and advice.mosaic_domains > 1:
+        changes["mosaic_domains"] = advice.mosaic_domains
+        flags += ["-mosaic_dom", str(advice.mosaic_domains)]
+    if flags:
+        print(f"nbsim fit: {' '.join(flags)} (nbsim's sampling advice; give the flags to choose)", file=sys.stderr)
+    return (config.with_options(**changes) if changes else config), flags
+
+
 def _starts(path: str | None) -> dict[str, dict]:
     if path is None:
         return {}
@@ -146,6 +166,9 @@ def main(argv: list[str]) -> int:
     if experiments:
         configs = [config.with_options(**experiments[min(i, len(experiments) - 1)].overrides)
                    for i, config in enumerate(configs)]
+    for index, config in enumerate(configs):
+        configs[index], extra = advised_sampling(config, argv_per_image[index])
+        argv_per_image[index] = argv_per_image[index] + extra
     for config in configs:
         for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
             if path is not None:
