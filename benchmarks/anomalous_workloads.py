@@ -71,7 +71,7 @@ def run_anomalous_spectrum(quick: bool, folder: Path) -> dict:
     if completed.returncode != 0:
         return {**record, "error": (completed.stderr.strip().splitlines() or ["-p1_out failed"])[-1]}
     c_argv = ["-hkl", str(table), "-spectrumfile", str(spectrum), *CRYSTAL, *pixels]
-    times_script = ("import json, sys\nfrom nbsim.timing import run_c_reference\n"
+    times_script = ("import json, sys\nfrom nbsim.reference import run_c_reference\n"
                     "_, times = run_c_reference(sys.argv[1], sys.argv[3:], 0, int(sys.argv[2]))\n"
                     "print(json.dumps(times))\n")
     completed = subprocess.run([sys.executable, "-c", times_script, c_binary, str(REPEATS), *c_argv],

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from nbsim.workloads import SEED_ARGS
+from workloads import SEED_ARGS
 
 ANSWER_MAX_S = 0.5
 SEED = [*SEED_ARGS, "-detpixels", "64"]

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_flatten
+from workloads import SEED_ARGS
 
 from nbsim.kernel.aot import open_package
 from nbsim.nanobragg.arguments import parse
 from nbsim.render import Renderer
-from nbsim.setup import resolve
-from nbsim.workloads import SEED_ARGS
+from nbsim.resolve import resolve
 
 
 def main() -> None:

@@ -25,10 +25,11 @@ MAX_NOISE_C_S = 1.0
 
 
 def _seed_image(pixels: int):
+    from workloads import SEED_ARGS
+
     from nbsim.nanobragg import parse
     from nbsim.render import Renderer
-    from nbsim.setup import resolve
-    from nbsim.workloads import SEED_ARGS
+    from nbsim.resolve import resolve
 
     config, run = parse([*SEED_ARGS, "-detpixels", str(pixels), "-seed", "1"])
     setup = resolve(config)

@@ -1,6 +1,6 @@
 """DIALS in the loop (the `dials_chain` benchmark workload, and tests/test_dials.py): a rotation series of the
 shipped model (config/examples/model.cif) rendered through nbsim's command line (miniCBF, numbered as
-DIALS expects) with the φ steps nbsim advises (nbsim.setup.config_sampling_advice), then `dials.import →
+DIALS expects) with the φ steps nbsim advises (nbsim.resolve.config_sampling_advice), then `dials.import →
 find_spots → index → refine → integrate → scale → merge`, and what DIALS found checked against the truth in
 the miniCBF header: indexed fraction, cell, orientation, RMSD, distance, beam centre, and the merged
 intensities against the model's |F|² (the -p1_out table)."""
@@ -55,7 +55,7 @@ def dials_available() -> bool:
 def series_args(pixels: int) -> list[str]:
     """The series' nanoBragg arguments with the advised φ steps for a detector of pixels²."""
     from nbsim.nanobragg import config_from_args
-    from nbsim.setup import config_sampling_advice
+    from nbsim.resolve import config_sampling_advice
 
     args = ["-model", str(MODEL), *SERIES_ARGS, "-detpixels", str(pixels)]
     return [*args, "-phisteps", str(config_sampling_advice(config_from_args(args)).phi_steps)]

@@ -24,7 +24,7 @@ from nbsim.cache import configure_compile_cache
 from nbsim.cli.products import noise_image
 from nbsim.nanobragg import config_from_args
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 GOLDEN = Path(os.environ.get("NBSIM_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
 DEFAULT_CASES = ("seed_bench_256", "mosaic_phi", "triclinic_hkl")

@@ -69,7 +69,7 @@ def measure_gradient(quick: bool, device: str = "cpu") -> dict:
     from nbsim.fit.model import DiffractionModel
     from nbsim.fit.pixels import shoeboxes
     from nbsim.fit.refine import FitImage, FitOptions, Objective, predicted_image
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
 
     pixels = 256 if quick else 1024
     setup = resolve(nbsim.config_from_args(still_args(pixels, *TRUTH)))
@@ -118,7 +118,7 @@ def measure_still(quick: bool, device: str = "cpu") -> dict:
     import nbsim
     from nbsim.fit.parameters import misorientation_deg
     from nbsim.fit.refine import FitImage, FitOptions, fit
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
 
     pixels = 512 if quick else 1024
     truth = resolve(nbsim.config_from_args(still_args(pixels, *TRUTH)))

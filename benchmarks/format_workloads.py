@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from nbsim.workloads import SEED_ARGS
+from workloads import SEED_ARGS
 
 SIZES = (1024, 4096)
 QUICK_SIZES = (128, 256)
@@ -45,7 +44,7 @@ def _time_writers(pixels: int, repeats: int, folder: Path) -> dict:
     from nbsim.io.detector_images import write_mini_cbf, write_nxmx
     from nbsim.io.images import write_smv
     from nbsim.nanobragg import parse
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
 
     now = datetime.datetime.now(datetime.timezone.utc)
     config, run = parse([*SEED_ARGS, "-detpixels", str(pixels)])

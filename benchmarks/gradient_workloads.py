@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nbsim import workloads
+import workloads
 
 SIZES, QUICK_SIZES = (256, 1024), (64, 128)
 MAX_RSS_MB = 6000
@@ -33,7 +33,7 @@ TIMED = """
 import json, os, resource, sys, threading, time
 import torch, nbsim
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 args, size, grad, limit_mb = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "grad", int(sys.argv[4])
 
 def watch():

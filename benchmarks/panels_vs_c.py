@@ -4,7 +4,7 @@
 
 nbsim renders the three panels below in one call (-panelfile, float64); for each panel the C is run with
 that panel's -fdet_vector, -sdet_vector, -odet_vector, -beam_vector and its place as -Xbeam/-Ybeam/-distance
-along the beam (nbsim.geometry.single_panel_flags; the C recomputes pix0 from them under either pivot). The
+along the beam (nbsim.model.geometry.single_panel_flags; the C recomputes pix0 from them under either pivot). The
 script prints and writes, per panel, the correlation and the largest relative difference over the C's
 non-zero pixels (the C writes float32), and checks them against correlation >= 0.999999 and max relative <= 1e-5
 (docs/formats.md records a run). CI has no C binary: tests/test_panels.py checks the same panels against
@@ -25,10 +25,10 @@ import numpy as np
 import torch
 import yaml
 
-from nbsim.geometry import panel_geometries, single_panel_flags
+from nbsim.model.geometry import panel_geometries, single_panel_flags
 from nbsim.nanobragg import parse
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 CRYSTAL = ["-cell", "60", "70", "80", "90", "95", "90", "-default_F", "100", "-N", "4", "-lambda", "1.1",
            "-misset", "10", "20", "5", "-oversample", "2", "-mosaic", "0.3", "-mosaic_domains", "3",

@@ -11,11 +11,11 @@ import math
 import numpy as np
 import torch
 
-from nbsim.crystal import build_lattice
+from nbsim.model.crystal import build_lattice
 from nbsim.nanobragg import parse
 from nbsim.render import Renderer
+from nbsim.resolve import resolve
 from nbsim.rng import Ran1
-from nbsim.setup import resolve
 
 CRYSTAL = "-cell 50 60 70 90 90 90 -default_F 10 -N 3 -lambda 1 -distance 100 -detpixels 64 -pixel 0.1".split()
 

@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import workloads
 from anomalous_workloads import ANOMALOUS_WORKLOADS
 from answers import ANSWER_WORKLOADS
 from dataset_workloads import DATASET_WORKLOADS
@@ -48,8 +49,6 @@ from gradient_workloads import GRADIENT_WORKLOADS
 from model_workloads import MODEL_WORKLOADS
 from panel_workloads import PANEL_WORKLOADS
 from sweep_workloads import SWEEP_WORKLOADS
-
-from nbsim import workloads
 
 TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS, **DETECTOR_WORKLOADS,
                    **DATASET_WORKLOADS, **PANEL_WORKLOADS, **GRADIENT_WORKLOADS, **DIALS_WORKLOADS,
@@ -138,10 +137,10 @@ def run_kernel_workload(workload: Workload, args: list[str], options: argparse.N
 def run_cli_workload(args: list[str], options: argparse.Namespace, folder: Path, worker: bool) -> dict:
     """Whole processes, alternating nbsim and C: the `nbsim` command after one run that warms its cache
     (and, with `worker`, the worker that serves it)."""
-    nbsim_command = [sys.executable, "-m", "nbsim.cli.client" if worker else "nbsim.cli", *args, *OUTPUT_ARGS]
+    nbsim_command = [sys.executable, "-m", "nbsim.server.client" if worker else "nbsim.cli", *args, *OUTPUT_ARGS]
     c_command = [options.c_binary, *OUTPUT_ARGS, *args] if options.c_binary else None
     environment = _environment(options) | {"NBSIM_WORKER": "on" if worker else "off"}
-    worker_control = [sys.executable, "-m", "nbsim.cli.client", "worker"]
+    worker_control = [sys.executable, "-m", "nbsim.server.client", "worker"]
 
     def timed(command: list[str], name: str) -> float:
         workdir = folder / name

@@ -10,9 +10,10 @@ from importlib import import_module
 
 _EXPORTS = {
     "BeamConfig": "config", "CrystalConfig": "config", "DetectorConfig": "config", "SimulationConfig": "config",
-    "StructureFactorConfig": "config", "NbsimError": "errors", "Renderer": "render", "Setup": "setup",
-    "resolve": "setup", "p1_reflections": "setup", "simulate": "render", "config_from_args": "nanobragg",
+    "StructureFactorConfig": "config", "NbsimError": "errors", "Renderer": "render", "Setup": "resolve",
+    "p1_reflections": "resolve", "simulate": "render", "config_from_args": "nanobragg",
 }
+"""`resolve` is not among them: `nbsim.resolve` is the module (`from nbsim.resolve import resolve`)."""
 
 
 @cache

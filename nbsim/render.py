@@ -32,9 +32,9 @@ from .kernel.physics import PixelTerms
 from .kernel.policy import PROBE_PIXEL_STEPS, CompileDecision, plan_compile
 from .kernel.stages import OUT_OF_RANGE_STAGES, Structure
 from .kernel.structure import structure_of
+from .model.structure_factors import HKLGrid
 from .modes import Compile, Mode
-from .setup import Setup, resolve
-from .structure_factors import HKLGrid
+from .resolve import Setup, resolve
 
 log = logging.getLogger(__name__)
 

@@ -1,38 +1,27 @@
-"""The timing harness of `nbsim bench` and the sweep: nbsim cold and warm, and the nanoBragg C binary as
-whole processes, side by side (`BenchResult`)."""
+"""The timing harness of `nbsim bench` and the sweep: nbsim cold and warm (`BenchResult`); the nanoBragg C
+binary it is compared with runs in nbsim.reference."""
 
 from __future__ import annotations
 
-import math
 import os
 import resource
-import shutil
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from . import __version__
-from .beam import build_sources
 from .config import SimulationConfig
 from .cpu import cpu_name
 from .devices import dtype_name
-from .errors import NbsimError
-from .geometry import build_geometry
 from .kernel.cache import KernelLoads
 from .modes import Compile, Mode
-from .nanobragg import parse
-from .nanobragg.flags import WAVELENGTH_FLAGS, absolute_file_arguments
-from .nanobragg.presets import expand_detector_model
 from .render import Renderer
-from .setup import Setup, resolve
+from .resolve import Setup, resolve
 
 
 @dataclass
@@ -153,69 +142,3 @@ def _cache_state(mode: Mode, loads: KernelLoads, graphs_before: tuple[int, int],
     if loads.built or graphs_after[1] > graphs_before[1]:
         return "miss"
     return "hit" if loads.opened or graphs_after[0] > graphs_before[0] else "loaded"
-
-
-def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
-                    timeout_s: float = 3600.0) -> tuple[np.ndarray, list[float]]:
-    """Run the C binary (argument list, no shell) in a clean folder; whole-process wall times and image."""
-    path = shutil.which(binary) or binary
-    if not Path(path).is_file():
-        raise NbsimError(f"C reference binary {binary} not found")
-    if not os.access(path, os.X_OK):
-        raise NbsimError(f"C reference binary {binary} is not executable")
-    argv = absolute_file_arguments(argv, Path.cwd())
-    times = []
-    with tempfile.TemporaryDirectory(prefix="nbsim-c-") as folder:
-        floatfile = Path(folder) / "c_float.bin"
-        # Output flags go first: nanoBragg's substring matching lets a trailing flag such as
-        # -misset_seed consume the tokens after it.
-        sourcefile = Path(folder) / "c_sources.txt"
-        command = [path, "-floatfile", str(floatfile), "-nonoise", "-nopgm", "-intfile",
-                   str(Path(folder) / "c_int.img"), *c_arguments(argv, sourcefile)]
-        for run in range(warmup + repeats):
-            for stale in Path(folder).iterdir():
-                if stale != sourcefile:
-                    stale.unlink()
-            begin = time.perf_counter()
-            try:
-                completed = subprocess.run(command, cwd=folder, capture_output=True, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                raise NbsimError(f"C reference {binary} did not finish within {timeout_s:g} s") from None
-            elapsed = time.perf_counter() - begin
-            if completed.returncode != 0:
-                tail = completed.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-                raise NbsimError(f"C reference {binary} failed with status {completed.returncode}: {tail[0]}")
-            if run >= warmup:
-                times.append(elapsed)
-        if not floatfile.is_file():
-            raise NbsimError(f"C reference {binary} wrote no float image")
-        image = np.fromfile(floatfile, dtype=np.float32)
-    return image, times
-
-
-def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
-    """nanoBragg's arguments for an nbsim command line. The C has no -spectrumfile: it becomes a -sourcefile
-    (written to `sourcefile`) of the same sources, every divergence direction times every channel, which
-    the C weighs equally, and the nominal -lambda. The C's image then equals nbsim's for equal weights. A
-    -detector_model becomes its flags (the C renders its module gaps, which nbsim leaves out)."""
-    argv = expand_detector_model(argv)
-    if "-spectrumfile" not in argv:
-        return argv
-    config = parse(argv)[0]
-    geometry = build_geometry(config.detector)
-    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
-    sourcefile.write_text("".join(f"{x!r} {y!r} {z!r} 1 {wavelength * 1e-10!r}\n" for (x, y, z), wavelength
-                                  in zip(sources.positions_m.tolist(), sources.wavelength_A.tolist(), strict=True)))
-    index = argv.index("-spectrumfile")
-    rest = argv[:index] + argv[index + 2:]
-    given = any(flag in argv for flag in WAVELENGTH_FLAGS)
-    nominal = [] if given else ["-lambda", repr(float(config.beam.wavelength_A))]
-    return [*rest, *nominal, "-sourcefile", str(sourcefile)]
-
-
-def correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Pearson correlation of two images (1 for two equal constant images, NaN for other constant ones)."""
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    if a.std() == 0 or b.std() == 0:
-        return 1.0 if np.array_equal(a, b) else math.nan
-    return float(np.corrcoef(a, b)[0, 1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbsim import workloads
+from benchmarks import workloads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED_ARGS = " ".join(workloads.SEED_ARGS)

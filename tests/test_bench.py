@@ -94,7 +94,7 @@ def test_benchmark_script_writes_its_table_and_json(tmp_path, private_compile_ca
     for name in ("cli", "cli_worker"):
         cli = summary["results"][name]["result"]
         assert len(cli["nbsim_times_s"]) == len(cli["c_times_s"]) == 1
-    assert "nbsim.cli.client" in summary["results"]["cli_worker"]["command"]
+    assert "nbsim.server.client" in summary["results"]["cli_worker"]["command"]
     assert summary["results"]["cli_worker"]["result"]["worker_commands_served"] == 2
     assert summary["quick"] is True
     table = [line for line in result.stdout.splitlines() if line.startswith("| seed_f32 |")]

@@ -26,7 +26,7 @@ from nbsim.kernel.stages import FUSED_VECTORS, SINGLE_STEP_STAGES, Structure
 from nbsim.kernel.structure import structure_of
 from nbsim.modes import Compile, Mode
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 from .conftest import GOLDEN, SEED_ARGS, requires_golden
 
@@ -63,7 +63,7 @@ def test_concurrent_processes_share_one_compiled_kernel(tmp_path, private_compil
     script = (
         "import json, sys, torch, nbsim\n"
         "from nbsim.render import Renderer\n"
-        "from nbsim.setup import resolve\n"
+        "from nbsim.resolve import resolve\n"
         "config = nbsim.config_from_args(sys.argv[1:])\n"
         "renderer = Renderer(resolve(config), dtype=torch.float32, compile=True)\n"
         "image = renderer()\n"
@@ -283,7 +283,7 @@ def test_kernel_sources_cover_what_a_package_is_built_from():
     kernel = Path(nbsim.__file__).parent / "kernel"
     covered = {(kernel / name).resolve() for name in KERNEL_SOURCES}
     not_compiled = {kernel / "cache.py", *(kernel.parent / f"{name}.py"
-                                           for name in ("devices", "setup", "config", "vectors", "errors"))}
+                                           for name in ("devices", "resolve", "config", "vectors", "errors"))}
     for source in covered:
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:

@@ -371,7 +371,7 @@ def test_steps_per_pixel_is_what_the_set_up_resolves(args):
     layers."""
     from nbsim.kernel.structure import steps_per_pixel
     from nbsim.nanobragg import config_from_args
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
 
     config = config_from_args([*args.split(), "-detpixels", "16"])
     setup = resolve(config)

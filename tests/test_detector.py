@@ -16,7 +16,7 @@ from nbsim.detector import PixelLayout, detector_image, effects, layout_of, nati
 from nbsim.errors import NbsimError
 from nbsim.kernel.structure import structure_of
 from nbsim.nanobragg.arguments import parse
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 from nbsim.sweep.spec import dataclass_from_dict, dataclass_to_dict
 
 RANDOM123_KNOWN_ANSWERS = (

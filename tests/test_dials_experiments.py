@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from nbsim.cli import main
-from nbsim.crystal import build_lattice
 from nbsim.errors import InputFileError
-from nbsim.geometry import build_geometry
 from nbsim.io.dials_experiments import dials_real_space, mini_cbf_a_matrix, read_experiment_list
+from nbsim.model.crystal import build_lattice
+from nbsim.model.geometry import build_geometry
 from nbsim.nanobragg.arguments import parse
 from nbsim.rng import Ran1
 

@@ -2,7 +2,7 @@
 
 A ```sh (or ```bash) block is run by bash (-e: every command must succeed) in a fresh folder holding the
 repository's `config/`, with `nbsim` on PATH and as `.venv/bin/nbsim` (this checkout's entry point,
-`nbsim.cli.client:main`, as installed), `.venv/bin/python` this Python, and a private NBSIM_CACHE_DIR (its
+`nbsim.server.client:main`, as installed), `.venv/bin/python` this Python, and a private NBSIM_CACHE_DIR (its
 own kernels and worker socket, so a worker the docs start serves only these commands). An HTML comment on
 the line before the block marks one that is not run as it stands: `<!-- needs: DIALS -->` runs only where
 DIALS is installed, `<!-- not run: REASON -->` never (REASON says what it needs, and the text around the
@@ -91,7 +91,7 @@ def shell_env(tmp_path_factory) -> dict[str, str]:
     """PATH with this checkout's nbsim first, PYTHONPATH the checkout, a private cache folder."""
     tools = tmp_path_factory.mktemp("tools")
     nbsim = tools / "nbsim"
-    nbsim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "import sys; from nbsim.cli.client import main; '
+    nbsim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "import sys; from nbsim.server.client import main; '
                      f'sys.exit(main())" "$@"\n')
     nbsim.chmod(0o755)
     env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO_ROOT),

@@ -25,7 +25,7 @@ from nbsim.fit.parameters import (
     rotation_matrix,
 )
 from nbsim.fit.refine import FitImage, FitOptions, fit
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 from nbsim.vectors import rotate_xyz
 
 from .conftest import GOLDEN, REPO_ROOT
@@ -267,7 +267,7 @@ def test_the_fit_samples_as_advised_unless_told():
     """A model without -phisteps or -mosaic_dom gets the φ steps and mosaic domains nbsim's sampling advice
     asks for (and the flags that re-render it); flags given are kept."""
     from nbsim.cli.fit import advised_sampling
-    from nbsim.setup import config_sampling_advice
+    from nbsim.resolve import config_sampling_advice
 
     argv = [*small_still(64)[:-2], "-N", "20", "-mosaic", "0.5", "-osc", "0.5"]
     argv = [a for i, a in enumerate(argv) if a not in ("-mosaic_dom",) and argv[i - 1] != "-mosaic_dom"]

@@ -13,7 +13,7 @@ import yaml
 
 from nbsim.errors import NbsimError
 from nbsim.fit.parameters import REFINABLE, misorientation_deg
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 from nbsim.sweep import plan
 from nbsim.sweep.fitting import PERTURBATIONS, FitJob, fit_chunks, perturbed_start
 from nbsim.sweep.validate import validate_config

@@ -12,7 +12,7 @@ import torch
 import nbsim
 from nbsim.modes import Mode
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 BASE = ("-default_F 100 -cell 70 80 90 80 85 95 -N 3 -lambda 1.2 "
         "-distance 80 -detpixels 3 -pixel 8 -Xbeam 20 -Ybeam 15 -oversample 1").split()

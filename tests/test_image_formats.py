@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nbsim.cli import main
-from nbsim.geometry import build_geometry
+from nbsim.model.geometry import build_geometry
 from nbsim.nanobragg.arguments import parse
 
 nxmx = pytest.importorskip("nxmx")
@@ -167,7 +167,7 @@ def _rotation_sweep(folder, phis_deg: list[float]):
 
 def test_export_writes_a_rotation_series_as_nxmx_and_numbered_cbfs(tmp_path, capsys):
     from nbsim.cli.products import integer_image
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
 
     phis = [10.0 + 0.5 * k for k in range(10)]
     images, config = _rotation_sweep(tmp_path, phis)
@@ -226,7 +226,7 @@ def test_cbf_header_reads_as_dxtbx_formatcbfmini_reads_it(tmp_path, monkeypatch)
 def test_mcstas_frame_is_a_rotation_taking_the_beam_to_z(convention):
     from nbsim.cli.products import experiment_record
     from nbsim.io.detector_images import mcstas_rotation
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
 
     record = experiment_record(resolve(parse([*SMALL, convention])[0]), noise_seed=None)
     rotation = mcstas_rotation(record)
@@ -242,7 +242,7 @@ def test_nxmx_sample_orientation_at_omega_is_the_rotated_a_matrix(tmp_path, monk
     vectors rotated by φ, in the McStas frame: the orientation nbsim rendered at its first φ step."""
     from nbsim.cli.products import experiment_record
     from nbsim.io.detector_images import mcstas_rotation
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
     from nbsim.vectors import rotate_about_axis
 
     argv = _render(tmp_path, monkeypatch, "-nonoise", "-misset", "10", "20", "30", "-nxmxfile", "image.nxs")
@@ -314,7 +314,7 @@ def test_export_writes_noise_frames_each_with_its_seed_in_its_header(tmp_path, c
     from dataclasses import replace
 
     from nbsim.detector import detector_image, layout_of
-    from nbsim.setup import resolve
+    from nbsim.resolve import resolve
 
     phis = [10.0, 10.5, 11.0]
     images, config = _rotation_sweep(tmp_path, phis)

@@ -13,8 +13,8 @@ import nbsim
 from nbsim.kernel.inputs import kernel_inputs
 from nbsim.kernel.physics import pixel_kernel, sin_pi_polynomial, sincg_parts
 from nbsim.render import Renderer
+from nbsim.resolve import resolve
 from nbsim.rng import Ran1
-from nbsim.setup import resolve
 
 from .conftest import SEED_ARGS
 

@@ -12,19 +12,19 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "nbsim"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("nbsim", "nbsim.errors", "nbsim.vectors", "nbsim.cpu", "nbsim.cache", "nbsim.rng", "nbsim.workloads",
-     "nbsim.devices", "nbsim.modes", "nbsim.sensors"),
+    ("nbsim", "nbsim.errors", "nbsim.vectors", "nbsim.cpu", "nbsim.cache", "nbsim.rng", "nbsim.devices",
+     "nbsim.modes", "nbsim.sensors"),
     ("nbsim.config",),
     ("nbsim.io",),
     ("nbsim.nanobragg",),
-    ("nbsim.geometry", "nbsim.crystal", "nbsim.beam", "nbsim.structure_factors", "nbsim.setup",
-     "nbsim.spectra", "nbsim.background", "nbsim.anomalous"),
+    ("nbsim.model", "nbsim.resolve"),
     ("nbsim.kernel",),
     ("nbsim.render", "nbsim.detector"),
-    ("nbsim.timing",),
+    ("nbsim.timing", "nbsim.reference"),
     ("nbsim.fit",),
     ("nbsim.sweep",),
     ("nbsim.cli",),
+    ("nbsim.server",),
 )
 """Lowest first. A name stands for the module and, for a package, every module in it."""
 

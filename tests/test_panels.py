@@ -12,10 +12,10 @@ import torch
 import yaml
 
 from nbsim.cli import main
-from nbsim.geometry import panel_geometries, single_panel_flags
+from nbsim.model.geometry import panel_geometries, single_panel_flags
 from nbsim.nanobragg import parse
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 CRYSTAL = ["-cell", "60", "70", "80", "90", "95", "90", "-default_F", "100", "-N", "4", "-lambda", "1.1",
            "-misset", "10", "20", "5", "-oversample", "2", "-mosaic", "0.3", "-mosaic_domains", "2"]

@@ -11,7 +11,7 @@ import torch
 import nbsim
 from nbsim.cli import main
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 from .conftest import GOLDEN, case_params, correlation, load_case, requires_golden
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from nbsim.background import AIR_CURVE, AVOGADRO, R_E_SQR_M2, WATER_CURVE
+from nbsim.model.background import AIR_CURVE, AVOGADRO, R_E_SQR_M2, WATER_CURVE
 from nbsim.nanobragg import parse
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 CRYSTAL = "-cell 50 60 70 90 90 90 -default_F 10 -N 3 -lambda 1 -distance 100 -detpixels 48 -pixel 0.1".split()
 MODEL_CRYSTAL = "-N 3 -distance 100 -detpixels 48 -pixel 0.1".split()
@@ -107,7 +107,7 @@ def test_corrected_oversample_omega_multiplies_each_contribution():
 
 def test_corrected_misset_random_uses_degrees():
     argv = CRYSTAL + ["-misset_seed", "5", "-misset", "random"]
-    from nbsim.crystal import build_lattice
+    from nbsim.model.crystal import build_lattice
     from nbsim.rng import Ran1
 
     config, _ = parse(argv)
@@ -265,7 +265,7 @@ def test_spectrum_renders_each_channel_with_its_own_table_in_one_pass(tmp_path):
 
 
 def test_user_table_overrides_cromer_liberman(tmp_path):
-    from nbsim.anomalous import read_factor_table, scattering_factors
+    from nbsim.model.anomalous import read_factor_table, scattering_factors
 
     path = tmp_path / "fp.txt"
     path.write_text("# element eV f' f''\nSe 12000 -5 0.5\nSe 13000 -6 3.5\n")

@@ -15,9 +15,9 @@ import pytest
 from nbsim.cli import main
 from nbsim.nanobragg import config_from_args, parse
 from nbsim.nanobragg.flags import FLAGS
+from nbsim.reference import c_arguments
 from nbsim.sweep.plan import point_config, sweep_points
 from nbsim.sweep.validate import validate_config
-from nbsim.timing import c_arguments
 
 from .conftest import REPO_ROOT, SEED_ARGS
 

@@ -9,7 +9,7 @@ import torch
 
 import nbsim
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 from .conftest import case_params, load_case
 

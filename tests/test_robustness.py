@@ -26,7 +26,7 @@ from nbsim.kernel.physics import lattice_factor, sin_pi_polynomial, sincg_parts
 from nbsim.nanobragg.arguments import parse
 from nbsim.nanobragg.flags import FLAGS
 from nbsim.render import Renderer
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 from .conftest import REPO_ROOT, SEED_ARGS, own_cache_env, snakemake_command
 

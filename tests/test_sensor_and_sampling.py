@@ -12,8 +12,8 @@ import pytest
 
 from nbsim.cli import main
 from nbsim.nanobragg import config_from_args
+from nbsim.resolve import SINC_FWHM, config_sampling_advice, resolve
 from nbsim.sensors import MATERIALS, sensor_material
-from nbsim.setup import SINC_FWHM, config_sampling_advice, resolve
 
 SMALL = ["-cell", "70", "80", "90", "90", "90", "90", "-default_F", "100", "-N", "4", "-detpixels", "40",
          "-pixel", "0.2", "-distance", "90", "-lambda", "1.0", "-compile", "off", "-seed", "7", "-nopgm",
@@ -113,7 +113,7 @@ def test_the_shipped_model_reads_the_same_in_both_formats():
 
     import numpy as np
 
-    from nbsim.setup import p1_reflections
+    from nbsim.resolve import p1_reflections
 
     examples = Path(__file__).resolve().parents[1] / "config" / "examples"
     tables = [p1_reflections(config_from_args(["-model", str(examples / name), "-N", "2", "-detpixels", "32",

@@ -166,7 +166,7 @@ def test_a_sweep_axis_of_spectrum_files_plans_and_records_each_spectrum(tmp_path
 
 
 def test_sase_spectrum_is_seeded_spiky_and_normalised():
-    from nbsim.spectra import sase_spectrum
+    from nbsim.model.spectra import sase_spectrum
 
     spectrum = sase_spectrum(1.3, 0.5, 100, seed=7)
     assert spectrum == sase_spectrum(1.3, 0.5, 100, seed=7)
@@ -186,7 +186,7 @@ SASE = {"sase": {"centre_eV": 9500, "bandwidth_percent": 0.5, "channels": 20, "s
 
 
 def test_a_sase_draw_gives_each_shot_its_own_recorded_spectrum(tmp_path):
-    from nbsim.spectra import sase_spectrum
+    from nbsim.model.spectra import sase_spectrum
     from nbsim.sweep import plan
     from nbsim.sweep.spec import PointSpec
     from nbsim.sweep.validate import validate_config

@@ -18,7 +18,7 @@ from nbsim.io.images import write_smv
 from nbsim.kernel.inputs import kernel_inputs
 from nbsim.kernel.stages import Structure
 from nbsim.kernel.structure import structure_of
-from nbsim.setup import Setup, resolve
+from nbsim.resolve import Setup, resolve
 
 from .conftest import case_params, load_case
 

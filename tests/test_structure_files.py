@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from benchmarks.model_workloads import write_model
-from nbsim import config_from_args, resolve, simulate
+from nbsim import config_from_args, simulate
 from nbsim.cli import main
 from nbsim.errors import NbsimError
 from nbsim.io.structure_files import read_reflection_file
+from nbsim.resolve import resolve
 
 CELL = (40.0, 40.0, 60.0, 90.0, 90.0, 90.0)
 SPACE_GROUP = "P 43 21 2"

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks import workloads
 from benchmarks.sweep_workloads import write_synthetic_batches
-from nbsim import workloads
 from nbsim.config import SimulationConfig
 from nbsim.errors import NbsimError
 from nbsim.modes import Compile

@@ -23,7 +23,7 @@ ARGS = f"{SEED_ARGS} -detpixels 24 -compile off -floatfile float.bin -intfile in
 
 
 def _nbsim(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nbsim.cli.client", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "nbsim.server.client", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -95,7 +95,7 @@ def test_a_waiting_process_killed_from_outside_is_replaced(tmp_path, running_wor
 
 def test_client_does_not_import_torch(tmp_path, running_worker):
     """With a worker running, an `nbsim` command loads neither torch nor numpy."""
-    result = _client("import json, sys\nfrom nbsim.cli.client import main\nstatus = main(sys.argv[1:])\n"
+    result = _client("import json, sys\nfrom nbsim.server.client import main\nstatus = main(sys.argv[1:])\n"
                      "print(json.dumps([status, 'torch' in sys.modules, 'numpy' in sys.modules]))\n",
                      tmp_path, running_worker)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, False, False], result.stderr
@@ -104,8 +104,9 @@ def test_client_does_not_import_torch(tmp_path, running_worker):
 
 def test_worker_with_other_sources_steps_aside(tmp_path, running_worker):
     """A worker started from other nbsim sources stops, and the command runs in its own process."""
-    result = _client("import sys\nimport nbsim.cli.client as client\nclient.source_digest = lambda: 'other sources'\n"
-                     "sys.exit(client.main(sys.argv[1:]))\n", tmp_path, running_worker)
+    result = _client("import sys\nimport nbsim.server.client as client\n"
+                     "client.source_digest = lambda: 'other sources'\nsys.exit(client.main(sys.argv[1:]))\n",
+                     tmp_path, running_worker)
     assert result.returncode == 0 and "other nbsim sources" in result.stderr
     assert (tmp_path / "float.bin").is_file()
     assert _nbsim(["worker", "status"], tmp_path, running_worker).returncode == 1
@@ -119,7 +120,7 @@ def test_without_a_worker_the_command_runs_in_process(tmp_path, worker_env):
 
 def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
     """The socket's folder must be this user's and private; otherwise no worker is used or started."""
-    from nbsim.cli import client, protocol
+    from nbsim.server import client, protocol
 
     folder = tmp_path / "sockets"
     folder.mkdir(mode=0o755)
@@ -138,7 +139,7 @@ def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
 
 
 def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, running_worker, monkeypatch):
-    from nbsim.cli import client, protocol
+    from nbsim.server import client, protocol
 
     monkeypatch.setenv("NBSIM_CACHE_DIR", running_worker["NBSIM_CACHE_DIR"])
     with protocol.connect(timeout_s=60) as connection:
@@ -162,7 +163,7 @@ def _interrupt_mid_render(folder: Path, env: dict[str, str], signum: int) -> sub
     # The client gets the default SIGINT action whatever this test process inherited (a run in the
     # background, or a library that ignored SIGINT, would pass SIG_IGN on, and the client would rightly
     # keep ignoring it).
-    client = subprocess.Popen([sys.executable, "-m", "nbsim.cli.client", *LONG_ARGS], cwd=folder, env=env,
+    client = subprocess.Popen([sys.executable, "-m", "nbsim.server.client", *LONG_ARGS], cwd=folder, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -224,7 +225,7 @@ def test_a_killed_client_cancels_its_command(tmp_path, running_worker):
 def _run_in_child(worker, message: dict, hang_up_after_s: float | None = None) -> tuple[int | None, list]:
     """A worker.CommandProcess run on one end of a socket pair: its status and the frames the other end
     received (that end shut after `hang_up_after_s`, if given)."""
-    from nbsim.cli import protocol
+    from nbsim.server import protocol
 
     served, client = socket.socketpair()
     hang_up = threading.Timer(hang_up_after_s or 0, client.shutdown, [socket.SHUT_RDWR])
@@ -252,8 +253,8 @@ def test_a_command_cancelled_while_writing_leaves_whole_files(tmp_path, monkeypa
     writes a file in many parts, and removes its temporary file when interrupted)."""
     import torch  # noqa: F401 - imported before the fork, as in the worker
 
-    from nbsim.cli import worker
     from nbsim.io.atomic import atomic_write
+    from nbsim.server import worker
 
     parts = [bytes(1 << 20)] * 16
 
@@ -279,7 +280,7 @@ def test_each_command_has_its_own_folder_umask_and_variables(tmp_path, monkeypat
     count, see only their own; the worker's own stay as they were."""
     import torch
 
-    from nbsim.cli import worker
+    from nbsim.server import worker
 
     def command(argv: list[str]) -> int:
         print(json.dumps([os.getcwd(), oct(os.umask(0)), sorted((k, v) for k, v in os.environ.items()
@@ -327,7 +328,7 @@ def test_commands_in_a_row_keep_their_settings_apart(tmp_path, running_worker):
         folder = tmp_path / f"command{index}"
         folder.mkdir()
         env = {**running_worker, "OMP_NUM_THREADS": threads}
-        result = subprocess.run([sys.executable, "-m", "nbsim.cli.client", *ARGS], cwd=folder, env=env,
+        result = subprocess.run([sys.executable, "-m", "nbsim.server.client", *ARGS], cwd=folder, env=env,
                                 capture_output=True, text=True, timeout=60,
                                 preexec_fn=lambda mask=mask: os.umask(mask))
         assert result.returncode == 0, result.stderr
@@ -345,7 +346,7 @@ def test_the_worker_never_initialises_cuda():
     script = ("import unittest.mock, torch\ncalls = []\n"
               "with unittest.mock.patch.object(torch._C, '_cuda_getDeviceCount', create=True,\n"
               "                                side_effect=lambda: calls.append(1) or 0):\n"
-              "    from nbsim.cli import simulate, worker\n"
+              "    from nbsim.cli import simulate\n    from nbsim.server import worker\n"
               "print(len(calls), torch.cuda.is_initialized())\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["0", "False"], result.stderr
@@ -353,7 +354,7 @@ def test_the_worker_never_initialises_cuda():
 
 def test_a_command_whose_process_dies_ends_in_one_line(tmp_path, monkeypatch):
     """A command's process killed by a signal (out of memory, say): one error line and status 128 + the signal."""
-    from nbsim.cli import worker
+    from nbsim.server import worker
 
     monkeypatch.setattr(worker, "_command_status", lambda argv: os.kill(os.getpid(), signal.SIGKILL))
     status, frames = _run_in_child(worker, {"cwd": str(tmp_path), "umask": 0o022})

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from nbsim import workloads
+from benchmarks import workloads
 
 from .conftest import REPO_ROOT, SEED_ARGS, own_cache_env, snakemake_command
 
@@ -432,7 +432,7 @@ def test_shipped_configs_are_valid(path, tmp_path):
     expected = (len(config["scenarios"]) * len(axis_values(axes["sizes"])) * len(axes["dtypes"])
                 * len(axes["devices"]) * len(axes["compile"]) * extra_points)
     assert len(sweep_points(config)) == expected
-    if "seed" in config["scenarios"]:  # the seeds' workload, written out for the reader, as nbsim.workloads has it
+    if "seed" in config["scenarios"]:  # the seeds' workload, written out for the reader, as benchmarks/workloads.py has
         assert config["scenarios"]["seed"]["args"].split() == list(workloads.SEED_ARGS)
 
 

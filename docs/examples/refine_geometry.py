@@ -20,7 +20,7 @@ import torch
 
 import nbsim
 from nbsim.fit import DiffractionModel, negative_log_likelihood
-from nbsim.setup import resolve
+from nbsim.resolve import resolve
 
 SEED_ARGS = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5".split()
 TRUTH = {"distance_mm": 100.0, "beam_x_mm": 13.0, "beam_y_mm": 13.0}

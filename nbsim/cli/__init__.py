@@ -1,5 +1,5 @@
 """`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim show`,
-`nbsim bench`, `nbsim kernels`, `nbsim export` and `nbsim worker` (served by cli/client.py).
+`nbsim bench`, `nbsim kernels`, `nbsim export` and `nbsim worker` (served by server/client.py).
 
 Everything the arguments alone decide (help, an unknown flag, a bad value, an impossible cell, a missing
 input file, an output folder that does not exist) is answered here without importing torch, in a

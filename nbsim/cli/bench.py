@@ -21,7 +21,8 @@ from ..io.atomic import atomic_write_text
 from ..io.images import write_float_image
 from ..modes import Compile
 from ..nanobragg import config_from_args
-from ..timing import correlation, run_c_reference, time_nbsim
+from ..reference import correlation, run_c_reference
+from ..timing import time_nbsim
 from .products import stacked_panels
 
 

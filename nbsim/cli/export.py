@@ -138,7 +138,7 @@ def export_series(store: Path, size: int | None, files: SeriesFiles, options: Co
     from ..config import SimulationConfig
     from ..detector import detector_image, layout_of
     from ..io.detector_images import write_mini_cbf, write_nxmx
-    from ..setup import resolve
+    from ..resolve import resolve
     from ..sweep.spec import dataclass_from_dict
     from .products import experiment_record, integer_image
 

@@ -91,11 +91,11 @@ def _flag_overrides(values: dict, source: str) -> list[str]:
 
 
 def advised_sampling(config, argv: list[str]) -> tuple:
-    """The model with the φ steps and mosaic domains nbsim's sampling advice asks for (setup.sampling_advice),
+    """The model with the φ steps and mosaic domains nbsim's sampling advice asks for (resolve.sampling_advice),
     where the flags leave them out: a fit of a rotation frame or a mosaic crystal needs every spot rendered,
     not hit or missed between samples. Flags that give them are kept as given. Returns the model and the
     flags added (so the refined flags re-render what was fitted)."""
-    from ..setup import config_sampling_advice
+    from ..resolve import config_sampling_advice
 
     advice = config_sampling_advice(config)
     changes, flags = {}, []
@@ -183,7 +183,7 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
     from ..fit.output import fit_json, residual_picture
     from ..fit.refine import FitImage, FitOptions, fit
     from ..io.observed import read_observed
-    from ..setup import resolve
+    from ..resolve import resolve
 
     adc = options.adc
     if adc is None and "-adc" in model_flags:

@@ -13,11 +13,11 @@ from ..config import INT32_MAX_COUNT, DetectorConfig, PanelConfig, scalar_value
 from ..detector import direct_beam_px
 from ..detector.response import OVERLOAD_ADU
 from ..errors import NbsimError
-from ..geometry import DetectorGeometry
 from ..io.detector_images import DetectorModule, ExperimentRecord
 from ..io.images import format_g
 from ..io.structure_files import table_provenance
-from ..setup import Setup
+from ..model.geometry import DetectorGeometry
+from ..resolve import Setup
 from ..vectors import DEGREES_PER_RADIAN
 
 

@@ -16,7 +16,7 @@ from ..nanobragg.arguments import RunOptions
 from ..nanobragg.presets import detector_model
 
 if TYPE_CHECKING:
-    from ..setup import Setup
+    from ..resolve import Setup
 
 USAGE = """usage: nbsim show [--] <nanoBragg options>   (what the command resolves to, nothing rendered)
        nbsim show --options                  (the simulator options, for sweep.extra and with_options)"""
@@ -59,7 +59,7 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
     from ..devices import resolve_device, resolve_dtype
     from ..kernel.policy import COMPILED_SPEEDUP, plan_compile
     from ..render import Renderer
-    from ..setup import config_sampling_advice, resolve
+    from ..resolve import config_sampling_advice, resolve
 
     device, dtype = resolve_device(device_name), resolve_dtype(dtype_name)
     setup = resolve(config)

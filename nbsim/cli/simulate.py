@@ -23,7 +23,7 @@ from ..io.structure_files import write_hkl
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
-from ..setup import Setup, resolve
+from ..resolve import Setup, resolve
 from ..vectors import DEGREES_PER_RADIAN
 from .products import (
     experiment_record,

@@ -15,8 +15,8 @@ import torch
 
 from ..config import DetectorResponseConfig, check_response
 from ..errors import NbsimError
-from ..geometry import DetectorGeometry
-from ..setup import Setup
+from ..model.geometry import DetectorGeometry
+from ..resolve import Setup
 from . import effects, philox
 from .native import nanobragg_poisson
 

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..beam import build_sources
-from ..crystal import Lattice, oriented_cells
 from ..errors import NbsimError
-from ..geometry import build_geometry
 from ..kernel.inputs import KernelOptions, KernelTensors, TableTensors, kernel_inputs, table_tensors
 from ..kernel.physics import prepare_pixels, sum_steps
-from ..setup import Setup
+from ..model.beam import build_sources
+from ..model.crystal import Lattice, oriented_cells
+from ..model.geometry import build_geometry
+from ..resolve import Setup
 from ..vectors import cross, dot
 from .parameters import (
     DETECTOR,

@@ -11,7 +11,7 @@ import torch
 
 from ..io.atomic import atomic_write_with
 from ..nanobragg.flags import FLAGS, WAVELENGTH_FLAGS
-from ..setup import R_E_SQR_M2
+from ..resolve import R_E_SQR_M2
 from .parameters import rotation_matrix
 from .refine import FitResult
 

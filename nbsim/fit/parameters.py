@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..crystal import reciprocal_from_cell
 from ..errors import NbsimError
+from ..model.crystal import reciprocal_from_cell
 
 REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "wavelength", "background")
 """Names `--refine` takes, in the order they are reported."""

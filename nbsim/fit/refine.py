@@ -18,7 +18,7 @@ import torch
 
 from ..errors import NbsimError
 from ..render import Renderer
-from ..setup import Setup
+from ..resolve import Setup
 from .likelihood import LIKELIHOODS, negative_log_likelihood
 from .model import DiffractionModel
 from .pixels import Shoeboxes, shoeboxes

@@ -238,7 +238,7 @@ def _absolute(name: str, expt_path: Path) -> str:
 
 def mosflm_matrix(a_matrix_per_A: np.ndarray, wavelength_A: float) -> tuple[float, ...]:
     """The nine numbers of a MOSFLM -mat file (columns a*, b*, c* times λ, row by row) for an A matrix of
-    rows a*, b*, c* in Å⁻¹: what CrystalConfig.mosflm_matrix takes (nbsim.crystal.build_lattice undoes it)."""
+    rows a*, b*, c* in Å⁻¹: what CrystalConfig.mosflm_matrix takes (nbsim.model.crystal.build_lattice undoes it)."""
     return tuple(float(v) for v in (np.asarray(a_matrix_per_A, dtype=np.float64).T * wavelength_A).ravel())
 
 

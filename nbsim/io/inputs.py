@@ -1,6 +1,6 @@
 """The large input files nanoBragg takes, HKL lists (nanoBragg's text, MTZ or sf-mmCIF), atomic models
 (-model) and SMV masks, each read strictly with a one-line error naming the file (line and token, or
-column, where known), by `setup.resolve`. The small ones (MOSFLM matrices, source lists) are read when the
+column, where known), by `resolve.resolve`. The small ones (MOSFLM matrices, source lists) are read when the
 arguments are parsed, by nbsim.io.text's numpy-free readers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The amorphous background of each pixel (nbsim.background): evaluated once per pixel at its centre, on the
+"""The amorphous background of each pixel (nbsim.model.background): evaluated once per pixel at its centre, on the
 sensor's front face, for every source, with the kernel's own solid angle, polarization and capture
 functions. It is a separate, eager pass (one evaluation per pixel and source, against the kernel's steps),
 so it never changes a compiled kernel, and it does not depend on the sub-pixel, phi or mosaic sampling."""
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_map
 
-from ..background import BackgroundCurve
+from ..model.background import BackgroundCurve
 from .inputs import KernelOptions, KernelTensors, Projection
 from .physics import pixel_frame, polarization_factor, project, restrict, solid_angle
 

@@ -29,7 +29,7 @@ from ..io.atomic import atomic_write_text
 from .stages import StageVariant, Structure
 
 KERNEL_SOURCES = ("physics.py", "inputs.py", "stages.py", "aot.py", "inductor_patches.py",
-                  "../structure_factors.py")
+                  "../model/structure_factors.py")
 """Every file whose code an ahead-of-time package is built from (relative to nbsim/kernel)."""
 
 

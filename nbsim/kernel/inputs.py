@@ -19,11 +19,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..config import CrystalShape, SimulationConfig
-from ..setup import sensor_layers
+from ..resolve import sensor_layers
 from ..vectors import cross, unit
 
 if TYPE_CHECKING:
-    from ..setup import Setup
+    from ..resolve import Setup
 
 Lookup = Literal["default", "nearest", "interpolate"]
 Polarization = Literal["none", "unpolarized", "kahn"]

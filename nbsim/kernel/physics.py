@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..structure_factors import lagrange_weights
+from ..model.structure_factors import lagrange_weights
 from .inputs import KernelOptions, KernelTensors, Projection
 
 ROUND_SHAPE_NORM = 0.723601254558268

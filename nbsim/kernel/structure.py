@@ -2,7 +2,7 @@
 the renderer, the kernel cache, the sweep's planning and `nbsim kernels` all ask.
 
 It reads no file and builds nothing sized by the detector or the HKL table. Each count comes from the same
-pure rule `setup.resolve` follows (cell counts, automatic oversample, lookup, sensor layers, mosaic
+pure rule `resolve.resolve` follows (cell counts, automatic oversample, lookup, sensor layers, mosaic
 domains, sources, phi steps), so the two cannot disagree.
 """
 
@@ -11,11 +11,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ..beam import source_count
 from ..config import DetectorConfig, SimulationConfig
-from ..crystal import build_lattice, cell_counts, mosaic_domain_count, phi_sampling
-from ..rng import Ran1
-from ..setup import (
+from ..model.beam import source_count
+from ..model.crystal import build_lattice, cell_counts, mosaic_domain_count, phi_sampling
+from ..resolve import (
     detector_panels,
     finest_sampling,
     lookup_of,
@@ -24,6 +23,7 @@ from ..setup import (
     sampling_distance_m,
     sensor_layers,
 )
+from ..rng import Ran1
 from .inputs import kernel_options
 from .stages import Structure
 

@@ -1,7 +1,7 @@
 """nanoBragg command-line arguments → SimulationConfig and output options, in three steps: strict
 validation against the flag table (`flags`), nanoBragg's substring matching (`rules`), and the
 typed configuration built from the C's variables. The small input files (-mat, -sourcefile, -spectrumfile) are
-read here, strictly, into the configuration; the large tables (-hkl, -mask) stay paths, read by `setup.resolve`.
+read here, strictly, into the configuration; the large tables (-hkl, -mask) stay paths, read by `resolve.resolve`.
 """
 
 from __future__ import annotations

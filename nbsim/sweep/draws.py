@@ -9,7 +9,7 @@ Distributions (the value under a key): `random` (for `-misset` only: an orientat
 `{uniform: [lo, hi]}` (lo <= x < hi), `{integers: [lo, hi]}` (lo <= n <= hi, both included),
 `{normal: [mean, sd]}`, `{choice: [a, b, ...]}` (each equally likely), and, for the `spectrum` option
 only, `{sase: {centre_A or centre_eV, bandwidth_percent, channels, spikes (default 10)}}`: a seeded
-SASE-like spectrum (nbsim.spectra.sase_spectrum). The orientation is drawn from the draw's misset seed
+SASE-like spectrum (nbsim.model.spectra.sase_spectrum). The orientation is drawn from the draw's misset seed
 alone, so that seed reproduces it.
 """
 
@@ -25,8 +25,8 @@ import numpy as np
 
 from ..errors import NbsimError
 from ..io.text import HC_EV_A
+from ..model.spectra import sase_spectrum
 from ..rng import matrix_to_misset_rad
-from ..spectra import sase_spectrum
 
 DISTRIBUTIONS = ("uniform", "integers", "normal", "choice", "sase")
 SPECTRUM = "spectrum"

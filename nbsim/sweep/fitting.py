@@ -34,7 +34,7 @@ from .spec import PointSpec, dataclass_from_dict, dataclass_to_dict
 from .store import write_json
 
 if TYPE_CHECKING:
-    from ..setup import Setup
+    from ..resolve import Setup
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def perturbed_start(spec: PointSpec, truth: Setup, settings: Mapping[str, Any], 
 
     from ..fit.output import misset_deg
     from ..fit.parameters import cell_from_free, lattice_system
-    from ..setup import resolve
+    from ..resolve import resolve
 
     start = settings["start"]
     base_config = spec.config
@@ -328,7 +328,7 @@ def run_fit_job(job: FitJob, store: Path, output: Path) -> dict:
 
     from ..fit.output import fit_json, standard_errors
     from ..fit.refine import FitImage, fit
-    from ..setup import resolve
+    from ..resolve import resolve
     from .jobs import _job_identity
 
     torch.set_num_threads(max(1, job.settings["threads"]))

@@ -245,7 +245,7 @@ def _reference_images(store: Path) -> tuple[dict[str, int], Any]:
 def _c_references(job: BatchJob, output: BatchStore, entries: list[dict | None]) -> list[dict]:
     """Reference images from the C binary (OMP_NUM_THREADS = the job's threads), timed as whole
     processes."""
-    from ..timing import run_c_reference
+    from ..reference import run_c_reference
 
     progress = Progress(sum(entry is None for entry in entries), f"{job.scenario} {job.batch}")
     for index, point in enumerate(job.points):
@@ -266,7 +266,7 @@ def _c_references(job: BatchJob, output: BatchStore, entries: list[dict | None])
 
 def compare_images(image: np.ndarray, reference: np.ndarray) -> dict[str, float]:
     """Correlation, maximum absolute and relative error, and sum ratio of an image to its reference."""
-    from ..timing import correlation
+    from ..reference import correlation
 
     image = image.astype(np.float64)
     reference = np.asarray(reference, dtype=np.float64)

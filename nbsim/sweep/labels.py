@@ -54,8 +54,8 @@ def rendered_labels(config: SimulationConfig) -> dict[str, float]:
     """The A matrix actually used, λ and the corner resolution, from the point's configuration (the
     lattice and geometry nanoBragg's set-up derives, float64)."""
     from ..config import scalar_value
-    from ..crystal import build_lattice
-    from ..geometry import build_geometry
+    from ..model.crystal import build_lattice
+    from ..model.geometry import build_geometry
     from ..rng import Ran1
 
     wavelength_A = scalar_value(config.beam.wavelength_A)

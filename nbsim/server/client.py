@@ -2,13 +2,13 @@
 
 Starting Python and importing PyTorch takes seconds, often longer than rendering a detector with a
 warm compile cache. `nbsim worker start` launches one background process per user and cache folder
-that has PyTorch and nbsim imported (nbsim.cli.worker; this module talks to it through
-nbsim.cli.protocol and never imports it); while it runs, each `nbsim <nanoBragg options>` command is a
+that has PyTorch and nbsim imported (nbsim.server.worker; this module talks to it through
+nbsim.server.protocol and never imports it); while it runs, each `nbsim <nanoBragg options>` command is a
 light client (this module never imports torch) that sends its arguments, working folder, umask and
 NBSIM_* variables to the worker and relays its output and exit status. The worker serves one
 command at a time and exits after an idle timeout, on `nbsim worker stop`, or when it finds the nbsim
 sources changed. A client that is interrupted (Ctrl-C, SIGTERM, SIGHUP: one line, status 128 + the
-signal) or killed hangs up, and the worker cancels its command at once (see nbsim.cli.worker).
+signal) or killed hangs up, and the worker cancels its command at once (see nbsim.server.worker).
 Without a worker, or with NBSIM_WORKER=off, the command runs in its own process, as it does when the
 client sees other CUDA devices than the worker. `nbsim bench` always runs in its own process (its
 timings and peak memory are per process).
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             status = run_in_worker(argv)
             if status is not None:
                 return status
-        from . import main as cli_main
+        from ..cli import main as cli_main
 
         return cli_main(argv)
     except KeyboardInterrupt as interrupt:
@@ -209,8 +209,8 @@ def start(idle_timeout_s: float) -> int:
 
 
 def _worker_command_line(idle_timeout_s: float) -> list[str]:
-    """The worker's own process (nbsim.cli.worker, which this torch-free module does not import)."""
-    return [sys.executable, "-m", "nbsim.cli.worker", "--idle-timeout", repr(idle_timeout_s)]
+    """The worker's own process (nbsim.server.worker, which this torch-free module does not import)."""
+    return [sys.executable, "-m", "nbsim.server.worker", "--idle-timeout", repr(idle_timeout_s)]
 
 
 if __name__ == "__main__":

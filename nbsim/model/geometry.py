@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import CONVENTIONS, DetectorConfig, scalar_value
-from .errors import NbsimError
-from .vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
+from ..config import CONVENTIONS, DetectorConfig, scalar_value
+from ..errors import NbsimError
+from ..vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
 
 # beam, fast, slow, normal, two-theta axis, polarization, spindle for each convention.
 _CONVENTION_VECTORS = {

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import CrystalConfig, Scalar, check_cell, scalar_value
-from .errors import NbsimError
-from .rng import Ran1, cap_rotation, matrix_to_misset_rad
-from .vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz
+from ..config import CrystalConfig, Scalar, check_cell, scalar_value
+from ..errors import NbsimError
+from ..rng import Ran1, cap_rotation, matrix_to_misset_rad
+from ..vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz
 
 
 @dataclass

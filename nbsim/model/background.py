@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import BeamConfig
-from .errors import InputFileError, NbsimError
+from ..config import BeamConfig
+from ..errors import InputFileError, NbsimError
 
 AVOGADRO = 6.02214179e23
 R_E_SQR_M2 = 7.94079248018965e-30
@@ -57,7 +57,7 @@ def padded_curve(rows: tuple[tuple[float, float], ...] | list[tuple[float, float
 def read_curve(path: str) -> tuple[tuple[float, float], ...]:
     """A curve file: rows of sin(θ)/λ (Å⁻¹) and F (text after '#' and blank lines skipped), at least two,
     sin(θ)/λ strictly ascending."""
-    from .io.text import read_text
+    from ..io.text import read_text
 
     rows = []
     for line_number, line in enumerate(read_text(path).splitlines(), start=1):

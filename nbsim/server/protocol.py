@@ -1,4 +1,4 @@
-"""What the `nbsim` client (nbsim.cli.client) and the resident worker (nbsim.cli.worker) share, so that
+"""What the `nbsim` client (nbsim.server.client) and the resident worker (nbsim.server.worker) share, so that
 neither imports the other: where the worker listens, which sources it serves, and the messages between
 them. Torch-free, like the client.
 

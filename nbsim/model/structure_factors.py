@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import NbsimError
+from ..errors import NbsimError
 
 MAX_TABLE_NODES = 2**31 - 1
 """The most nodes the padded table may hold: kernels index it with int32."""

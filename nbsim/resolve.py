@@ -3,8 +3,8 @@ sources, structure-factor grid, sensor layers, fluence and background a render n
 
 `resolve` is the one stage that reads the large input files (-hkl, -mask): the configuration holds their
 paths (and the contents of the small -mat and -sourcefile, read when the arguments are parsed). The rules
-that decide a count (oversample, lookup, sensor layers; mosaic domains and sources in crystal.py and
-beam.py) are small pure functions, so that nbsim.kernel.structure learns a render's structure from them
+that decide a count (oversample, lookup, sensor layers; mosaic domains and sources in model/crystal.py and
+model/beam.py) are small pure functions, so that nbsim.kernel.structure learns a render's structure from them
 without resolving it."""
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import crystal as crystal_mod
-from .anomalous import Channels, channel_tables, source_channels
-from .background import BackgroundCurve, background_curve, check_background
-from .beam import Sources, build_sources
 from .config import (
     CRYSTAL_SHAPES,
     PHYSICS_MODELS,
@@ -33,11 +29,15 @@ from .config import (
     scalar_value,
 )
 from .errors import InputFileError, NbsimError
-from .geometry import DetectorGeometry, build_geometry, panel_geometries
 from .io.inputs import read_input_files
 from .io.structure_files import ReflectionTable, model_reflections
+from .model import crystal as crystal_mod
+from .model.anomalous import Channels, channel_tables, source_channels
+from .model.background import BackgroundCurve, background_curve, check_background
+from .model.beam import Sources, build_sources
+from .model.geometry import DetectorGeometry, build_geometry, panel_geometries
+from .model.structure_factors import HKLGrid, build_grid
 from .rng import Ran1
-from .structure_factors import HKLGrid, build_grid
 from .vectors import norm
 
 R_E_SQR_M2 = 7.94079248018965e-30

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputFileError, NbsimError
-from .io.structure_files import ReflectionTable, anomalous_model_tables, model_partials
+from ..errors import InputFileError, NbsimError
+from ..io.structure_files import ReflectionTable, anomalous_model_tables, model_partials
 
 HC_EV_A = 12398.419843320026
 """h·c in eV·Å: energy_eV = HC_EV_A / wavelength_A."""
@@ -46,7 +46,7 @@ def source_channels(wavelengths_A: np.ndarray, bins: int | None) -> Channels:
 
 def read_factor_table(path: str) -> FactorTable:
     """An -fp_fdp file: rows `element energy_eV f′ f″` (blank lines and # comments skipped)."""
-    from .io.text import read_text
+    from ..io.text import read_text
 
     table: dict[str, list[tuple[float, float, float]]] = {}
     for line_number, line in enumerate(read_text(path).splitlines(), start=1):

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .errors import NbsimError
+from ..errors import NbsimError
 
 GRID_HALF_WIDTHS = 1.5
 """The channels span the envelope's centre ± 1.5 FWHM (± 3.5 σ: the envelope falls to 2e-3 at the edges)."""

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import BeamConfig
-from .errors import NbsimError
-from .vectors import rotate_about_axis, unit
+from ..config import BeamConfig
+from ..errors import NbsimError
+from ..vectors import rotate_about_axis, unit
 
 SOURCE_DISTANCE_M = 10.0
 

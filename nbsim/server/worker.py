@@ -1,5 +1,5 @@
-"""The resident worker (`python -m nbsim.cli.worker`, started by `nbsim worker start`): PyTorch and nbsim's
-render path imported once, then one command at a time from the clients of nbsim.cli.client, each in a
+"""The resident worker (`python -m nbsim.server.worker`, started by `nbsim worker start`): PyTorch and nbsim's
+render path imported once, then one command at a time from the clients of nbsim.server.client, each in a
 child process of its own (CommandProcess).
 
 The child owns everything a command may change: it takes the client's working folder, umask, NBSIM_*
@@ -90,7 +90,7 @@ class _FrameWriter(io.TextIOBase):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m nbsim.cli.worker [--idle-timeout SECONDS]`: serve in the foreground."""
+    """`python -m nbsim.server.worker [--idle-timeout SECONDS]`: serve in the foreground."""
     parser = argparse.ArgumentParser(prog="nbsim worker serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle-timeout", type=idle_timeout, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
                         help=f"exit after this long without a command (default {DEFAULT_IDLE_TIMEOUT_S:g})")
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(idle_timeout_s: float) -> int:
     """Import the render path once, then serve commands one at a time until idle or stopped. A lock next
     to the socket keeps a second worker for the same folder from starting."""
-    from . import simulate  # noqa: F401 - PyTorch and the render path, imported once for every child
+    from ..cli import simulate  # noqa: F401 - PyTorch and the render path, imported once for every child
 
     path = socket_path()
     if not private_folder(path):
@@ -387,7 +387,7 @@ def _take_client_settings(message: dict) -> list[str]:
 
 def _command_status(argv: list[str]) -> int:
     """`nbsim argv`'s exit status, SystemExit included."""
-    from . import main as cli_main
+    from ..cli import main as cli_main
 
     try:
         return cli_main(argv)
