@@ -16,6 +16,7 @@ import pytest
 
 from nbsim.cli import main
 from nbsim.errors import InputFileError
+from nbsim.fit.parameters import misorientation_deg
 from nbsim.io.dials_experiments import dials_real_space, mini_cbf_a_matrix, read_experiment_list
 from nbsim.model.crystal import build_lattice
 from nbsim.model.geometry import build_geometry
@@ -177,14 +178,7 @@ def test_dials_indexing_of_an_nbsim_series_converts_to_the_simulation(tmp_path, 
     [start] = read_experiment_list(tmp_path / "indexed.expt")
     truth = mini_cbf_a_matrix(fabio.open("img_00001.cbf").header["_array_data.header_contents"])
     assert start.image == str(tmp_path / "img_00001.cbf")
-    # DIALS may choose any of P222's equivalent settings: (a, b, c) with two of them negated.
-    angles = []
-    for signs in itertools.product((1.0, -1.0), repeat=3):
-        if np.prod(signs) > 0:
-            left, _, right = np.linalg.svd(np.linalg.solve(truth, np.diag(signs) @ start.a_matrix_per_A))
-            turn = left @ right  # the rotation nearest to truth⁻¹ · converted (the cells differ slightly)
-            angles.append(np.degrees(np.arccos(np.clip((np.trace(turn) - 1.0) / 2.0, -1.0, 1.0))))
-    assert min(angles) <= 0.1, angles
+    assert _misorientation_deg(start.a_matrix_per_A, truth) <= 0.1
     cell = start.overrides["cell_A_deg"]
     np.testing.assert_allclose(cell[:3], (40.0, 50.0, 60.0), rtol=0.002)
     np.testing.assert_allclose(cell[3:], (90.0, 90.0, 90.0), atol=0.2)
@@ -204,18 +198,15 @@ def test_dials_indexing_of_an_nbsim_series_converts_to_the_simulation(tmp_path, 
     [shot] = json.loads((tmp_path / "fit.json").read_text())["shots"]
     fitted = np.array(shot["A_matrix"])
 
-    def misorientation(a_matrix: np.ndarray) -> float:
-        return min(_angle_deg(truth, np.diag(signs) @ a_matrix)
-                   for signs in itertools.product((1.0, -1.0), repeat=3) if np.prod(signs) > 0)
-
     def cell_error(lengths) -> float:
         return max(abs(found - true) / true for found, true in zip(sorted(lengths), (40.0, 50.0, 60.0), strict=True))
 
-    assert misorientation(fitted) < misorientation(start.a_matrix_per_A)
+    assert _misorientation_deg(fitted, truth) < _misorientation_deg(start.a_matrix_per_A, truth)
     assert cell_error(shot["cell"][:3]) < cell_error(cell[:3])
 
 
-def _angle_deg(reference: np.ndarray, a_matrix: np.ndarray) -> float:
-    """The angle of the rotation nearest to reference⁻¹ · a_matrix (the cells may differ slightly)."""
-    left, _, right = np.linalg.svd(np.linalg.solve(reference, a_matrix))
-    return float(np.degrees(np.arccos(np.clip((np.trace(left @ right) - 1.0) / 2.0, -1.0, 1.0))))
+def _misorientation_deg(a_matrix: np.ndarray, truth: np.ndarray) -> float:
+    """How far an A matrix is turned from the truth, in whichever of P222's equivalent settings ((a, b, c)
+    with two of them negated) DIALS chose."""
+    return min(misorientation_deg(np.diag(signs) @ a_matrix, truth)
+               for signs in itertools.product((1.0, -1.0), repeat=3) if np.prod(signs) > 0)

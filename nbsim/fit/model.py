@@ -27,7 +27,6 @@ from ..model.geometry import build_geometry
 from ..resolve import Setup
 from ..vectors import cross, dot
 from .parameters import (
-    DETECTOR,
     REFINABLE,
     LatticeSystem,
     Quantity,
@@ -232,7 +231,3 @@ class DiffractionModel(nn.Module):
                 detached = {name: value.detach() for name, value in values[image].items()}
                 setups.append(self.image_setup(image, detached))
         return setups
-
-    def detector_owned(self) -> list[str]:
-        """The refined detector quantities."""
-        return [name for name in self.refine if name in DETECTOR]

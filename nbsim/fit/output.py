@@ -122,10 +122,11 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]]) -> dict
     φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread and their standard errors; the detector;
     the outcome."""
     model = result.model
+    natural = [{name: value.detach() for name, value in image_values.items()} for image_values in model.natural()]
+    sigmas = [standard_errors(result, image) for image in range(len(result.images))]
     shots = []
     for image, fit_image in enumerate(result.images):
-        values = {name: value.detach() for name, value in model.natural()[image].items()}
-        sigma = standard_errors(result, image)
+        values, sigma = natural[image], sigmas[image]
         shots.append({
             "image": fit_image.name,
             "A_matrix": model.a_matrix(image, values).tolist(),
@@ -144,8 +145,7 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]]) -> dict
                       "scale": sigma["scale"][0], "mosaic_spread_deg": sigma["mosaic_spread_deg"][0],
                       "wavelength_A": sigma["wavelength_A"][0]},
         })
-    first = standard_errors(result, 0)
-    detector_values = {name: value.detach() for name, value in model.natural()[0].items()}
+    first, detector_values = sigmas[0], natural[0]
     detector = {"distance_mm": float(detector_values["distance"][0]),
                 "beam_x_mm": float(detector_values["beam"][0]), "beam_y_mm": float(detector_values["beam"][1]),
                 "shared": [name for name in model.shared if name in ("distance", "beam", "wavelength")],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import NbsimError
@@ -19,9 +20,6 @@ from ..model.crystal import reciprocal_from_cell
 
 REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "wavelength", "background")
 """Names `--refine` takes, in the order they are reported."""
-
-DETECTOR = ("distance", "beam")
-"""Quantities of the detector (and shared across images unless asked otherwise)."""
 
 PER_IMAGE_ONLY = ("orientation", "scale", "background")
 """Quantities that belong to one image and cannot be shared."""
@@ -127,17 +125,20 @@ def rotation_matrix(rotation_rad: torch.Tensor) -> torch.Tensor:
 def starting_rotation(cell_A_deg: torch.Tensor, real_A: torch.Tensor) -> torch.Tensor:
     """U with real_A = real_vectors(cell) · Uᵀ: the starting orientation, as the rotation nearest to the
     exact map (a MOSFLM matrix's rounding leaves it a hair from orthogonal)."""
-    exact = torch.linalg.solve(real_vectors(cell_A_deg), real_A).T
-    left, _, right = torch.linalg.svd(exact)
+    return nearest_rotation(torch.linalg.solve(real_vectors(cell_A_deg), real_A).T)
+
+
+def nearest_rotation(matrix: torch.Tensor) -> torch.Tensor:
+    """The rotation nearest to a 3×3 matrix (the orthogonal factor of its polar decomposition)."""
+    left, _, right = torch.linalg.svd(matrix)
     return left @ right
 
 
-def misorientation_deg(a_matrix: torch.Tensor, reference: torch.Tensor) -> float:
+def misorientation_deg(a_matrix: torch.Tensor | np.ndarray, reference: torch.Tensor | np.ndarray) -> float:
     """The angle (degrees) of the rotation nearest to the map between two A matrices (rows a*, b*, c*):
     how far apart two orientations are, free of their cells' difference."""
-    exact = torch.linalg.solve(reference.to(torch.float64), a_matrix.to(torch.float64)).T
-    left, _, right = torch.linalg.svd(exact)
-    rotation = left @ right
+    reference, a_matrix = (torch.as_tensor(m, dtype=torch.float64) for m in (reference, a_matrix))
+    rotation = nearest_rotation(torch.linalg.solve(reference, a_matrix).T)
     cosine = (torch.trace(rotation) - 1.0) / 2.0
     return math.degrees(math.acos(max(-1.0, min(1.0, float(cosine)))))
 

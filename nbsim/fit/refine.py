@@ -158,8 +158,12 @@ class Objective:
                 + self.flat[image] * image_values["background"][0] for image, image_values in enumerate(values)]
 
     def __call__(self, internal: torch.Tensor | None = None) -> torch.Tensor:
-        total = sum(negative_log_likelihood(expected, counts, self.options.readout_photons, self.options.likelihood)
-                    for expected, counts in zip(self.expected(internal), self.counts, strict=True))
+        return self.of_expected(self.expected(internal), internal)
+
+    def of_expected(self, expected: list[torch.Tensor], internal: torch.Tensor | None = None) -> torch.Tensor:
+        """The objective from each image's expected photons (at `internal`, for the restraints)."""
+        total = sum(negative_log_likelihood(photons, counts, self.options.readout_photons, self.options.likelihood)
+                    for photons, counts in zip(expected, self.counts, strict=True))
         return total + self.restraint(internal)
 
     def restraint(self, internal: torch.Tensor | None) -> torch.Tensor:
@@ -240,8 +244,7 @@ def hessian(objective: Objective, internal: torch.Tensor) -> torch.Tensor:
         column_values = product(vector)
         for indices in per_image:
             if position < len(indices):
-                own = indices + []
-                result[own, indices[position]] = column_values[own]
+                result[indices, indices[position]] = column_values[indices]
     for column in shared:
         result[column, :] = result[:, column]
     return 0.5 * (result + result.T)
@@ -254,6 +257,21 @@ def covariance_of(matrix: torch.Tensor) -> torch.Tensor | None:
     except torch.linalg.LinAlgError:
         return None
     return torch.cholesky_inverse(factor)
+
+
+def stage_objective(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Sequence[Shoeboxes],
+                    refine: Sequence[str], options: FitOptions,
+                    n_cells: Sequence[Sequence[float]] | None = None) -> Objective:
+    """The objective of one stage of a fit: its model of `refine` on the boxes' pixels, with N started at
+    `n_cells` where given, and each image's scale started from its counts."""
+    model = DiffractionModel(setups, [(b.rows, b.cols) for b in boxes], refine, options.shared, options.lattice,
+                             options.device, options.dtype, options.compile)
+    for image, cells in enumerate(n_cells or []):
+        model.set_start(image, "N", cells)
+    objective = Objective(model, images, boxes, options)
+    if "scale" in model.refine:
+        starting_scales(objective)
+    return objective
 
 
 def coarse_cells(setup: Setup, boxes: Shoeboxes, search_deg: float) -> list[float]:
@@ -298,24 +316,17 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     total_iterations = 0
     if "orientation" in refine and options.search_deg > 0:
         coarse = [name for name in refine if name not in ("N", "mosaic")]
-        model = DiffractionModel(setups, [(b.rows, b.cols) for b in boxes], coarse, options.shared,
-                                 options.lattice, options.device, options.dtype, options.compile)
-        for image, (setup, b) in enumerate(zip(setups, boxes, strict=True)):
-            model.set_start(image, "N", coarse_cells(setup, b, options.search_deg))
-        objective = Objective(model, images, boxes, options)
-        if "scale" in model.refine:
-            starting_scales(objective)
+        n_cells = [coarse_cells(setup, b, options.search_deg) for setup, b in zip(setups, boxes, strict=True)]
+        objective = stage_objective(images, setups, boxes, coarse, options, n_cells)
+        model = objective.model
         _, _, iterations, _ = minimise(objective, options, report("coarse"), started)
         total_iterations += iterations
         refined = model.refined_setups()
         setups = [dataclasses.replace(setup, n_cells=start.n_cells) for setup, start in zip(refined, setups,
                                                                                           strict=True)]
         boxes = choose_pixels(images, setups, options)
-    model = DiffractionModel(setups, [(b.rows, b.cols) for b in boxes], refine, options.shared, options.lattice,
-                             options.device, options.dtype, options.compile)
-    objective = Objective(model, images, boxes, options)
-    if "scale" in model.refine:
-        starting_scales(objective)
+    objective = stage_objective(images, setups, boxes, refine, options)
+    model = objective.model
     converged, reason, iterations, history = minimise(objective, options, report("fit"), started)
     total_iterations += iterations
     for _ in range(PLANE_ROUNDS):
@@ -330,8 +341,8 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         if covariance is None and converged:
             converged, reason = False, "the Hessian at the optimum is not positive definite (no standard errors)"
     with torch.no_grad():
-        nll = float(objective())
-        expected = [values.detach() for values in objective.expected()]
+        expected = objective.expected()
+        nll = float(objective.of_expected(expected))
     return FitResult(images=list(images), model=model, boxes=boxes, converged=converged, reason=reason,
                      iterations=total_iterations, seconds=time.perf_counter() - started, nll=nll,
                      covariance=covariance, history=history, expected=expected)
