@@ -14,7 +14,6 @@ import pytest
 
 from nbsim.cli import main
 from nbsim.nanobragg import config_from_args, parse
-from nbsim.nanobragg.flags import FLAGS
 from nbsim.reference import c_arguments
 from nbsim.sweep.plan import point_config, sweep_points
 from nbsim.sweep.validate import validate_config
@@ -58,7 +57,6 @@ def test_photon_counters_have_no_pedestal_and_a_ccd_has_its_offset_and_fibre_spr
     assert rayonix.adc_offset_adu == 10 and rayonix.psf == "fiber"
 
 
-@pytest.mark.skipif("-saturation" not in FLAGS, reason="-saturation (the int32 files' clamp) comes with branch safety")
 def test_the_models_saturation_clamps_the_int32_files():
     assert parse(["-detector_model", "pilatus6m", "-default_F", "1"])[1].saturation_counts == 2**20 - 1
     assert parse(["-detector_model", "mx340hs", "-default_F", "1"])[1].saturation_counts == 2**16 - 1

@@ -15,9 +15,6 @@ from ..errors import NbsimError
 from .flags import FLAGS
 
 MODEL_FLAG = "-detector_model"
-SATURATION_FLAG = "-saturation"
-"""The flag that clamps the int32 files' counts (branch `safety`): a model's saturation is passed through it
-where the flag table has it."""
 _PIXEL_COUNT_OVERRIDES = ("-detsize", "-detsize_f", "-detsize_s", "-img")
 """User flags that size the detector otherwise, so a model's pixel counts give way to them."""
 
@@ -54,9 +51,7 @@ class DetectorModel:
         if self.psf != "none":
             flags += ["-psf", self.psf, "-psf_fwhm", f"{self.psf_fwhm_um:g}"]
         flags += ["-adc", f"{self.pedestal_adu:g}"]
-        if SATURATION_FLAG in FLAGS:
-            flags += [SATURATION_FLAG, str(self.saturation_counts)]
-        return flags
+        return [*flags, "-saturation", str(self.saturation_counts)]
 
 
 MODELS: dict[str, DetectorModel] = {m.name: m for m in (
