@@ -161,9 +161,11 @@ class BatchStore:
             dimensions = ("point", *("panel", "slow", "fast")[-len(image_shape):])
             _create_image_array(group, name, dimensions, (len(points), *image_shape), dtype, fill, 0,
                                 BATCH_SHARD_IMAGES)
+        # The log before `done`, the member whose presence makes a store reusable: a kill between the two
+        # then leaves a store that is made again, never one reopened without its log.
+        (self.path / ENTRY_LOG).touch()
         group.create_array("done", shape=(len(points),), dtype=np.uint8, chunks=(len(points),),
                            dimension_names=["point"], fill_value=0)
-        (self.path / ENTRY_LOG).touch()
         return group
 
     def _cut_torn_line(self) -> None:
