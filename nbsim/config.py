@@ -55,6 +55,7 @@ Convention = Literal["mosflm", "denzo", "adxv", "xds", "dials", "custom"]
 CrystalShape = Literal["square", "round", "gauss", "tophat"]
 Pivot = Literal["beam", "sample"]
 PhysicsModel = Literal["nanobragg", "corrected"]
+SamplingMode = Literal["nanobragg", "advised"]
 PHYSICS_MODELS: tuple[PhysicsModel, ...] = get_args(PhysicsModel)
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 CRYSTAL_SHAPES: tuple[CrystalShape, ...] = get_args(CrystalShape)
@@ -84,6 +85,9 @@ class CrystalConfig:
     osc_range_deg: float | None = None
     phi_step_deg: float | None = None
     phi_steps: int | None = None
+    sampling: SamplingMode = "nanobragg"
+    """Where the flags leave the φ steps or the mosaic domains out: "nanobragg", the C's defaults (one φ step,
+    10 domains for a spread); "advised", nbsim's sampling advice (nbsim.resolve.with_advised_sampling)."""
 
 
 @dataclass(frozen=True)

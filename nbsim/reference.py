@@ -19,8 +19,9 @@ from .errors import NbsimError
 from .model.beam import build_sources
 from .model.geometry import build_geometry
 from .nanobragg import parse
-from .nanobragg.flags import WAVELENGTH_FLAGS, absolute_file_arguments
+from .nanobragg.flags import SAMPLING_FLAG, WAVELENGTH_FLAGS, absolute_file_arguments
 from .nanobragg.presets import expand_detector_model
+from .resolve import advised_sampling_flags
 
 
 def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
@@ -65,8 +66,9 @@ def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
     """nanoBragg's arguments for an nbsim command line. The C has no -spectrumfile: it becomes a -sourcefile
     (written to `sourcefile`) of the same sources, every divergence direction times every channel, which
     the C weighs equally, and the nominal -lambda. The C's image then equals nbsim's for equal weights. A
-    -detector_model becomes its flags (the C renders its module gaps, which nbsim leaves out)."""
-    argv = expand_detector_model(argv)
+    -detector_model becomes its flags (the C renders its module gaps, which nbsim leaves out), and
+    `-sampling advised` the -phisteps and -mosaic_dom it sets."""
+    argv = _explicit_sampling(expand_detector_model(argv))
     if "-spectrumfile" not in argv:
         return argv
     config = parse(argv)[0]
@@ -79,6 +81,16 @@ def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
     given = any(flag in argv for flag in WAVELENGTH_FLAGS)
     nominal = [] if given else ["-lambda", repr(float(config.beam.wavelength_A))]
     return [*rest, *nominal, "-sourcefile", str(sourcefile)]
+
+
+def _explicit_sampling(argv: list[str]) -> list[str]:
+    """`argv` without -sampling (the C has none) and with the counts `-sampling advised` sets as flags."""
+    if SAMPLING_FLAG not in argv:
+        return argv
+    config = parse(argv)[0]
+    at = [i for i, arg in enumerate(argv) if arg == SAMPLING_FLAG]
+    rest = [arg for i, arg in enumerate(argv) if i not in at and i - 1 not in at]
+    return [*rest, *advised_sampling_flags(config)[1]]
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:

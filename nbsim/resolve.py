@@ -213,8 +213,10 @@ class Setup:
 
 
 def resolve(config: SimulationConfig) -> Setup:
-    """Apply nanoBragg's defaults and derive geometry, lattice, sources and the structure-factor grid."""
+    """Apply nanoBragg's defaults (or, under -sampling advised, the sampling advice's counts) and derive
+    geometry, lattice, sources and the structure-factor grid."""
     _validate(config)
+    config = with_advised_sampling(config)
     files = read_input_files(config)
     generator = Ran1()
     warnings: list[str] = []
@@ -447,6 +449,38 @@ def config_sampling_advice(config: SimulationConfig) -> SamplingAdvice:
     return sampling_advice(lattice, crystal_mod.cell_counts(config.crystal, lattice),
                            detector_d_min_A(panels, config.detector, sources), math.degrees(phi.osc_rad),
                            _mosaic_spread_deg(config))
+
+
+def with_advised_sampling(config: SimulationConfig) -> SimulationConfig:
+    """Under -sampling advised, `config` with the φ steps of a rotation and the mosaic domains of a spread that
+    its flags leave out set to what `config_sampling_advice` asks, so that no spot is hit or missed between
+    samples, and never fewer than nanoBragg's defaults (2 φ steps, 10 domains: an image is never sampled more
+    coarsely than the C's, and a kernel's structure never turns single-step); counts the flags give are kept.
+    `config` itself otherwise, without building anything."""
+    crystal = config.crystal
+    if crystal.sampling != "advised":
+        return config
+    rotation_open = crystal.phi_steps is None and crystal.phi_step_deg is None and (crystal.osc_range_deg or 0) > 0
+    domains_open = (crystal.mosaic_domains is None or crystal.mosaic_domains <= 0) and _mosaic_spread_deg(config) > 0
+    if not (rotation_open or domains_open):
+        return config
+    advice = config_sampling_advice(config)
+    phi_steps = max(advice.phi_steps, crystal_mod.phi_sampling(crystal).steps)
+    domains = max(advice.mosaic_domains, crystal_mod.mosaic_domain_count(crystal))
+    return config.with_options(**({"phi_steps": phi_steps} if rotation_open else {}),
+                               **({"mosaic_domains": domains} if domains_open else {}))
+
+
+def advised_sampling_flags(config: SimulationConfig) -> tuple[SimulationConfig, list[str]]:
+    """`with_advised_sampling(config)` and the nanoBragg flags that give the counts it set (-phisteps,
+    -mosaic_dom): for the C, which has no -sampling, and for flags that re-render the same image."""
+    advised = with_advised_sampling(config)
+    flags = []
+    if advised.crystal.phi_steps != config.crystal.phi_steps:
+        flags += ["-phisteps", str(advised.crystal.phi_steps)]
+    if advised.crystal.mosaic_domains != config.crystal.mosaic_domains:
+        flags += ["-mosaic_dom", str(advised.crystal.mosaic_domains)]
+    return advised, flags
 
 
 def _mosaic_spread_deg(config: SimulationConfig) -> float:

@@ -389,3 +389,30 @@ def test_a_job_planning_again_names_the_planning_processs_batches(tmp_path):
     assert kept_batch_sizes(path, config, False, lambda: {("s", 32): 5}) == planned
     other = {**config, "sweep": {**config["sweep"], "sizes": [64]}}
     assert kept_batch_sizes(path, other, False, lambda: {("s", 64): 5}) == {("s", 64): 5}
+
+
+def test_shots_take_the_advised_sampling_unless_told(tmp_path):
+    """A dataset's shots render with -sampling advised: the mosaic domains their arguments leave out follow
+    each shot's drawn spread and cell count (nbsim's sampling advice, never below nanoBragg's 10), the C gets
+    them as -mosaic_dom, counts given are kept, and -sampling nanobragg keeps nanoBragg's default."""
+    from nbsim.reference import c_arguments
+    from nbsim.resolve import config_sampling_advice
+
+    config = dataset_config({**DRAWS, "values": {"-misset": "random", "-mosaic": {"uniform": [1.0, 4.0]},
+                                                 "-N": {"integers": [8, 16]}}})
+    config["scenarios"]["s"]["args"] = ARGS.replace(" -mosaic_domains 3", "")
+    domains = []
+    for point in plan.sweep_points(config):
+        spec = plan.point_spec(config, point, tmp_path, {})
+        assert spec.argv[spec.argv.index("-sampling") + 1] == "advised"
+        advised = max(config_sampling_advice(spec.config).mosaic_domains, 10)  # never below nanoBragg's 10
+        assert spec.config.crystal.mosaic_domains == advised
+        c_argv = c_arguments(list(spec.argv), tmp_path / "sources.txt")
+        assert "-sampling" not in c_argv and c_argv[c_argv.index("-mosaic_dom") + 1] == str(advised)
+        domains.append(advised)
+    assert len(set(domains)) > 1
+    point = plan.sweep_points(config)[0]
+    assert plan.point_config(dataset_config(), point, tmp_path).crystal.mosaic_domains == 3
+    config["scenarios"]["s"]["args"] += " -sampling nanobragg"
+    told = plan.point_spec(config, point, tmp_path, {})
+    assert told.argv.count("-sampling") == 1 and told.config.crystal.mosaic_domains is None

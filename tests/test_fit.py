@@ -265,7 +265,7 @@ def test_starts_give_each_image_its_own_start(tmp_path):
 
 def test_the_fit_samples_as_advised_unless_told():
     """A model without -phisteps or -mosaic_dom gets the φ steps and mosaic domains nbsim's sampling advice
-    asks for (and the flags that re-render it); flags given are kept."""
+    asks for (and the flags that re-render it); flags given are kept, and -sampling nanobragg keeps nanoBragg's."""
     from nbsim.cli.fit import advised_sampling
     from nbsim.resolve import config_sampling_advice
 
@@ -273,9 +273,13 @@ def test_the_fit_samples_as_advised_unless_told():
     argv = [a for i, a in enumerate(argv) if a not in ("-mosaic_dom",) and argv[i - 1] != "-mosaic_dom"]
     config = nbsim.config_from_args(argv)
     advice = config_sampling_advice(config)
-    assert advice.phi_steps > 1 and advice.mosaic_domains > 1
+    assert advice.phi_steps > 2 and advice.mosaic_domains > 10  # more than nanoBragg's defaults
     advised, flags = advised_sampling(config, argv)
     assert flags == ["-phisteps", str(advice.phi_steps), "-mosaic_dom", str(advice.mosaic_domains)]
     assert (advised.crystal.phi_steps, advised.crystal.mosaic_domains) == (advice.phi_steps, advice.mosaic_domains)
-    kept, none = advised_sampling(config, [*argv, "-phisteps", "2", "-mosaic_dom", "3"])
-    assert none == [] and kept is config
+    given = [*argv, "-phisteps", "2", "-mosaic_dom", "3"]
+    kept, none = advised_sampling(nbsim.config_from_args(given), given)
+    assert none == [] and (kept.crystal.phi_steps, kept.crystal.mosaic_domains) == (2, 3)
+    told = [*argv, "-sampling", "nanobragg"]
+    as_nanobragg, none = advised_sampling(nbsim.config_from_args(told), told)
+    assert none == [] and (as_nanobragg.crystal.phi_steps, as_nanobragg.crystal.mosaic_domains) == (None, None)

@@ -121,3 +121,30 @@ def test_the_shipped_model_reads_the_same_in_both_formats():
               for name in ("model.cif", "model.pdb")]
     assert tables[0].shape == tables[1].shape and len(tables[0]) > 1000
     np.testing.assert_allclose(tables[0], tables[1], rtol=1e-3, atol=1e-3)
+
+
+def test_advised_sampling_renders_the_advised_counts_and_keeps_given_ones():
+    """-sampling advised: the φ steps and mosaic domains the flags leave out are the advice's (the set-up
+    renders them and warns no more), never below nanoBragg's defaults; -phisteps, -phistep and -mosaic_dom
+    given are kept."""
+    args = ("-cell 100 100 100 90 90 90 -default_F 1 -N 10 -lambda 1 -distance 200 -detpixels 64 -pixel 1.6 "
+            "-osc 0.5 -mosaic 0.4 -sampling advised").split()
+    advice = config_sampling_advice(config_from_args(args))
+    assert advice.phi_steps > 2 and advice.mosaic_domains > 10
+    setup = resolve(config_from_args(args))
+    assert (setup.phi.steps, setup.mosaic.count) == (advice.phi_steps, advice.mosaic_domains)
+    assert not any("recommend -phisteps" in w or "recommend -mosaic_domains" in w for w in setup.warnings)
+    given = resolve(config_from_args([*args, "-phisteps", "3", "-mosaic_dom", "4"]))
+    assert (given.phi.steps, given.mosaic.count) == (3, 4)
+    assert resolve(config_from_args([*args, "-phistep", "0.25"])).phi.steps == 2
+    nanobragg = resolve(config_from_args([*args[:-2]]))
+    assert (nanobragg.phi.steps, nanobragg.mosaic.count) == (2, 10)
+    broad = resolve(config_from_args([*args, "-N", "1", "-mosaic", "0.01"]))  # the advice: 1 step, 1 domain
+    assert (broad.phi.steps, broad.mosaic.count) == (2, 10)
+
+
+def test_sampling_takes_only_its_two_words():
+    from nbsim.errors import NbsimError
+
+    with pytest.raises(NbsimError, match="-sampling expects one of nanobragg, advised"):
+        config_from_args(["-sampling", "fine"])

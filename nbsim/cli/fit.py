@@ -91,23 +91,16 @@ def _flag_overrides(values: dict, source: str) -> list[str]:
 
 
 def advised_sampling(config, argv: list[str]) -> tuple:
-    """The model with the φ steps and mosaic domains nbsim's sampling advice asks for (resolve.sampling_advice),
-    where the flags leave them out: a fit of a rotation frame or a mosaic crystal needs every spot rendered,
-    not hit or missed between samples. Flags that give them are kept as given. Returns the model and the
-    flags added (so the refined flags re-render what was fitted)."""
-    from ..resolve import config_sampling_advice
+    """The model with the φ steps and mosaic domains nbsim's sampling advice asks for where the flags leave
+    them out (`-sampling advised`, the fit's default; `-sampling nanobragg` keeps nanoBragg's): a fit of a
+    rotation frame or a mosaic crystal needs every spot rendered, not hit or missed between samples. Returns
+    the model and the flags that give those counts (so the refined flags re-render what was fitted)."""
+    from ..resolve import advised_sampling_flags
 
-    advice = config_sampling_advice(config)
-    changes, flags = {}, []
-    if "-phisteps" not in argv and advice.phi_steps > (config.crystal.phi_steps or 1):
-        changes["phi_steps"] = advice.phi_steps
-        flags += ["-phisteps", str(advice.phi_steps)]
-    if not {"-mosaic_domains", "-mosaic_dom"} & set(argv) and advice.mosaic_domains > 1:
-        changes["mosaic_domains"] = advice.mosaic_domains
-        flags += ["-mosaic_dom", str(advice.mosaic_domains)]
+    advised, flags = advised_sampling_flags(config if "-sampling" in argv else config.with_options(sampling="advised"))
     if flags:
         print(f"nbsim fit: {' '.join(flags)} (nbsim's sampling advice; give the flags to choose)", file=sys.stderr)
-    return (config.with_options(**changes) if changes else config), flags
+    return advised, flags
 
 
 def _starts(path: str | None) -> dict[str, dict]:

@@ -69,8 +69,9 @@ def _structures(nanobragg_args: list[str]):
     if nanobragg_args:
         from ..kernel.structure import structure_of
         from ..nanobragg import config_from_args
+        from ..resolve import with_advised_sampling
 
-        return [structure_of(config_from_args(nanobragg_args))]
+        return [structure_of(with_advised_sampling(config_from_args(nanobragg_args)))]
     return [Structure(KernelOptions(lookup=lookup), single_step) for lookup in COMMON_LOOKUPS
             for single_step in (True, False)]
 

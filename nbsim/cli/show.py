@@ -84,7 +84,8 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
         *detector_lines(config, setup),
         f"oversample: {setup.oversample} ({'-oversample' if config.detector.oversample else 'automatic'})",
         f"sampling advice: {advice.phi_steps} phi step(s), {advice.mosaic_domains} mosaic domain(s) (narrowest spot "
-        f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic})",
+        f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic}"
+        f"{', as advised: -sampling advised' if config.crystal.sampling == 'advised' else ''})",
         f"sources: {sources} = {setup.sources.divergence_points} divergence point(s) x "
         f"{setup.sources.dispersion.steps} wavelength(s)",
         *physics_lines(setup),

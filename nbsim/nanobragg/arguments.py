@@ -176,7 +176,7 @@ def _modules(argv: list[str]) -> dict[str, tuple[int, int] | None]:
 
 def _with_physics_options(config: SimulationConfig, argv: list[str],
                           options: dict[str, str]) -> tuple[SimulationConfig, list[str]]:
-    """-physics, -background and its material, -anomalous, -fp_fdp, -energy_bins and -pix0_vector_mm (read in mm
+    """-physics, -sampling, -background and its material, -anomalous, -fp_fdp, -energy_bins and -pix0_vector_mm (read in mm
     and placing the detector under -physics corrected; as nanoBragg, in metres and recomputed, by default)."""
     notes = []
     physics = options.get("-physics", "nanobragg")
@@ -190,7 +190,7 @@ def _with_physics_options(config: SimulationConfig, argv: list[str],
         if flag in options and "-background" not in options:
             raise NbsimError(f"{flag} describes the -background material: give -background FILE|water|air")
     config = config.with_options(
-        physics=physics, background=options.get("-background"),
+        physics=physics, sampling=options.get("-sampling", "nanobragg"), background=options.get("-background"),
         background_thickness_mm=float(options.get("-background_thick", 0.0)),
         background_density_g_cm3=_float_or_none(options.get("-background_density")),
         background_molecular_weight=_float_or_none(options.get("-background_mw")), anomalous=anomalous,

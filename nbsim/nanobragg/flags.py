@@ -185,6 +185,8 @@ TABLE: tuple[Flag, ...] = (
          "one per channel"),
     Flag(NBSIM, "-physics", (WORD,), "nanobragg|corrected", "nanoBragg's image, defects included, or every known "
          "defect corrected (docs/physics.md)", "nanobragg"),
+    Flag(NBSIM, "-sampling", (WORD,), "nanobragg|advised", "φ steps and mosaic domains the flags leave out: "
+         "nanoBragg's defaults, or as many as nbsim's sampling advice asks (docs/physics.md)", "nanobragg"),
     Flag(NBSIM, "-background", P1, "FILE|water|air", "amorphous background from F against sin(θ)/λ (Å⁻¹): simtbx's "
          "water or air, or a file; linear in fluence", "none"),
     Flag(NBSIM, "-background_thick", N1, "MM", "path length of the -background material in the beam, mm", "0"),
@@ -232,6 +234,8 @@ MUST_NOT_BE_NEGATIVE = {"-N", "-Na", "-Nb", "-Nc", "-oversample", "-mosaic", "-m
                         "-min_photons", "-background_thick"}
 MUST_BE_POSITIVE |= {"-background_density", "-background_mw", "-energy_bins"}
 MUST_BE_FRACTION = {"-flicker", "-calibration", "-hot_pixels", "-dead_pixels"}
+SAMPLING_FLAG = "-sampling"
+"""nbsim's choice of φ steps and mosaic domains where the flags leave them out (nanobragg | advised)."""
 WAVELENGTH_FLAGS = ("-lambda", "-wave", "-wavelength", "-energy")
 CONFLICTS = (
     {"-interpolate", "-nointerpolate"},
@@ -320,6 +324,7 @@ def _check_value(flag: str, kind: str, value: str) -> None:
         allowed = {"-pivot": ("beam", "sample"), "-device": None, "-dtype": ("float32", "float64"),
                    "-compile": ("auto", "on", "off"), "-noise_generator": ("nanobragg", "philox"),
                    "-psf": ("none", "gaussian", "fiber"), "-physics": ("nanobragg", "corrected"),
+                   "-sampling": ("nanobragg", "advised"),
                    "-sensor_material": tuple(MATERIALS)}.get(flag)
         if flag in ("-detector_abs", "-detector_absorb"):
             if not (_NUMBER.match(value) or value.startswith("inf")):

@@ -32,6 +32,7 @@ from typing import Any
 from ..config import SimulationConfig
 from ..errors import NbsimError
 from ..modes import Compile, Mode, choose_mode
+from ..nanobragg.flags import SAMPLING_FLAG
 from .draws import RANDOM_ORIENTATION, SPECTRUM, Draw, draw, draw_count
 from .labels import drawn_labels
 from .spec import PointSpec, field_types, is_union
@@ -366,28 +367,36 @@ def scenario_args(config: dict, scenario: str, base: Path, builds: PointBuilds |
 def point_argv(config: dict, point: Point, base: Path, draw_arguments: bool = True,
                builds: PointBuilds | None = None) -> tuple[str, ...]:
     """A point's nanoBragg arguments: its scenario's, its size (not for a -panelfile scenario: the panel file
-    sizes its panels), its flag axes and drawn flags (file values absolute), then (`draw_arguments`) its
-    draw's seed and orientation arguments."""
+    sizes its panels), its flag axes and drawn flags (file values absolute), `-sampling advised` for a draw
+    (a dataset's shots take the φ steps and mosaic domains nbsim advises, unless its arguments say
+    otherwise), then (`draw_arguments`) its draw's seed and orientation arguments."""
     from ..nanobragg.flags import absolute_file_arguments
 
     flags = [text for name, value in point.flags for text in (name, str(value))]
     scenario = scenario_args(config, point.scenario, base, builds)
     size = () if "-panelfile" in scenario else ("-detpixels", str(point.size))
-    return (*scenario, *size, *absolute_file_arguments(flags, base),
+    advised = (SAMPLING_FLAG, "advised") if point.draw and SAMPLING_FLAG not in (*scenario, *flags) else ()
+    return (*scenario, *size, *absolute_file_arguments(flags, base), *advised,
             *(point.draw_arguments if draw_arguments else ()))
 
 
 def point_config(config: dict, point: Point, base: Path, builds: PointBuilds | None = None) -> SimulationConfig:
     """What a point renders: its nanoBragg arguments parsed, then its detector settings and option axes
-    applied, each checked against the option's type. The one construction planning and validation share;
-    NbsimError for a value that does not build."""
+    applied, each checked against the option's type, and under -sampling advised the counts it leaves out
+    set (`resolve.with_advised_sampling`, as the render sets them). The one construction planning and
+    validation share; NbsimError for a value that does not build."""
     builds = builds or PointBuilds()
     detector = detector_settings(config, point)
     # Without a detector stage no noise is drawn: the clock-based seed a parse without -seed takes would only
     # make the point's parameters differ from run to run.
     unused = () if detector else (("noise_seed", None),)
-    return builds.configured(point_argv(config, point, base, draw_arguments=False, builds=builds),
-                             (*detector, *point.options), (*point.draw_settings, *unused))
+    simulation = builds.configured(point_argv(config, point, base, draw_arguments=False, builds=builds),
+                                   (*detector, *point.options), (*point.draw_settings, *unused))
+    if simulation.crystal.sampling != "advised":
+        return simulation
+    from ..resolve import with_advised_sampling
+
+    return with_advised_sampling(simulation)
 
 
 DEFAULT_NOISE_SEED = 1
