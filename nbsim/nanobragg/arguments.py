@@ -176,8 +176,9 @@ def _modules(argv: list[str]) -> dict[str, tuple[int, int] | None]:
 
 def _with_physics_options(config: SimulationConfig, argv: list[str],
                           options: dict[str, str]) -> tuple[SimulationConfig, list[str]]:
-    """-physics, -sampling, -background and its material, -anomalous, -fp_fdp, -energy_bins and -pix0_vector_mm (read in mm
-    and placing the detector under -physics corrected; as nanoBragg, in metres and recomputed, by default)."""
+    """-physics, -sampling, -background and its material, -anomalous, -fp_fdp, -energy_bins and -pix0_vector_mm
+    (read in mm and placing the detector under -physics corrected; as nanoBragg, in metres and recomputed, by
+    default)."""
     notes = []
     physics = options.get("-physics", "nanobragg")
     anomalous = "-anomalous" in argv
