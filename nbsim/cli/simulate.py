@@ -142,7 +142,13 @@ def _processing_counts(image: np.ndarray, setup: Setup, run: RunOptions, scale: 
 
 def _write_processing_images(run: RunOptions, counts: np.ndarray, record: ExperimentRecord,
                              started: datetime.datetime) -> None:
-    """The miniCBF and NXmx files of the counts (the noise image's when there is one, else the -intfile's)."""
+    """The miniCBF and NXmx files of the counts (the noise image's when there is one, else the -intfile's),
+    with a warning where pixels reach the saturation: processing programs leave those spots out."""
+    saturated = int(np.count_nonzero(counts >= run.saturation_counts))
+    if saturated:
+        print(f"WARNING: {saturated} pixels at the saturation ({run.saturation_counts} counts, -saturation) of the "
+              f"{' and '.join(n for n, f in (('miniCBF', run.cbffile), ('NXmx', run.nxmxfile)) if f)}: DIALS and "
+              "XDS leave overloaded spots out; lower the fluence (-fluence, -flux, -exposure) to keep them")
     if run.cbffile:
         print(f"writing {run.cbffile} as a miniCBF of 4-byte integers")
         write_mini_cbf(run.cbffile, counts, record, started)
