@@ -7,12 +7,13 @@ Each case is a golden case of ../shared/golden/cases.txt (or NBSIM_GOLDEN), rend
 NBSIM_CACHE_DIR, when missing). Printed per case and dtype: the largest difference over the image's
 maximum, how many pixels differ at all, how many differ in the -floatfile (the image as 4-byte floats),
 and how many still differ after rounding both images to k mantissa bits (the "coarser precision" a
-noise stage could draw from); then the photons of the noise image (cli/products.noise_image, seed 1)
-drawn from each.
+noise stage could draw from); then the photons of the noise image (nbsim.detector.detector_image, the
+case's detector settings with noise seed 1) drawn from each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from nbsim.cache import configure_compile_cache
-from nbsim.cli.products import noise_image
+from nbsim.detector import detector_image, layout_of
 from nbsim.nanobragg import config_from_args
 from nbsim.render import Renderer
 from nbsim.resolve import resolve
@@ -60,7 +61,9 @@ def main(cases: list[str]) -> None:
             differing = int(np.count_nonzero(eager != compiled))
             after = [int(np.count_nonzero(rounded(eager, b) != rounded(compiled, b))) for b in KEPT_BITS]
             in_file = int(np.count_nonzero(eager.astype(np.float32) != compiled.astype(np.float32)))
-            photons = [noise_image(image, setup, 40.0, 1)[2] for image in images]
+            response = dataclasses.replace(setup.config.response, noise_seed=1)
+            photons = [detector_image(torch.from_numpy(image.astype(np.float32)), response,
+                                      layout_of(setup)).total_photons for image in images]
             print(f"| {name} | {str(dtype)[6:]} | {relative:.2e} | {differing} of {eager.size} | "
                   f"{' / '.join(map(str, after))} | {in_file} | {photons[0]:.0f} / {photons[1]:.0f} |", flush=True)
 

@@ -134,5 +134,3 @@ def in_golden_dir(monkeypatch):
     monkeypatch.chdir(GOLDEN)
 
 
-def correlation(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1])

@@ -10,10 +10,11 @@ import torch
 
 import nbsim
 from nbsim.cli import main
+from nbsim.reference import correlation
 from nbsim.render import Renderer
 from nbsim.resolve import resolve
 
-from .conftest import GOLDEN, case_params, correlation, load_case, requires_golden
+from .conftest import GOLDEN, case_params, load_case, requires_golden
 
 
 def _assert_close(image: np.ndarray, reference: np.ndarray, min_correlation: float, max_relative: float):
