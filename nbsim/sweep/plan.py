@@ -37,6 +37,9 @@ from .draws import RANDOM_ORIENTATION, SPECTRUM, Draw, draw, draw_count
 from .labels import drawn_labels
 from .spec import PointSpec, field_types, is_union
 
+if typing.TYPE_CHECKING:
+    from ..resolve import SamplingAdvisor
+
 CORE_AXES = ("size", "dtype", "device", "compile")
 
 
@@ -323,15 +326,17 @@ def structure_memo(path: Path | None) -> Iterator[StructureMemo]:
 class PointBuilds:
     """What one planning builds for its points, each once: the scenarios' arguments split and made absolute,
     the parse of each distinct argv (shared by the points of every dtype, device, compile setting, option
-    value and draw of options) and each point's configuration (shared by validation, the kernel jobs and the
-    batch specs). The Snakefile keeps one for its whole planning; a function given none makes its own.
-    Measured (docs/benchmarks.md, "Planning"): config/examples/dataset.yaml's 10,000 shots plan in 2.5 s of CPU
-    with one, 3.1 s keeping parses alone, 5.4 s with one per call."""
+    value and draw of options), each point's configuration (shared by validation, the kernel jobs and the
+    batch specs) and the sampling advice's shared parts (`resolve.SamplingAdvisor`). The Snakefile keeps one
+    for its whole planning; a function given none makes its own. Measured (docs/benchmarks.md, "Planning"):
+    config/examples/dataset.yaml's 10,000 shots plan in 2.5 s of CPU with one, 3.1 s keeping parses alone,
+    5.4 s with one per call."""
 
     def __init__(self) -> None:
         self._arguments: dict[tuple[str | tuple, Path], tuple[str, ...]] = {}
         self._parsed: dict[tuple[str, ...], SimulationConfig] = {}
         self._configured: dict[tuple, SimulationConfig] = {}
+        self._advisor: SamplingAdvisor | None = None
 
     def arguments(self, args: str | tuple, base: Path) -> tuple[str, ...]:
         """A scenario's arguments split (a string) and with file values made absolute against `base`."""
@@ -345,7 +350,8 @@ class PointBuilds:
 
     def configured(self, argv: tuple[str, ...], options: tuple[tuple[str, Any], ...],
                    settings: tuple[tuple[str, Any], ...] = ()) -> SimulationConfig:
-        """`argv` parsed, then the options (each checked) and a draw's settings applied."""
+        """`argv` parsed, then the options (each checked) and a draw's settings applied, and under -sampling
+        advised the counts it leaves out set (`resolve.with_advised_sampling`, as the render sets them)."""
         key = (argv, options, settings)
         if key not in self._configured:
             for name, value in options:
@@ -354,7 +360,13 @@ class PointBuilds:
                 from ..nanobragg import config_from_args
 
                 self._parsed[argv] = config_from_args(list(argv))
-            self._configured[key] = self._parsed[argv].with_options(**dict(options), **dict(settings))
+            configured = self._parsed[argv].with_options(**dict(options), **dict(settings))
+            if configured.crystal.sampling == "advised":
+                from ..resolve import SamplingAdvisor, with_advised_sampling
+
+                self._advisor = self._advisor or SamplingAdvisor()
+                configured = with_advised_sampling(configured, self._advisor)
+            self._configured[key] = configured
         return self._configured[key]
 
 
@@ -382,21 +394,15 @@ def point_argv(config: dict, point: Point, base: Path, draw_arguments: bool = Tr
 
 def point_config(config: dict, point: Point, base: Path, builds: PointBuilds | None = None) -> SimulationConfig:
     """What a point renders: its nanoBragg arguments parsed, then its detector settings and option axes
-    applied, each checked against the option's type, and under -sampling advised the counts it leaves out
-    set (`resolve.with_advised_sampling`, as the render sets them). The one construction planning and
-    validation share; NbsimError for a value that does not build."""
+    applied, each checked against the option's type (`PointBuilds.configured`). The one construction
+    planning and validation share; NbsimError for a value that does not build."""
     builds = builds or PointBuilds()
     detector = detector_settings(config, point)
     # Without a detector stage no noise is drawn: the clock-based seed a parse without -seed takes would only
     # make the point's parameters differ from run to run.
     unused = () if detector else (("noise_seed", None),)
-    simulation = builds.configured(point_argv(config, point, base, draw_arguments=False, builds=builds),
-                                   (*detector, *point.options), (*point.draw_settings, *unused))
-    if simulation.crystal.sampling != "advised":
-        return simulation
-    from ..resolve import with_advised_sampling
-
-    return with_advised_sampling(simulation)
+    return builds.configured(point_argv(config, point, base, draw_arguments=False, builds=builds),
+                             (*detector, *point.options), (*point.draw_settings, *unused))
 
 
 DEFAULT_NOISE_SEED = 1
