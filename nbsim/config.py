@@ -86,8 +86,8 @@ class CrystalConfig:
     phi_step_deg: float | None = None
     phi_steps: int | None = None
     sampling: SamplingMode = "nanobragg"
-    """Where the flags leave the φ steps or the mosaic domains out: "nanobragg", the C's defaults (one φ step,
-    10 domains for a spread); "advised", nbsim's sampling advice (nbsim.resolve.with_advised_sampling)."""
+    """Where the flags leave the φ steps or the mosaic domains out: "nanobragg", the C's defaults (2 φ steps over
+    an -osc, 10 domains for a spread); "advised", nbsim's sampling advice (nbsim.resolve.with_advised_sampling)."""
 
 
 @dataclass(frozen=True)

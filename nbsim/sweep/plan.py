@@ -387,7 +387,8 @@ def point_argv(config: dict, point: Point, base: Path, draw_arguments: bool = Tr
     flags = [text for name, value in point.flags for text in (name, str(value))]
     scenario = scenario_args(config, point.scenario, base, builds)
     size = () if "-panelfile" in scenario else ("-detpixels", str(point.size))
-    advised = (SAMPLING_FLAG, "advised") if point.draw and SAMPLING_FLAG not in (*scenario, *flags) else ()
+    chosen = SAMPLING_FLAG in (*scenario, *flags) or "sampling" in dict(point.options)
+    advised = (SAMPLING_FLAG, "advised") if point.draw and not chosen else ()
     return (*scenario, *size, *absolute_file_arguments(flags, base), *advised,
             *(point.draw_arguments if draw_arguments else ()))
 
