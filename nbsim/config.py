@@ -296,6 +296,41 @@ def check_response(response: DetectorResponseConfig) -> None:
         raise NbsimError(f"psf {response.psf} needs psf_fwhm_um > 0")
 
 
+_SIMULATION_POSITIVE = frozenset((
+    "wavelength_A", "distance_mm", "close_distance_mm", "detsize_f_mm", "detsize_s_mm", "pixels_f", "pixels_s",
+    "pixel_size_mm", "beamsize_mm", "exposure_s", "background_density_g_cm3", "background_molecular_weight",
+    "energy_bins"))
+"""Simulator options that must be positive: the options of the flags nanoBragg's rules want positive
+(nbsim.nanobragg.flags.MUST_BE_POSITIVE)."""
+_SIMULATION_NOT_NEGATIVE = frozenset((
+    "n_cells", "crystal_size_mm", "fudge", "mosaic_spread_deg", "mosaic_domains", "osc_range_deg", "phi_step_deg",
+    "phi_steps", "dispersion_percent", "dispersion_steps", "hdiv_range_mrad", "vdiv_range_mrad", "hdiv_step_mrad",
+    "vdiv_step_mrad", "hdiv_steps", "vdiv_steps", "fluence_photons_per_m2", "flux_photons_per_s",
+    "water_thickness_um", "dmin_A", "background_thickness_mm", "sensor_thickness_um", "sensor_layers",
+    "oversample"))
+"""Simulator options that must not be negative (nbsim.nanobragg.flags.MUST_NOT_BE_NEGATIVE)."""
+
+
+def check_values(config: SimulationConfig) -> None:
+    """Raise a one-line NbsimError naming the option for a value out of its range: the detector's settings
+    (`check_response`) and the ranges nanoBragg's rules give the flags, for values set as options (a
+    sweep's option axes and draws, Python), which no flag rule sees. Unset values (None) pass."""
+    from .errors import NbsimError
+
+    check_response(config.response)
+    for part in (config.crystal, config.beam, config.detector, config.structure):
+        for item in dataclasses.fields(part):
+            positive = item.name in _SIMULATION_POSITIVE
+            if not (positive or item.name in _SIMULATION_NOT_NEGATIVE):
+                continue
+            value = getattr(part, item.name)
+            for number in (() if value is None else value if isinstance(value, tuple) else (value,)):
+                number = scalar_value(number)
+                if not (math.isfinite(number) and (number > 0 if positive else number >= 0)):
+                    raise NbsimError(f"{item.name} must be {'positive' if positive else 'finite and not negative'} "
+                                     f"(got {number:g})")
+
+
 @dataclass(frozen=True)
 class PhysicsConfig:
     """Which physics renders the image (docs/physics.md, "The physics switch")."""

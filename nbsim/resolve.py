@@ -24,8 +24,8 @@ from .config import (
     Scalar,
     SimulationConfig,
     StructureFactorConfig,
-    check_response,
     check_spectrum,
+    check_values,
     scalar_value,
 )
 from .errors import InputFileError, NbsimError
@@ -532,10 +532,7 @@ def sampling_warnings(advice: SamplingAdvice, phi_steps: int, mosaic_domains: in
 
 
 def _validate(config: SimulationConfig) -> None:
-    check_response(config.response)
-    wavelength = scalar_value(config.beam.wavelength_A)
-    if not (wavelength > 0 and math.isfinite(wavelength)):
-        raise NbsimError(f"wavelength must be positive (got {wavelength:g} A)")
+    check_values(config)
     check_spectrum(config.beam)
     if config.physics.physics not in PHYSICS_MODELS:
         raise NbsimError(f"physics must be one of {', '.join(PHYSICS_MODELS)} (got {config.physics.physics!r})")
@@ -550,10 +547,6 @@ def _validate(config: SimulationConfig) -> None:
         raise NbsimError(f"unknown crystal shape '{config.crystal.shape}'")
     if config.structure.hkl_file is None and config.structure.model_file is None and config.structure.default_F == 0.0:
         raise NbsimError("no structure factors: give -hkl FILE, -model FILE or a non-zero -default_F")
-    if config.detector.oversample is not None and config.detector.oversample < 0:
-        raise NbsimError("-oversample must not be negative")
-    if any(n < 0 for n in config.crystal.n_cells):
-        raise NbsimError("cell counts (-N, -Na, -Nb, -Nc) must not be negative")
     if config.beam.flux_photons_per_s != 0.0 and config.beam.beamsize_mm <= 0:
         raise NbsimError("-beamsize must be positive when -flux is given")
 

@@ -130,6 +130,11 @@ def _missing_file_draws(tmp_path):
     ({"count": 3, "values": {"-lambda": {"normal": [0.0, 1.0]}}}, "sweep.draws.values.-lambda: draw "),
     ({"count": 2, "values": {"-N": {"uniform": [3, 5]}}}, "sweep.draws.values.-N: draw 0 gave"),
     (_missing_file_draws, "sweep.draws.values.-hkl.choice: file b.hkl does not exist"),
+    ({"count": 2, "values": {"mosaic_spread_deg": {"uniform": [-0.5, -0.1]}}},
+     "sweep.draws.values.mosaic_spread_deg: draw 0 gave -0."),
+    ({"count": 2, "values": {"mosaic_spread_deg": {"uniform": [-0.5, -0.1]}}},
+     "mosaic_spread_deg must be finite and not negative (got -0."),
+    ({"count": 3, "values": {"wavelength_A": {"normal": [0.0, 1.0]}}}, "wavelength_A must be positive (got "),
 ])
 def test_bad_draws_fail_with_one_line_naming_the_key(tmp_path, draws, message):
     draws = draws(tmp_path) if callable(draws) else draws

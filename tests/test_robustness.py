@@ -193,3 +193,19 @@ def test_parallel_jobs_do_not_corrupt_stores(tmp_path):
     again = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
     output = again.communicate(timeout=600)[0]
     assert again.returncode == 0 and "Nothing to be done" in output
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("mosaic_spread_deg", -0.3, "mosaic_spread_deg must be finite and not negative (got -0.3)"),
+    ("distance_mm", -5.0, "distance_mm must be positive (got -5)"),
+    ("mosaic_domains", -3, "mosaic_domains must be finite and not negative (got -3)"),
+    ("wavelength_A", float("nan"), "wavelength_A must be positive (got nan)"),
+    ("n_cells", (5, -1, 5), "n_cells must be finite and not negative (got -1)"),
+    ("fluence_photons_per_m2", float("inf"), "fluence_photons_per_m2 must be finite and not negative"),
+])
+def test_option_values_out_of_range_are_refused_as_the_flags_are(option, value, message):
+    """Values set as options (Python, a sweep's option axes and draws) meet the ranges nanoBragg's flag rules
+    give their flags: one line naming the option, before anything renders."""
+    config = nbsim.config_from_args("-cell 50 60 70 90 90 90 -default_F 1 -N 5 -detpixels 16".split())
+    with pytest.raises(NbsimError, match=re.escape(message)):
+        resolve(config.with_options(**{option: value}))

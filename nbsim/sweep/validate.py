@@ -229,7 +229,7 @@ def check_points(config: dict, points: list[Point], base: Path, builds: PointBui
     """Build every distinct point as planning builds it (`plan.point_config`) and read each input file its
     configuration names, once, strictly. A point that fails is built again from its scenario alone, then
     with each of its axis values alone, to name the key at fault."""
-    from ..config import check_response
+    from ..config import check_values
     from ..io.inputs import input_file_paths, read_input_file
     from ..io.structure_files import hkl_format
 
@@ -239,7 +239,7 @@ def check_points(config: dict, points: list[Point], base: Path, builds: PointBui
 
     def build(point: Point) -> None:
         simulation = point_config(config, point, base, builds)
-        check_response(simulation.response)
+        check_values(simulation)
         if simulation.detector.panels:
             _check_panel_scenario(config, c_reference)
         hkl_file = simulation.structure.hkl_file
