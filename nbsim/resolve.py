@@ -521,13 +521,13 @@ def sampling_warnings(advice: SamplingAdvice, phi_steps: int, mosaic_domains: in
     """Warnings where the φ steps or mosaic domains are coarser than `advice` asks, like the oversample one."""
     warnings = []
     if phi_steps < advice.phi_steps:
-        warnings.append(f"phi steps of {advice.osc_deg / phi_steps:g} deg are coarser than the narrowest spot "
-                        f"({advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A): recommend -phisteps "
-                        f"{advice.phi_steps}")
+        warnings.append(f"phi steps of {advice.osc_deg / phi_steps:g} deg are coarser than a third of the narrowest "
+                        f"spot ({advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A): recommend -phisteps "
+                        f"{advice.phi_steps} (or -sampling advised)")
     if mosaic_domains < advice.mosaic_domains:
         warnings.append(f"{mosaic_domains} mosaic domain(s) over a {advice.mosaic_spread_deg:g} deg spread leave gaps "
                         f"between spots {advice.spot_width_deg:.3g} deg wide: recommend -mosaic_domains "
-                        f"{advice.mosaic_domains}")
+                        f"{advice.mosaic_domains} (or -sampling advised)")
     return warnings
 
 

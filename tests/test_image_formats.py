@@ -295,8 +295,9 @@ def test_int32_counts_clamp_at_saturation_and_add_a_pedestal_only_when_asked(tmp
         np.testing.assert_array_equal(handle["entry/data/data"][0], expected)
         assert handle["entry/instrument/detector/saturation_value"][()] == 100000
     saturated = int((expected == 100000).sum())
-    assert (f"WARNING: {saturated} pixels at the saturation (100000 counts, -saturation) of the miniCBF and NXmx"
-            in capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert f"WARNING: {saturated} pixels at the saturation (100000 counts, -saturation) of the miniCBF and NXmx" in out
+    assert "lower -scale" in out and "raise -saturation" in out  # -nonoise: the -intfile image's counts
     smv = fabio.open(str(tmp_path / "int.img")).data  # rounded in float32, as nanoBragg does: within 1
     assert np.abs(smv - np.minimum(np.floor(floats * 1e6 + 40 + 0.5), 65535)).max() <= 1 and smv.max() == 65535
     _render(tmp_path, monkeypatch, "-nonoise", "-scale", "1e6", "-adc", "10", "-cbffile", "pedestal.cbf")

@@ -38,6 +38,23 @@ def test_show_resolves_a_command_without_rendering(tmp_path, monkeypatch, capsys
     [expected] = [line for line in lines if line.startswith("expected render:")]
     eager_s, compiled_s = map(float, re.findall(r"(?:eager|compiled) ([0-9.e+-]+) s", expected))
     assert eager_s > 0 and compiled_s > 0
+    [advice] = [line for line in lines if line.startswith("sampling advice:")]
+    assert advice.endswith("rendering 2 and 3, -sampling nanobragg)")
+    assert not any(line.startswith("  warning:") for line in lines)  # sampled as finely as advised
+
+
+def test_show_tells_what_advised_sampling_renders_and_where_flags_override_it(capsys):
+    """-sampling advised fills the counts the flags leave out (no warning left); a count the flags give that is
+    coarser than the advice is still warned about."""
+    advised = ("-default_F 100 -cell 70 80 90 75 85 95 -N 20 -detpixels 256 -mosaic 0.5 -osc 0.5 -phisteps 3 "
+               "-sampling advised").split()
+    assert main(["show", "--", *advised]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [advice] = [line for line in lines if line.startswith("sampling advice:")]
+    domains = re.search(r"(\d+) mosaic domain\(s\)", advice).group(1)
+    assert advice.endswith(f"rendering 3 and {domains}, -sampling advised)") and int(domains) > 10
+    assert not any("recommend -mosaic_domains" in line for line in lines)
+    assert any("recommend -phisteps" in line for line in lines)  # -phisteps 3 given, coarser than advised
 
 
 def test_show_lists_the_simulator_options(capsys):

@@ -59,7 +59,7 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
     from ..devices import resolve_device, resolve_dtype
     from ..kernel.policy import COMPILED_SPEEDUP, plan_compile
     from ..render import Renderer
-    from ..resolve import config_sampling_advice, resolve
+    from ..resolve import config_sampling_advice, resolve, sampling_warnings
 
     device, dtype = resolve_device(device_name), resolve_dtype(dtype_name)
     setup = resolve(config)
@@ -84,8 +84,9 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
         *detector_lines(config, setup),
         f"oversample: {setup.oversample} ({'-oversample' if config.detector.oversample else 'automatic'})",
         f"sampling advice: {advice.phi_steps} phi step(s), {advice.mosaic_domains} mosaic domain(s) (narrowest spot "
-        f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic}"
-        f"{', as advised: -sampling advised' if config.crystal.sampling == 'advised' else ''})",
+        f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic}, "
+        f"-sampling {config.crystal.sampling})",
+        *(f"  warning: {line}" for line in sampling_warnings(advice, phi, mosaic)),
         f"sources: {sources} = {setup.sources.divergence_points} divergence point(s) x "
         f"{setup.sources.dispersion.steps} wavelength(s)",
         *physics_lines(setup),

@@ -146,9 +146,12 @@ def _write_processing_images(run: RunOptions, counts: np.ndarray, record: Experi
     with a warning where pixels reach the saturation: processing programs leave those spots out."""
     saturated = int(np.count_nonzero(counts >= run.saturation_counts))
     if saturated:
+        remedy = ("lower the fluence (-fluence, -flux, -exposure)" if run.noisefile else
+                  "lower -scale (under -nonoise the counts are the -intfile image, its brightest pixel 55000 unless "
+                  "-scale is given)")
         print(f"WARNING: {saturated} pixels at the saturation ({run.saturation_counts} counts, -saturation) of the "
               f"{' and '.join(n for n, f in (('miniCBF', run.cbffile), ('NXmx', run.nxmxfile)) if f)}: DIALS and "
-              "XDS leave overloaded spots out; lower the fluence (-fluence, -flux, -exposure) to keep them")
+              f"XDS leave overloaded spots out; {remedy} or raise -saturation to keep them")
     if run.cbffile:
         print(f"writing {run.cbffile} as a miniCBF of 4-byte integers")
         write_mini_cbf(run.cbffile, counts, record, started)
