@@ -37,12 +37,15 @@ LIMITS = {"indexed_fraction": 0.90, "cell_relative": 1e-3, "orientation_deg": 0.
 """The issue's thresholds: indexed ≥ 90 %, cell ≤ 0.1 %, orientation ≤ 0.1°, RMSD ≤ 0.5 px, distance within
 0.2 mm and beam centre within 0.5 px of the header, merged intensities against |F|² correlation ≥ 0.9."""
 SERIES_ARGS = ("-detector_model", "pilatus6m", "-N", "10", "-gauss_xtal", "-lambda", "1", "-distance", "100",
-               "-osc", "0.5", "-misset", "10", "20", "30", "-dtype", "float32", "-noise_generator", "philox")
+               "-osc", "0.5", "-misset", "10", "20", "30", "-physics", "corrected", "-dtype", "float32",
+               "-noise_generator", "philox")
 """A PILATUS 6M (`-detector_model pilatus6m`: 0.172 mm pixels, 320 µm of silicon, its point spread, module
 gaps, no pedestal, cut to the first pixels² by -detpixels) and a crystal of Gaussian spots (`-gauss_xtal`),
 as a mosaic crystal's are. The square and round shapes' side lobes, real for a crystal of a few cells, are
 found by DIALS's spot finder as spots of their own that index nowhere (measured, 6 frames: a round crystal of
-N = 10 on 1024² 88.3 % indexed, a Gaussian one 99.9 %; docs/detector.md, "Through DIALS")."""
+N = 10 on 1024² 88.3 % indexed, a Gaussian one 99.9 %; docs/detector.md, "Through DIALS"). `-physics
+corrected`: under nanoBragg's physics the first frame, at φ = 0, reuses stale crystal vectors (docs/physics.md,
+"The physics switch")."""
 
 
 def dials_available() -> bool:
