@@ -193,6 +193,8 @@ def test_export_writes_a_rotation_series_as_nxmx_and_numbered_cbfs(tmp_path, cap
 def test_export_refuses_what_is_not_one_series(tmp_path, capsys):
     assert main(["export", str(tmp_path), "--nxmx", str(tmp_path / "x.nxs")]) == 2
     assert "not a sweep.zarr store" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "none.zarr"), "--nxmx", str(tmp_path / "x.nxs")]) == 2
+    assert "none.zarr: no such file or folder" in capsys.readouterr().err
     _rotation_sweep(tmp_path, [0.0, 1.0])
     assert main(["export", str(tmp_path / "sweep.zarr")]) == 2
     assert "nothing to write" in capsys.readouterr().err

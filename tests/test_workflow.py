@@ -265,7 +265,7 @@ def test_points_run_in_batches(rotation_run):
     log = (folder / "results" / "logs" / "simulate" / "rotation" / "n12-float32-cpu-compile_off-b0000.log").read_text()
     assert "rotation n12-float32-cpu-compile_off-b0000: 3/3 points" in log and "points/s" in log
     assert "rotation n12-float32-cpu-compile_off-b0000: 3/3 points" in result.stderr  # on the terminal too
-    assert "collate rotation: 5/5 points" in result.stderr
+    assert "collate rotation: 5/5 images" in result.stderr  # one image a point: no detector stage
     with open(folder / "results" / "rotation" / "tables" / "timing.csv") as stream:
         rows = list(csv.DictReader(stream))
     assert [float(row["phi"]) for row in rows] == [0.0, 0.1, 0.2, 0.3, 0.4]

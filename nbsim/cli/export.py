@@ -96,6 +96,8 @@ def _series(store: Path, size: int | None):
     """The (frame, slow, fast) images of one size and each frame's point attributes."""
     from ..sweep.store import read_store
 
+    if not store.exists():
+        raise NbsimError(f"{store}: no such file or folder (a sweep's results/SCENARIO/sweep.zarr)")
     if not (store / "zarr.json").is_file():
         raise NbsimError(f"{store}: not a sweep.zarr store")
     dataset = read_store(store)

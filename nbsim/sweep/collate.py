@@ -241,7 +241,7 @@ def _copy_images(store: AtomicStore, rows: list[dict[str, Any]], grid: xr.Datase
     indexes = {axis: grid.indexes[axis] for axis in axes}
     ok = [row for row in rows if row["status"] == "ok"]
     kinds = {"image": np.float32, **({DETECTOR_IMAGE: np.uint16} if any(row.get("detector") for row in ok) else {})}
-    progress = Progress(len(ok) * len(kinds), label)
+    progress = Progress(len(ok) * len(kinds), label, unit="images")  # each point's image and detector image
     shape = (*(grid.sizes[a] for a in axes), *pixels)
     targets = []
     for kind, dtype in kinds.items():

@@ -16,15 +16,16 @@ log = logging.getLogger(__name__)
 
 
 class Progress:
-    """Points done / total, rate and time left, logged at most every `every_s` seconds and once at the end."""
+    """Points (or other `unit`s) done / total, rate and time left, logged at most every `every_s` seconds and
+    once at the end."""
 
-    def __init__(self, total: int, label: str, every_s: float = 5.0):
-        self.total, self.label, self.every_s = total, label, every_s
+    def __init__(self, total: int, label: str, every_s: float = 5.0, unit: str = "points"):
+        self.total, self.label, self.every_s, self.unit = total, label, every_s, unit
         self.done = 0
         self.started = self.reported = time.perf_counter()
 
     def advance(self, count: int = 1) -> None:
-        """Count `count` more points done; log the progress when it is due or complete."""
+        """Count `count` more done; log the progress when it is due or complete."""
         self.done += count
         now = time.perf_counter()
         if self.done >= self.total or now - self.reported >= self.every_s:
@@ -35,7 +36,7 @@ class Progress:
         rate = self.done / elapsed_s if elapsed_s > 0 else float("inf")
         left = f", {(self.total - self.done) / rate:.0f} s left" if 0 < rate < float("inf") and self.done < self.total \
             else ""
-        log.info("%s: %d/%d points, %.1f points/s%s", self.label, self.done, self.total, rate, left)
+        log.info("%s: %d/%d %s, %.1f %s/s%s", self.label, self.done, self.total, self.unit, rate, self.unit, left)
 
 
 def _on_the_terminal(record: logging.LogRecord) -> bool:
