@@ -49,6 +49,13 @@ def test_scenario_summary_leaves_out_reference_rows_and_failures():
     assert summary.cells() == ["3 / 1", "1.0e-08", "4.0e-05", "12.3", "8.17", "nbsim float64 on the CPU"]
 
 
+def test_a_dataset_summary_names_no_reference():
+    """Without timing or references (a dataset) nothing was sped up over anything: no "over" to name."""
+    shots = [{"status": "ok", "size": 64, "dtype": "float32"} for _ in range(3)]
+    summary = ScenarioSummary.of("shots", shots)
+    assert summary.over == "" and summary.cells() == ["3 / 0", "–", "–", "–", "–", ""]
+
+
 def test_previews_grid_along_the_varying_axes():
     column_axis, columns, combinations, row_axes = preview_grid(ROWS, AXES)
     assert (column_axis, columns, row_axes) == ("size", [64, 128], ["dtype", "fudge"])

@@ -57,7 +57,8 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
             (speedup_png, "speedup", f"speedup over {reference}", f"{reference} time / nbsim warm time", False),
             (time_png, "warm_median_s", "warm render time", "warm median time (s)", True)):
         figure, axis = plt.subplots(figsize=(6.4, 4.2))
-        for label, xs, median, low, high in _series(ok, x_axis, key):
+        series = list(_series(ok, x_axis, key))
+        for label, xs, median, low, high in series:
             line = axis.plot(xs, median, marker="o" if len(xs) <= 50 else None, label=label)
             if any(lo != hi for lo, hi in zip(low, high, strict=True)):
                 axis.fill_between(xs, low, high, alpha=0.25, color=line[0].get_color())
@@ -69,8 +70,11 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
         axis.set_ylabel(ylabel)
         axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)
-        if ok:
+        if series:
             axis.legend(fontsize=7)
+        else:  # a dataset: nothing timed or compared
+            axis.text(0.5, 0.5, "nothing measured: no timing or reference in this sweep", ha="center",
+                      va="center", transform=axis.transAxes)
         figure.tight_layout()
         figure.savefig(path, dpi=100)
         plt.close(figure)

@@ -113,7 +113,8 @@ def _html_page(title: str, labels: list[str], table: list[list[str]]) -> str:
 @dataclass(frozen=True)
 class ScenarioSummary:
     """One scenario at a glance: how many points rendered, how far from the reference the worst one is,
-    and how much faster nbsim was (over `over`; reference rows and failed points left out)."""
+    and how much faster nbsim was (over `over`, empty without speedups; reference rows and failed points
+    left out)."""
 
     scenario: str
     ok: int
@@ -135,7 +136,7 @@ class ScenarioSummary:
         one_minus_r, rel_error, speedups = values("one_minus_r"), values("max_rel_error"), values("speedup")
         return cls(scenario, len(ok), len(rows) - len(ok), max(one_minus_r, default=None),
                    max(rel_error, default=None), max(speedups, default=None),
-                   statistics.median(speedups) if speedups else None, reference_label(rows))
+                   statistics.median(speedups) if speedups else None, reference_label(rows) if speedups else "")
 
     def cells(self) -> list[str]:
         """The summary as the front page's table cells, rounded."""
