@@ -185,6 +185,7 @@ def test_points_render_into_the_store_with_labels_and_reproduce_from_their_recor
     # The farthest corner of 32 pixels of 0.1 mm, 60 mm away, from the beam at 1.65 + 0.05 mm (mosflm).
     two_theta = math.atan(math.hypot(1.7e-3, 1.7e-3) / 0.06)
     assert labels["corner_resolution_A"] == pytest.approx(labels["lambda"] / (2 * math.sin(two_theta / 2)), rel=1e-9)
+    assert (labels["mosaic_domains"], labels["phi_steps"]) == (3, 1)  # -mosaic_domains 3 given; a still
     assert record["store_files"] <= 20 and record["bytes_per_image"] > 0
 
 

@@ -5,7 +5,8 @@
 `spectrum_mean_A` and `spectrum_weight_000` ...) and its seeds
 (`noise_seed`, `mosaic_seed`, `misset_seed`, `calibration_seed`). `rendered_labels` (in the job): the A
 matrix used (`A_00` .. `A_22`: rows x, y, z of the matrix whose columns are a*, b*, c* in Å⁻¹, after the
-misset, before phi and mosaic), the wavelength, the resolution at the detector's farthest corner (Å) and
+misset, before phi and mosaic), the wavelength, the resolution at the detector's farthest corner (Å), the
+mosaic domains and φ steps rendered (`mosaic_domains`, `phi_steps`: a shot's own under -sampling advised) and
 the image statistics (total photons, maximum, overloads).
 """
 
@@ -51,10 +52,11 @@ def spectrum_labels(spectrum: tuple[tuple[float, float], ...]) -> dict[str, floa
 
 
 def rendered_labels(config: SimulationConfig) -> dict[str, float]:
-    """The A matrix actually used, λ and the corner resolution, from the point's configuration (the
-    lattice and geometry nanoBragg's set-up derives, float64)."""
+    """The A matrix actually used, λ, the corner resolution and the mosaic domains and φ steps rendered (what
+    -sampling advised chose for the shot), from the point's configuration (the lattice and geometry
+    nanoBragg's set-up derives, float64)."""
     from ..config import scalar_value
-    from ..model.crystal import build_lattice
+    from ..model.crystal import build_lattice, mosaic_domain_count, phi_sampling
     from ..model.geometry import build_geometry
     from ..rng import Ran1
 
@@ -62,7 +64,8 @@ def rendered_labels(config: SimulationConfig) -> dict[str, float]:
     lattice = build_lattice(config.crystal, wavelength_A, Ran1(), config.corrected)
     a_matrix = lattice.reciprocal_per_A.detach().double().T.reshape(-1).tolist()
     return {**dict(zip(A_COLUMNS, a_matrix, strict=True)), "wavelength_A": wavelength_A,
-            "corner_resolution_A": corner_resolution_A(config, wavelength_A, build_geometry)}
+            "corner_resolution_A": corner_resolution_A(config, wavelength_A, build_geometry),
+            "mosaic_domains": mosaic_domain_count(config.crystal), "phi_steps": phi_sampling(config.crystal).steps}
 
 
 def corner_resolution_A(config: SimulationConfig, wavelength_A: float, build_geometry) -> float:
