@@ -272,6 +272,14 @@ _FRACTIONS = ("flicker_fraction", "calibration_fraction", "hot_pixel_fraction", 
 _NOT_NEGATIVE = ("psf_fwhm_um", "gain_adu_per_photon", "readout_noise_adu", "beamstop_radius_mm")
 
 
+def _check_range(name: str, value: float, positive: bool) -> None:
+    """A one-line NbsimError naming the setting unless `value` is finite and positive (or not below 0)."""
+    from .errors import NbsimError
+
+    if not (math.isfinite(value) and (value > 0.0 if positive else value >= 0.0)):
+        raise NbsimError(f"{name} must be {'positive' if positive else 'a finite number not below 0'} (got {value:g})")
+
+
 def check_response(response: DetectorResponseConfig) -> None:
     """Raise a one-line NbsimError naming the setting for a value the detector cannot have."""
     from .errors import NbsimError
@@ -285,9 +293,7 @@ def check_response(response: DetectorResponseConfig) -> None:
         if not 0.0 <= value <= 1.0:
             raise NbsimError(f"{name} must be a fraction between 0 and 1 (got {value:g})")
     for name in _NOT_NEGATIVE:
-        value = getattr(response, name)
-        if not (value >= 0.0 and math.isfinite(value)):
-            raise NbsimError(f"{name} must be a finite number not below 0 (got {value:g})")
+        _check_range(name, getattr(response, name), positive=False)
     if not math.isfinite(response.adc_offset_adu):
         raise NbsimError(f"adc_offset_adu must be finite (got {response.adc_offset_adu:g})")
     if response.hot_pixel_fraction + response.dead_pixel_fraction > 1.0:
@@ -315,8 +321,6 @@ def check_values(config: SimulationConfig) -> None:
     """Raise a one-line NbsimError naming the option for a value out of its range: the detector's settings
     (`check_response`) and the ranges nanoBragg's rules give the flags, for values set as options (a
     sweep's option axes and draws, Python), which no flag rule sees. Unset values (None) pass."""
-    from .errors import NbsimError
-
     check_response(config.response)
     for part in (config.crystal, config.beam, config.detector, config.structure):
         for item in dataclasses.fields(part):
@@ -325,10 +329,7 @@ def check_values(config: SimulationConfig) -> None:
                 continue
             value = getattr(part, item.name)
             for number in (() if value is None else value if isinstance(value, tuple) else (value,)):
-                number = scalar_value(number)
-                if not (math.isfinite(number) and (number > 0 if positive else number >= 0)):
-                    raise NbsimError(f"{item.name} must be {'positive' if positive else 'finite and not negative'} "
-                                     f"(got {number:g})")
+                _check_range(item.name, scalar_value(number), positive)
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def _missing_file_draws(tmp_path):
     ({"count": 2, "values": {"mosaic_spread_deg": {"uniform": [-0.5, -0.1]}}},
      "sweep.draws.values.mosaic_spread_deg: draw 0 gave -0."),
     ({"count": 2, "values": {"mosaic_spread_deg": {"uniform": [-0.5, -0.1]}}},
-     "mosaic_spread_deg must be finite and not negative (got -0."),
+     "mosaic_spread_deg must be a finite number not below 0 (got -0."),
     ({"count": 3, "values": {"wavelength_A": {"normal": [0.0, 1.0]}}}, "wavelength_A must be positive (got "),
 ])
 def test_bad_draws_fail_with_one_line_naming_the_key(tmp_path, draws, message):

@@ -196,12 +196,12 @@ def test_parallel_jobs_do_not_corrupt_stores(tmp_path):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("mosaic_spread_deg", -0.3, "mosaic_spread_deg must be finite and not negative (got -0.3)"),
+    ("mosaic_spread_deg", -0.3, "mosaic_spread_deg must be a finite number not below 0 (got -0.3)"),
     ("distance_mm", -5.0, "distance_mm must be positive (got -5)"),
-    ("mosaic_domains", -3, "mosaic_domains must be finite and not negative (got -3)"),
+    ("mosaic_domains", -3, "mosaic_domains must be a finite number not below 0 (got -3)"),
     ("wavelength_A", float("nan"), "wavelength_A must be positive (got nan)"),
-    ("n_cells", (5, -1, 5), "n_cells must be finite and not negative (got -1)"),
-    ("fluence_photons_per_m2", float("inf"), "fluence_photons_per_m2 must be finite and not negative"),
+    ("n_cells", (5, -1, 5), "n_cells must be a finite number not below 0 (got -1)"),
+    ("fluence_photons_per_m2", float("inf"), "fluence_photons_per_m2 must be a finite number not below 0"),
 ])
 def test_option_values_out_of_range_are_refused_as_the_flags_are(option, value, message):
     """Values set as options (Python, a sweep's option axes and draws) meet the ranges nanoBragg's flag rules
