@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import SimulationConfig
 from .errors import NbsimError
 from .model.beam import build_sources
 from .model.geometry import build_geometry
@@ -68,10 +69,13 @@ def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
     the C weighs equally, and the nominal -lambda. The C's image then equals nbsim's for equal weights. A
     -detector_model becomes its flags (the C renders its module gaps, which nbsim leaves out), and
     `-sampling advised` the -phisteps and -mosaic_dom it sets."""
-    argv = _explicit_sampling(expand_detector_model(argv))
-    if "-spectrumfile" not in argv:
+    argv = expand_detector_model(argv)
+    if SAMPLING_FLAG not in argv and "-spectrumfile" not in argv:
         return argv
     config = parse(argv)[0]
+    argv = _explicit_sampling(argv, config)
+    if "-spectrumfile" not in argv:
+        return argv
     geometry = build_geometry(config.detector)
     sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
     sourcefile.write_text("".join(f"{x!r} {y!r} {z!r} 1 {wavelength * 1e-10!r}\n" for (x, y, z), wavelength
@@ -83,11 +87,11 @@ def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
     return [*rest, *nominal, "-sourcefile", str(sourcefile)]
 
 
-def _explicit_sampling(argv: list[str]) -> list[str]:
-    """`argv` without -sampling (the C has none) and with the counts `-sampling advised` sets as flags."""
+def _explicit_sampling(argv: list[str], config: SimulationConfig) -> list[str]:
+    """`argv` (parsed as `config`) without -sampling (the C has none) and with the counts `-sampling advised`
+    sets as flags."""
     if SAMPLING_FLAG not in argv:
         return argv
-    config = parse(argv)[0]
     at = [i for i, arg in enumerate(argv) if arg == SAMPLING_FLAG]
     rest = [arg for i, arg in enumerate(argv) if i not in at and i - 1 not in at]
     return [*rest, *advised_sampling_flags(config)[1]]
