@@ -216,7 +216,6 @@ def resolve(config: SimulationConfig) -> Setup:
     """Apply nanoBragg's defaults (or, under -sampling advised, the sampling advice's counts) and derive
     geometry, lattice, sources and the structure-factor grid."""
     _validate(config)
-    config = with_advised_sampling(config)
     files = read_input_files(config)
     generator = Ran1()
     warnings: list[str] = []
@@ -225,6 +224,11 @@ def resolve(config: SimulationConfig) -> Setup:
     corrected = config.corrected
     lattice = crystal_mod.build_lattice(config.crystal, config.beam.wavelength_A, generator, corrected)
     n_cells = crystal_mod.cell_counts(config.crystal, lattice)
+    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
+    sampling_need = sampling_advice(lattice, n_cells, detector_d_min_A(panels, config.detector, sources),
+                                    math.degrees(crystal_mod.phi_sampling(config.crystal).osc_rad),
+                                    _mosaic_spread_deg(config))
+    config = _with_advice(config, sampling_need, *_open_counts(config))
     phi = crystal_mod.phi_sampling(config.crystal)
     mosaic = crystal_mod.mosaic_domains(config.crystal, generator)
     cells = crystal_mod.oriented_cells(lattice, phi, geometry.spindle, mosaic, corrected)
@@ -232,7 +236,6 @@ def resolve(config: SimulationConfig) -> Setup:
     if crystal_mod.effective_phi_rad(phi, corrected)[0] != phi.angles_rad()[0]:
         unrotated = crystal_mod.PhiSampling(start_rad=0.0, step_rad=0.0, steps=1, osc_rad=0.0)
         first_cells = crystal_mod.oriented_cells(lattice, unrotated, geometry.spindle, mosaic)
-    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
 
     sampling = finest_sampling(panels)
     advice = oversample_advice(lattice, n_cells, config.beam.wavelength_A, sampling_distance_m(sampling),
@@ -243,8 +246,6 @@ def resolve(config: SimulationConfig) -> Setup:
                         f"size is {advice.reciprocal_pixel_m * 1e10:g} A: recommend -oversample {advice.recommended}")
 
     warnings += crystal_mod.default_warnings(config.crystal)
-    sampling_need = sampling_advice(lattice, n_cells, detector_d_min_A(panels, config.detector, sources),
-                                    math.degrees(phi.osc_rad), _mosaic_spread_deg(config))
     warnings += sampling_warnings(sampling_need, phi.steps, mosaic.count)
     p1_table = files.hkl
     channels = channel_grids = None
@@ -485,15 +486,31 @@ def with_advised_sampling(config: SimulationConfig, advisor: SamplingAdvisor | N
     its flags leave out set to what `config_sampling_advice` asks, so that no spot is hit or missed between
     samples, and never fewer than nanoBragg's defaults (2 φ steps, 10 domains: an image is never sampled more
     coarsely than the C's, and a kernel's structure never turns single-step); counts the flags give are kept.
-    `config` itself otherwise, without building anything. `advisor` keeps what many calls share."""
-    crystal = config.crystal
-    if crystal.sampling != "advised":
-        return config
-    rotation_open = crystal.phi_steps is None and crystal.phi_step_deg is None and (crystal.osc_range_deg or 0) > 0
-    domains_open = (crystal.mosaic_domains is None or crystal.mosaic_domains <= 0) and _mosaic_spread_deg(config) > 0
+    `config` itself otherwise, without building anything. `advisor` keeps what many calls share. (`resolve`
+    applies the same rule with the advice it computes from its own lattice and detector.)"""
+    rotation_open, domains_open = _open_counts(config)
     if not (rotation_open or domains_open):
         return config
-    advice = (advisor or SamplingAdvisor())(config)
+    return _with_advice(config, (advisor or SamplingAdvisor())(config), rotation_open, domains_open)
+
+
+def _open_counts(config: SimulationConfig) -> tuple[bool, bool]:
+    """Whether -sampling advised leaves the φ steps of a rotation and the mosaic domains of a spread to the
+    advice (the flags give neither)."""
+    crystal = config.crystal
+    if crystal.sampling != "advised":
+        return False, False
+    rotation_open = crystal.phi_steps is None and crystal.phi_step_deg is None and (crystal.osc_range_deg or 0) > 0
+    domains_open = (crystal.mosaic_domains is None or crystal.mosaic_domains <= 0) and _mosaic_spread_deg(config) > 0
+    return rotation_open, domains_open
+
+
+def _with_advice(config: SimulationConfig, advice: SamplingAdvice, rotation_open: bool,
+                 domains_open: bool) -> SimulationConfig:
+    """`config` with the open counts set to the advice's, never below nanoBragg's defaults."""
+    if not (rotation_open or domains_open):
+        return config
+    crystal = config.crystal
     phi_steps = max(advice.phi_steps, crystal_mod.phi_sampling(crystal).steps)
     domains = max(advice.mosaic_domains, crystal_mod.mosaic_domain_count(crystal))
     return config.with_options(**({"phi_steps": phi_steps} if rotation_open else {}),
