@@ -120,14 +120,17 @@ def _timed_run(work: Path, path: Path) -> tuple[float, str | None]:
     return wall_s, None
 
 
+def _run_sweep(work: Path, config: dict) -> dict:
+    """`config` run once in the empty folder `work`: its `_outcome`, or {"error": ...} if Snakemake failed."""
+    wall_s, error = _timed_run(work, _prepare(work, config))
+    return {"error": error} if error else _outcome(work, config, wall_s)
+
+
 def run_dataset_10k(quick: bool, folder: Path) -> dict:
     config = _config(quick, folder)
-    work = folder / "dataset_10k"
-    path = _prepare(work, config)
-    wall_s, error = _timed_run(work, path)
-    if error:
-        return {"error": error}
-    result = _outcome(work, config, wall_s)
+    result = _run_sweep(folder / "dataset_10k", config)
+    if "error" in result:
+        return result
     _LAST_LABELS["dataset"] = result.pop("labels")
     return {"command": ["snakemake", "--configfile", str(DATASET_CONFIG), "--cores", "2"], "result": result}
 
@@ -135,12 +138,9 @@ def run_dataset_10k(quick: bool, folder: Path) -> dict:
 def run_dataset_timed(quick: bool, folder: Path) -> dict:
     config = _config(quick, folder)
     config["timing"] = {"warmup": 0, "repeats": 1, "threads": 2}
-    work = folder / "dataset_timed"
-    path = _prepare(work, config)
-    wall_s, error = _timed_run(work, path)
-    if error:
-        return {"error": error}
-    result = _outcome(work, config, wall_s)
+    result = _run_sweep(folder / "dataset_timed", config)
+    if "error" in result:
+        return result
     result.pop("labels")
     return {"command": ["snakemake", "--configfile", "dataset.yaml + timing {warmup: 0, repeats: 1, threads: 2}",
                         "--cores", "2"], "result": result}
@@ -216,12 +216,9 @@ def resume_verdict(record: dict) -> str:
 def run_dataset_1024(quick: bool, folder: Path) -> dict:
     config = _config(False, folder, size=256 if quick else 1024, count=8 if quick else 40,
                      batch_size=4 if quick else 20)
-    work = folder / "dataset_1024"
-    path = _prepare(work, config)
-    wall_s, error = _timed_run(work, path)
-    if error:
-        return {"error": error}
-    result = _outcome(work, config, wall_s)
+    result = _run_sweep(folder / "dataset_1024", config)
+    if "error" in result:
+        return result
     result.pop("labels")
     result["render_shots_per_s"] = result["shots"] / result["render_s"] * 2  # two jobs side by side
     return {"command": ["snakemake", "--configfile", "dataset.yaml (sizes [1024], 40 draws)", "--cores", "2"],
