@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+from html.parser import HTMLParser
 
+from nbsim.sweep.collate import point_rows
 from nbsim.sweep.plots import preview_grid
-from nbsim.sweep.report import CORRELATION_VIEW, TIMING_VIEW, ScenarioSummary, reader_table
+from nbsim.sweep.report import (
+    CORRELATION_VIEW,
+    SUMMARY_HEADINGS,
+    TIMING_VIEW,
+    ScenarioSummary,
+    reader_table,
+    reference_statement,
+    write_summary,
+)
 
 AXES = ["size", "dtype", "device", "compile", "fudge"]
 
@@ -60,3 +72,88 @@ def test_previews_grid_along_the_varying_axes():
     column_axis, columns, combinations, row_axes = preview_grid(ROWS, AXES)
     assert (column_axis, columns, row_axes) == ("size", [64, 128], ["dtype", "fudge"])
     assert combinations == [("float32", 1.0), ("float32", 2.0), ("float64", 1.0)]
+
+
+def _timing(*times_s: float) -> dict:
+    ordered = sorted(times_s)
+    return {"warm_median_s": ordered[len(ordered) // 2], "warm_min_s": ordered[0], "warm_max_s": ordered[-1]}
+
+
+def _records(folder, batch: str, dtype: str, times_s: tuple[float, ...], reference: str | None = None) -> object:
+    """A records.json of one timed point (a reference batch's when `reference` names its kind)."""
+    point = {"name": f"n64-{dtype}" if reference is None else "n64", "reference": "n64", "status": "ok", "index": 0,
+             "axes": {"size": 64, "dtype": dtype, "device": "cpu", "compile": "on"}, "timing": _timing(*times_s)}
+    record = {"scenario": "seed", "batch": batch, "points": [point], "compile": "on",
+              **({"reference": reference} if reference else {})}
+    path = folder / f"{batch}.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_the_reference_time_is_the_sweeps_own_float64_point(tmp_path):
+    """nbsim's float64 reference is timed by the sweep's float64 CPU point (the row the table shows as
+    *reference*), not by the reference batch's other process; the speedup's range spans both sides' repeats."""
+    rows = point_rows([_records(tmp_path, "n64-float32", "float32", (1.0, 1.1, 1.3)),
+                       _records(tmp_path, "n64-float64", "float64", (3.0, 3.3, 3.9))],
+                      [_records(tmp_path, "n64-b0000", "float64", (8.0, 8.0, 8.0), reference="nbsim-float64-cpu")])
+    single, double = rows
+    assert double["reference_median_s"] == double["warm_median_s"] == 3.3 and "speedup" not in double
+    assert single["reference_batch"] == "n64-float64" and single["speedup"] == 3.3 / 1.1
+    assert (single["speedup_min"], single["speedup_max"]) == (3.0 / 1.3, 3.9 / 1.0)
+    _, table = reader_table(rows, AXES[:4], TIMING_VIEW)
+    assert table[0][-1] == "3 (2.31–3.9)" and table[1][-1] == "reference"
+
+
+def test_without_the_reference_configuration_the_reference_batch_times_it(tmp_path):
+    """A sweep of float32 alone (or a C reference) takes the reference batch's times."""
+    [row] = point_rows([_records(tmp_path, "n64-float32", "float32", (1.0, 1.0, 2.0))],
+                       [_records(tmp_path, "n64-b0000", "float64", (4.0, 5.0, 6.0), reference="c")])
+    assert row["reference_batch"] == "n64-b0000" and row["speedup"] == 5.0
+    assert (row["speedup_min"], row["speedup_max"]) == (2.0, 6.0)
+
+
+def test_the_reference_statement_names_what_speedups_are_over():
+    assert "not over the C nanoBragg" in reference_statement(ROWS)
+    assert "compare nbsim with itself" in reference_statement(ROWS)
+    assert reference_statement([{"reference": "c"}]).startswith("Speedups and correlations are against the C nanoBragg")
+    assert reference_statement([{"status": "ok"}]).startswith("No reference")
+
+
+class _Text(HTMLParser):
+    """A page's text as a browser without JavaScript shows it (head, scripts and styles left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.parts, self.scripts = 0, [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self.hidden += tag in ("head", "script", "style")
+        self.scripts += tag == "script"
+
+    def handle_endtag(self, tag):
+        self.hidden -= tag in ("head", "script", "style")
+
+    def handle_data(self, data):
+        if not self.hidden and data.strip():
+            self.parts.append(data.strip())
+
+
+def test_the_summary_states_its_reference_first_and_shows_the_spread(tmp_path):
+    ranged = [dict(row, speedup_min=row["speedup"] / 2, speedup_max=row["speedup"] * 2) if "speedup" in row else row
+              for row in ROWS]
+    paths = [tmp_path / name for name in ("summary.rst", "summary.csv", "summary.html")]
+    write_summary({"seed": ranged}, AXES, *paths)
+    statement = reference_statement(ROWS)
+    rst, csv_text, page = (path.read_text() for path in paths)
+    assert rst.splitlines()[0] == f"**{statement}**"
+    assert csv_text.splitlines()[0] == f"# {statement}"
+    [row] = csv.DictReader(csv_text.splitlines()[1:])
+    assert float(row["best_speedup_min"]) == 12.3456 / 2 and float(row["best_speedup_max"]) == 12.3456 * 2
+    assert float(row["median_speedup_min"]) == (12.3456 + 4.0) / 4
+    text = _Text()
+    text.feed(page)
+    assert text.scripts == 0 and text.parts[:2] == ["nbsim sweep summary", statement]
+    headings = text.parts.index(SUMMARY_HEADINGS[0])
+    assert text.parts[headings:headings + len(SUMMARY_HEADINGS) + 5] == [
+        *SUMMARY_HEADINGS, "seed", "3 / 1", "1.0e-08", "4.0e-05", "12.3 (6.17–24.7)"]
+    assert "timing" in text.parts and "agreement with the reference" in text.parts

@@ -90,8 +90,13 @@ def test_tables_list_every_point(sweep_run):
             assert float(row["cold_s"]) > 0 and float(row["warm_median_s"]) > 0
             assert float(row["warm_min_s"]) <= float(row["warm_median_s"]) <= float(row["warm_max_s"])
             assert float(row["reference_median_s"]) > 0
-            # float64 CPU points are the nbsim reference's own configuration: no speedup
-            assert (row["speedup"] == "") if row["dtype"] == "float64" else float(row["speedup"]) > 0
+            # float64 CPU points are the nbsim reference's own configuration: no speedup, and their time is the
+            # reference's (one measurement, not two processes' that differ by the machine's load)
+            if row["dtype"] == "float64":
+                assert row["speedup"] == "" and row["reference_median_s"] == row["warm_median_s"]
+            else:
+                assert float(row["speedup_min"]) <= float(row["speedup"]) <= float(row["speedup_max"])
+                assert row["reference_batch"] == row["batch"].replace("float32", "float64")
             assert float(row["peak_rss_mb"]) > 0
         for row in correlation:
             assert row["reference"] == "nbsim-float64-cpu"
@@ -163,15 +168,23 @@ def test_plots_and_report(sweep_run):
 
 @pytest.mark.slow
 def test_summary_has_a_row_per_scenario(sweep_run):
-    with open(sweep_run / "results" / "summary.csv") as stream:
-        summary = {row["scenario"]: row for row in csv.DictReader(stream)}
+    against = "# Speedups and correlations are against nbsim's own float64 image on the CPU"
+    first, *lines = (sweep_run / "results" / "summary.csv").read_text().splitlines()
+    assert first.startswith(against)
+    summary = {row["scenario"]: row for row in csv.DictReader(lines)}
     assert sorted(summary) == sorted(TINY["scenarios"])
     for row in summary.values():
         assert (row["ok"], row["failed"]) == ("4", "0")
         assert 0 <= float(row["worst_one_minus_r"]) < 1e-5 and float(row["worst_rel_error"]) < 1e-3
         assert float(row["best_speedup"]) >= float(row["median_speedup"]) > 0
+        for kind in ("best_speedup", "median_speedup"):
+            assert float(row[f"{kind}_min"]) <= float(row[kind]) <= float(row[f"{kind}_max"])
         assert row["speedup_over"] == "nbsim float64 on the CPU"
-    assert "`seed`_" in (sweep_run / "results" / "summary.rst").read_text()
+    rst = (sweep_run / "results" / "summary.rst").read_text()
+    assert rst.startswith(f"**{against[2:]}") and "`seed`_" in rst
+    page = (sweep_run / "results" / "summary.html").read_text()  # the summary and tables without JavaScript
+    assert "<script" not in page and against[2:] in page.replace("&#x27;", "'")
+    assert all(f"<h2>{scenario}</h2>" in page for scenario in TINY["scenarios"])
 
 
 class _VisibleText(HTMLParser):
@@ -195,8 +208,9 @@ class _VisibleText(HTMLParser):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs headless Chromium (apt-get install chromium)")
 def test_report_front_page_in_a_browser(sweep_run):
-    """Chromium renders report.html (the report is a JavaScript app: its text exists only once rendered); the
-    summary table comes right after the title, before any other text, and a 1280×900 screenshot is written."""
+    """Chromium renders report.html (the report is a JavaScript app: its text exists only once rendered); what
+    the speedups are against comes right after the title, then the summary table, and a 1280×900 screenshot is
+    written."""
     report = sweep_run / "report.html"
     if not report.exists():
         assert snakemake(sweep_run, "--report", str(report)).returncode == 0
@@ -206,9 +220,10 @@ def test_report_front_page_in_a_browser(sweep_run):
     parser.feed(dom.stdout)
     text = parser.parts
     title = text.index("nbsim sweep report")
-    assert text[title + 1:title + 8] == ["scenario", "points ok / failed", "worst 1−r", "worst relative error",
-                                         "best speedup", "median speedup", "speedup over"]
-    assert {"hkl", "seed"} <= set(text[title + 8:title + 24])
+    assert text[title + 1].startswith("Speedups and correlations are against nbsim's own float64 image")
+    assert text[title + 2:title + 9] == ["scenario", "points ok / failed", "worst 1−r", "worst relative error",
+                                         "best speedup (range)", "median speedup (range)", "speedup over"]
+    assert {"hkl", "seed"} <= set(text[title + 9:title + 25])
     screenshot = sweep_run / "report.png"
     subprocess.run([*browser, f"--screenshot={screenshot}", report.as_uri()], capture_output=True, timeout=120)
     assert screenshot.read_bytes()[:4] == b"\x89PNG"

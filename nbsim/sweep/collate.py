@@ -32,8 +32,12 @@ from .fitting import write_fit_variables
 from .progress import Progress
 from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
 
-TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference", "reference_median_s",
-                  "speedup", "peak_rss_mb", "threads", "compile_cache", "bytes_per_image", "host", "slurm_job_id")
+TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference", "reference_batch",
+                  "reference_median_s", "reference_min_s", "reference_max_s", "speedup", "speedup_min", "speedup_max",
+                  "peak_rss_mb", "threads", "compile_cache", "bytes_per_image", "host", "slurm_job_id")
+"""`reference_batch`: the batch whose warm times are the reference's (`reference_*_s`); `speedup_min` and
+`speedup_max`: the speedup's range over both sides' repeats (the reference's fastest over nbsim's slowest,
+its slowest over nbsim's fastest)."""
 REFERENCE_NAMES = {"nbsim-float64-cpu": "nbsim float64 on the CPU", "c": "the C nanoBragg"}
 """How tables and plots name each kind of reference: without a C binary the speedup is over nbsim's
 own float64 image, not over nanoBragg."""
@@ -41,9 +45,11 @@ NBSIM_REFERENCE = "nbsim-float64-cpu"
 
 
 def is_reference_row(row: dict[str, Any]) -> bool:
-    """A float64 CPU point compared with nbsim's float64 CPU reference is the reference's own
-    configuration: its time is not a speedup over anything."""
-    return row.get("reference") == NBSIM_REFERENCE and row.get("dtype") == "float64" and row.get("device") == "cpu"
+    """A float64 CPU point compared with nbsim's float64 CPU reference, with the reference's compile setting
+    (`reference_compile`, when the row knows it), is the reference's own configuration: its time is not a
+    speedup over anything."""
+    return (row.get("reference") == NBSIM_REFERENCE and row.get("dtype") == "float64" and row.get("device") == "cpu"
+            and row.get("compile") == row.get("reference_compile", row.get("compile")))
 
 
 def reference_label(rows: list[dict[str, Any]]) -> str:
@@ -57,30 +63,41 @@ LABEL_PREFIX = "label:"
 """Rows carry a point's labels (nbsim.sweep.labels) under this prefix, apart from its axes and metrics."""
 
 
+REFERENCE_TIMES = {"warm_median_s": "reference_median_s", "warm_min_s": "reference_min_s",
+                   "warm_max_s": "reference_max_s"}
+"""A reference's warm times and the row columns that carry them."""
+
+
 def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list[dict[str, Any]]:
     """One row per point, in batch order: its axes, status, timings, comparison with its reference, the
-    reference's kind and time, and where its image is (`batch`, `index`)."""
-    references: dict[str, tuple[str | None, float | None]] = {}
+    reference's kind and warm times, the speedup with its range, and where its image is (`batch`, `index`).
+
+    The reference's times are those of the one measurement the table shows for it: for nbsim's float64
+    reference, the sweep's own point of the reference's configuration (`is_reference_row`) where the sweep
+    has one, timed like every other point; else the reference batch's (the C binary's, or a sweep without
+    that point)."""
+    references: dict[str, dict[str, Any]] = {}
     for path in reference_records:
         record = read_json(path)
         for point in record["points"]:
-            references[point["name"]] = (record.get("reference"), (point.get("timing") or {}).get("warm_median_s"))
+            references[point["name"]] = {"kind": record.get("reference"), "compile": record.get("compile"),
+                                         "batch": record["batch"], "timing": point.get("timing") or {}}
     rows = []
     for path in batch_records:
         record = read_json(path)
         identity = {key: record.get(key) for key in _BATCH_IDENTITY}
         for point in record["points"]:
             timing = point.get("timing") or {}
-            reference_kind, reference_s = references.get(point["reference"], (None, None))
+            reference = references.get(point["reference"], {})
             row: dict[str, Any] = {"scenario": record["scenario"], "point": point["name"], **point["axes"],
                                    "status": point["status"], "batch": record["batch"], "index": point["index"],
-                                   "reference": reference_kind, "reference_median_s": reference_s}
+                                   "reference": reference.get("kind"), "reference_point": point["reference"]}
+            if reference.get("compile") is not None:
+                row["reference_compile"] = str(reference["compile"])
             row.update({key: timing[key] for key in TIMING_COLUMNS if key in timing})
             row["bytes_per_image"] = record.get("bytes_per_image")
             row["detector"] = DETECTOR_IMAGE in point.get("images", ())
             row.update({LABEL_PREFIX + key: value for key, value in (point.get("labels") or {}).items()})
-            if timing.get("warm_median_s") and reference_s and not is_reference_row(row):
-                row["speedup"] = reference_s / timing["warm_median_s"]
             if point["status"] != "ok":
                 row["reason"] = point.get("reason")
             row.update(point.get("comparison") or {})
@@ -90,6 +107,22 @@ def point_rows(batch_records: list[Path], reference_records: list[Path]) -> list
             row["attributes"] = json.dumps({**identity, **{k: v for k, v in point.items()
                                                            if k not in ("axes", "labels")}}, default=str)
             rows.append(row)
+    own = {row["reference_point"]: row for row in rows if is_reference_row(row) and row.get("warm_median_s")}
+    for row in rows:
+        measured = own.get(row["reference_point"])
+        if measured is not None:
+            row["reference_batch"] = measured["batch"]
+            row.update({column: measured.get(key) for key, column in REFERENCE_TIMES.items()})
+        elif row["reference_point"] in references:
+            reference = references[row["reference_point"]]
+            row["reference_batch"] = reference["batch"]
+            row.update({column: reference["timing"].get(key) for key, column in REFERENCE_TIMES.items()})
+        if row.get("warm_median_s") and row.get("reference_median_s") and not is_reference_row(row):
+            row["speedup"] = row["reference_median_s"] / row["warm_median_s"]
+            if row.get("warm_min_s") and row.get("warm_max_s") and row.get("reference_min_s") \
+                    and row.get("reference_max_s"):
+                row["speedup_min"] = row["reference_min_s"] / row["warm_max_s"]
+                row["speedup_max"] = row["reference_max_s"] / row["warm_min_s"]
     return rows
 
 

@@ -258,7 +258,8 @@ def _c_references(job: BatchJob, output: BatchStore, entries: list[dict | None])
         median_s = statistics.median(times)
         entries[index] = {**point.to_dict(), "index": index, "status": "ok", "binary": job.c_binary,
                           "timed_s": time.perf_counter() - begin,
-                          "timing": {"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s}}
+                          "timing": {"c_median_s": median_s, "c_times_s": times, "warm_median_s": median_s,
+                                     "warm_min_s": min(times), "warm_max_s": max(times)}}
         output.write(index, {"image": image.reshape(point.image_shape)}, entries[index])
         progress.advance()
     return []

@@ -32,10 +32,12 @@ rule summary:
             caption="../report/summary.rst",
             category="summary",
         ),
+        html=f"{RESULTS}/summary.html",
     log:
         f"{RESULTS}/logs/summary.log",
     params:
         by_scenario=records_by_scenario(),
+        axes=AXES,
     localrule: True
     conda:
         "../envs/nbsim.yaml"

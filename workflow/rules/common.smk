@@ -262,7 +262,7 @@ def all_reference_records(wildcards):
 
 
 def all_outputs():
-    outputs = [f"{RESULTS}/summary.rst", f"{RESULTS}/summary.csv"]
+    outputs = [f"{RESULTS}/summary.rst", f"{RESULTS}/summary.csv", f"{RESULTS}/summary.html"]
     for scenario in config["scenarios"]:
         outputs += [
             f"{RESULTS}/{scenario}/tables/timing.csv",
