@@ -227,3 +227,26 @@ def test_parser_state_is_typed_and_refuses_unknown_variables():
         state.distanse_mm = 1.0
     with pytest.raises(AttributeError, match="distanse_mm"):
         _set("distanse_mm")
+
+
+@pytest.mark.parametrize("command", [["fit", "shot.img", "--refine", "orientation"], ["bench", "--repeats", "1"],
+                                     ["kernels", "build", "--dtype", "float32"]])
+def test_model_flags_without_dashes_name_the_fix(command, tmp_path, capsys, monkeypatch):
+    """A command that takes nanoBragg flags after `--`, given them without it: argparse's 'unrecognized
+    arguments' names the fix, in one line, exit status 2; an unknown option of its own is not told to move."""
+    monkeypatch.chdir(tmp_path)
+    prog = " ".join(command[:2] if command[0] == "kernels" else command[:1])
+    assert main([*command, *GOOD]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"nbsim: error: {command[0]}: unrecognized arguments: -default_F")
+    assert line.endswith(f"; nanoBragg flags go after --: nbsim {prog} [options] -- -default_F ...")
+    assert main([*command, "--bogus"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("unrecognized arguments: --bogus")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_command_without_model_flags_is_not_told_to_move_them(tmp_path, capsys):
+    """`nbsim export` takes no nanoBragg flags: an unknown one is only unknown."""
+    assert main(["export", str(tmp_path / "sweep.zarr"), "-N", "3"]) == 2
+    assert capsys.readouterr().err.strip() == "nbsim: error: export: unrecognized arguments: -N 3; see nbsim export -h"

@@ -23,22 +23,13 @@ from ..modes import Compile
 from ..nanobragg import config_from_args
 from ..reference import correlation, run_c_reference
 from ..timing import time_nbsim
+from .options import CommandParser
 from .products import stacked_panels
 
 
-class _ArgumentError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so errors become nbsim's one-line errors."""
-
-    def error(self, message: str):
-        raise _ArgumentError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nbsim bench", description="Time nbsim (and optionally the C nanoBragg).")
+    parser = CommandParser("bench", takes_flags=True, prog="nbsim bench",
+                           description="Time nbsim (and optionally the C nanoBragg).")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeats", type=int, default=5)
@@ -56,10 +47,7 @@ def main(argv: list[str]) -> int:
     """`nbsim bench`: time a command cold and warm (and the C binary, given one); the exit status."""
     from ..devices import resolve_device, resolve_dtype
 
-    try:
-        options = _parser().parse_args(argv)
-    except _ArgumentError as error:
-        raise NbsimError(f"bench: {error}") from None
+    options = _parser().parse_args(argv)
     nanobragg_args = options.args[1:] if options.args[:1] == ["--"] else options.args
     if not nanobragg_args:
         raise NbsimError("bench: give the nanoBragg arguments after --")

@@ -12,7 +12,6 @@ point's φ.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from ..config import INT32_MAX_COUNT
 from ..errors import NbsimError
 from ..io.paths import check_writable
+from .options import CommandParser
 
 USAGE = """usage: nbsim export SWEEP_ZARR [--size N] [--nxmx FILE] [--cbf PREFIX] [--noise-nxmx FILE]
                     [--noise-cbf PREFIX] [--seed N] [--scale S] [--adc A] [--saturation COUNTS]
@@ -35,17 +35,12 @@ header. Counts are int32: no pedestal unless --adc A, none above --saturation (d
 Each frame's omega is its point's -phi. See docs/formats.md."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise NbsimError(f"export: {message}; see nbsim export -h")
-
-
 def main(argv: list[str]) -> int:
     """`nbsim export`: a sweep's -phi series as one NXmx file and numbered miniCBFs; the exit status."""
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    parser = _Parser(prog="nbsim export", add_help=False)
+    parser = CommandParser("export", "; see nbsim export -h", prog="nbsim export", add_help=False)
     parser.add_argument("store", type=Path)
     parser.add_argument("--size", type=int)
     parser.add_argument("--nxmx", type=Path)

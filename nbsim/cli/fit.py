@@ -18,6 +18,7 @@ from ..errors import InputFileError, NbsimError
 from ..io.atomic import atomic_write_text
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import parse
+from .options import CommandParser
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 
@@ -34,17 +35,13 @@ def _restraint(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"restraint {text!r} is not NAME=SIGMA") from None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise NbsimError(f"fit: {message}")
-
-
 def argument_parser() -> argparse.ArgumentParser:
     """The options of `nbsim fit` (its nanoBragg flags come after `--`)."""
-    parser = _Parser(prog="nbsim fit", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="Example: nbsim fit shot_00001.img --refine orientation,cell,N,scale --json fit.json "
-                            "-- -model model.cif -cell 50 60 70 90 90 90 -misset 10 20 30 -N 14 -distance 150 "
-                            "-detpixels 512 -pixel 0.2")
+    parser = CommandParser("fit", takes_flags=True, prog="nbsim fit", description=DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="Example: nbsim fit shot_00001.img --refine orientation,cell,N,scale --json fit.json "
+                                  "-- -model model.cif -cell 50 60 70 90 90 90 -misset 10 20 30 -N 14 -distance 150 "
+                                  "-detpixels 512 -pixel 0.2")
     parser.add_argument("images", nargs="*", help="observed frames: SMV (.img), miniCBF, NXmx (FILE#N for frame N), "
                                                   "raw float (.bin), or STORE.zarr#POINT")
     parser.add_argument("--refine", type=_names, default=["orientation", "cell", "N", "scale"],

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..errors import NbsimError
+from .options import CommandParser
 
 COMMON_LOOKUPS = ("default", "nearest", "interpolate")
 USAGE = """usage: nbsim kernels build [--dtype T ...] [--device D] [-- <nanoBragg options>]
@@ -30,15 +30,10 @@ def main(argv: list[str]) -> int:
     raise NbsimError(f"unknown kernels command '{argv[0]}' (use build or list)")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise NbsimError(f"kernels: {message}")
-
-
 def build_command(argv: list[str]) -> int:
     """`nbsim kernels build`: the common structures' kernels, or those of the options after --."""
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = _Parser(prog="nbsim kernels build", add_help=False)
+    parser = CommandParser("kernels", takes_flags=True, prog="nbsim kernels build", add_help=False)
     parser.add_argument("--dtype", nargs="+", default=["float32", "float64"], choices=("float32", "float64"))
     parser.add_argument("--device", default="cpu")
     options = parser.parse_args(argv[:split])
