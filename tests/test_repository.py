@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -189,3 +190,19 @@ def test_every_source_file_the_docs_cite_exists():
 
 if __name__ == "__main__":
     print(config_key_table())
+
+
+def test_a_folder_named_nbsim_does_not_shadow_the_installed_package(tmp_path):
+    """A script run from the folder that holds a clone named `nbsim` imports the installed package, not the
+    clone's folder as an empty namespace package (`module 'nbsim' has no attribute 'config_from_args'`): the
+    editable install puts the checkout's root on sys.path (pyproject.toml's package-dir), where Python's own
+    import finds the regular package over the namespace portion in the working directory."""
+    holder, elsewhere = tmp_path / "holder", tmp_path / "elsewhere"
+    holder.mkdir()
+    elsewhere.mkdir()
+    (holder / "nbsim").symlink_to(REPO_ROOT, target_is_directory=True)
+    script = "import nbsim; print(nbsim.__file__, nbsim.config_from_args.__module__)"
+    found = [subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, timeout=120)
+             for folder in (holder, elsewhere)]
+    assert [done.returncode for done in found] == [0, 0], found[0].stderr[-500:]
+    assert found[0].stdout == found[1].stdout and found[0].stdout.split()[0].endswith("__init__.py")
