@@ -52,9 +52,11 @@ def main() -> None:
               f"{float((differ / one).max()):.3g}")
         angle = misset_random_angle_deg(physics == "corrected")
         print(f"{physics}: -misset random -misset_seed 5 rotates by {angle:.4g} degrees")
-    for flags in (["-oversample_omega"], ["-oversample_polar"],
-                  ["-oversample_thick", "-detector_thick", "100", "-detector_thicksteps", "3"],
-                  ["-oversample_thick", "-detector_thick", "100", "-detector_thicksteps", "10"]):
+    # -detector_abs 100: nanoBragg's attenuation depth (the thickness) under both physics settings (-physics
+    # corrected would take silicon's at λ), so that the ratio is the defect's alone
+    sensor = ["-detector_thick", "100", "-detector_abs", "100", "-detector_thicksteps"]
+    for flags in (["-oversample_omega"], ["-oversample_polar"], ["-oversample_thick", *sensor, "3"],
+                  ["-oversample_thick", *sensor, "10"]):
         switches = [flag for flag in flags if flag.startswith("-oversample_")]
         base = ["-oversample", "2"] + [flag for flag in flags if flag not in switches]
         corrected = image(base + ["-physics", "corrected"] + switches).mean()

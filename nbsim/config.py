@@ -183,8 +183,9 @@ class DetectorConfig:
     curved: bool = False
     sensor_thickness_um: float = 0.0
     sensor_absorption_depth_um: float | None = None
-    """Attenuation depth; None uses nanoBragg's fallback (the thickness), math.inf turns absorption off. The
-    command line sets it to `sensor_material`'s attenuation length at λ where a thickness is given without it."""
+    """Attenuation depth; None uses nanoBragg's fallback (the thickness), math.inf turns absorption off. Where a
+    thickness is given without it, the command line sets it to `sensor_material`'s attenuation length at λ under
+    -sensor_material, -detector_model or -physics corrected (else it keeps nanoBragg's fallback)."""
     sensor_material: str = "Si"
     """What the sensor is made of (nbsim.sensors.MATERIALS), as the image headers describe it."""
     sensor_layers: int | None = None

@@ -78,6 +78,10 @@ def pytest_collection_modifyitems(items):
 
 
 GOLDEN = Path(os.environ.get("NBSIM_GOLDEN", REPO_ROOT.parent / "shared" / "golden"))
+C_CASES = REPO_ROOT / "tests" / "data" / "c_cases"
+"""Small cases made from the C as the golden ones were (tests/data/c_cases/cases.txt says how), kept in the
+repository: each leaves one of the C's defaults to its rules. They name no input file and run with the golden
+ones, or without them where the golden folder is absent."""
 
 
 @dataclass
@@ -101,16 +105,21 @@ class GoldenCase:
         return (self.folder / "log.txt").read_text()
 
 
-def golden_case_names() -> list[str]:
-    if not GOLDEN.is_dir():
+def _case_names(folder: Path) -> list[str]:
+    if not folder.is_dir():
         return []
-    return sorted(p.name for p in GOLDEN.iterdir() if (p / "meta.json").is_file())
+    return sorted(p.name for p in folder.iterdir() if (p / "meta.json").is_file())
+
+
+def golden_case_names() -> list[str]:
+    return _case_names(GOLDEN)
 
 
 def load_case(name: str) -> GoldenCase:
-    meta = json.loads((GOLDEN / name / "meta.json").read_text())
-    return GoldenCase(name=name, folder=GOLDEN / name, args=meta["args"].split(),
-                      shape=tuple(meta["shape_slow_fast"]))
+    """A golden case, or one of the repository's C_CASES."""
+    folder = C_CASES / name if (C_CASES / name / "meta.json").is_file() else GOLDEN / name
+    meta = json.loads((folder / "meta.json").read_text())
+    return GoldenCase(name=name, folder=folder, args=meta["args"].split(), shape=tuple(meta["shape_slow_fast"]))
 
 
 requires_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"nanoBragg golden outputs not found at {GOLDEN} "
@@ -121,16 +130,20 @@ SLOW_CASES = {"mosaic_phi", "divergence_dispersion", "thickness", "source_file",
 
 
 def case_params(names: list[str] | None = None):
-    """pytest params for golden cases, slow ones marked, or one skipped param when the folder is absent."""
+    """pytest params for golden cases (one skipped param when the folder is absent) and, without `names`, the
+    repository's C_CASES; slow ones marked."""
+    repository = [] if names is not None else _case_names(C_CASES)
     names = golden_case_names() if names is None else names
-    if not names:
-        return [pytest.param(None, marks=pytest.mark.skip(reason=f"nanoBragg golden outputs not found at {GOLDEN}"))]
-    return [pytest.param(n, id=n, marks=[pytest.mark.slow] if n in SLOW_CASES else []) for n in names]
+    missing = [] if names else [
+        pytest.param(None, marks=pytest.mark.skip(reason=f"nanoBragg golden outputs not found at {GOLDEN}"))]
+    return missing + [pytest.param(n, id=n, marks=[pytest.mark.slow] if n in SLOW_CASES else [])
+                      for n in names + repository]
 
 
 @pytest.fixture
 def in_golden_dir(monkeypatch):
-    """Run with the golden folder as working directory (case arguments name files relative to it)."""
-    monkeypatch.chdir(GOLDEN)
+    """Run with the golden folder as working directory (case arguments name files relative to it; the
+    repository's cases name none)."""
+    monkeypatch.chdir(GOLDEN if GOLDEN.is_dir() else C_CASES)
 
 

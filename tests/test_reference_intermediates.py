@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -22,6 +23,8 @@ def _numbers(log: str, label: str) -> list[float]:
 
 @pytest.mark.parametrize("name", case_params())
 def test_setup_matches_reference_log(name, in_golden_dir):
+    """The geometry and cell, and what nanoBragg's rules chose where the flags leave it open (the oversample,
+    sources, mosaic domains and spread, φ steps and range, sensor layers and μ), as the C printed them."""
     case = load_case(name)
     log = case.log()
     setup = resolve(nbsim.config_from_args(case.args))
@@ -43,8 +46,16 @@ def test_setup_matches_reference_log(name, in_golden_dir):
     assert f"{setup.oversample}x{setup.oversample} pixel oversample steps" in log
     assert f"created a total of {setup.sources.count} sources" in log
     assert f"created a total of {setup.mosaic.count} mosaic domains" in log
-    assert f"{setup.phi.steps} phi steps" in log
-    assert f"in {setup.sensor.layers} layers" in log
+    thickness_m, layers, mu_per_m = re.search(r"sensor is (\S+) m thick in (\d+) layers with mu= (\S+)", log).groups()
+    assert (setup.sensor.thickness_m, setup.sensor.layers) == (pytest.approx(float(thickness_m), rel=1e-5), int(layers))
+    assert setup.sensor.mu_per_m == pytest.approx(float(mu_per_m), rel=1e-5)
+    spread_deg = re.search(r"mosaic domains over mosaic spread of (\S+) degrees", log).group(1)
+    assert math.degrees(float(setup.mosaic.spread_rad)) == pytest.approx(float(spread_deg), rel=1e-5, abs=1e-9)
+    phi_steps, phi_from_deg, phi_to_deg = re.search(r"(\d+) phi steps from (\S+) to (\S+) degrees", log).groups()
+    phi = setup.phi
+    assert phi.steps == int(phi_steps)
+    assert [math.degrees(phi.start_rad), math.degrees(phi.start_rad + phi.osc_rad)] == pytest.approx(
+        [float(phi_from_deg), float(phi_to_deg)], rel=1e-5, abs=1e-9)
 
 
 def _traces(text: str):

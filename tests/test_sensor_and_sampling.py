@@ -11,7 +11,7 @@ import fabio
 import pytest
 
 from nbsim.cli import main
-from nbsim.nanobragg import config_from_args
+from nbsim.nanobragg import config_from_args, parse
 from nbsim.resolve import SINC_FWHM, config_sampling_advice, resolve
 from nbsim.sensors import MATERIALS, sensor_material
 
@@ -49,14 +49,43 @@ def test_attenuation_is_what_dxtbx_models_parallax_with(material):
     assert found_um == pytest.approx(expected_um, rel=5e-3)
 
 
-def test_a_thickness_without_absorption_depth_takes_the_materials():
-    silicon = config_from_args("-detector_thick 450 -lambda 1".split()).detector
-    assert silicon.sensor_material == "Si"
-    assert silicon.sensor_absorption_depth_um == sensor_material("Si").attenuation_length_um(1.0)
-    cdte = config_from_args("-detector_thick 1000 -sensor_material CdTe -lambda 0.8".split()).detector
-    assert cdte.sensor_absorption_depth_um == sensor_material("CdTe").attenuation_length_um(0.8)
-    assert config_from_args("-detector_thick 450 -detector_abs 100".split()).detector.sensor_absorption_depth_um == 100
-    assert config_from_args([]).detector.sensor_absorption_depth_um is None
+SENSOR = "-default_F 1 -cell 50 50 50 90 90 90 -detpixels 16 -detector_thick 450".split()
+
+
+@pytest.mark.parametrize("flags, material, wavelength_A, source", [
+    ("-sensor_material Si", "Si", 1.0, "-sensor_material"),
+    ("-sensor_material CdTe -lambda 0.8", "CdTe", 0.8, "-sensor_material"),
+    ("-physics corrected -lambda 0.5", "Si", 0.5, "-physics corrected"),
+    ("-detector_model eiger2cdte16m", "CdTe", 1.0, "-detector_model eiger2cdte16m"),
+])
+def test_a_physical_sensor_takes_the_materials_attenuation_length(flags, material, wavelength_A, source):
+    """-sensor_material, a -detector_model or -physics corrected: a thickness without -detector_abs absorbs as
+    the material does at λ, and the command line says so."""
+    config, run = parse([*SENSOR, *flags.split()])
+    assert config.detector.sensor_material == material
+    length_um = sensor_material(material).attenuation_length_um(wavelength_A)
+    assert config.detector.sensor_absorption_depth_um == length_um
+    assert resolve(config).sensor.mu_per_m == pytest.approx(1e6 / length_um)
+    assert run.sensor_attenuation_source == f"{material}'s at {wavelength_A:g} A ({source})"
+
+
+@pytest.mark.parametrize("flags", ["", "-lambda 0.5", "-detector_thicksteps 4"])
+def test_nanobraggs_physics_keeps_its_attenuation_depth(flags):
+    """Under -physics nanobragg with no material asked for, nanoBragg's rule: μ = 1/thickness (its log prints
+    mu= 2222.22 for 450 µm; tests/data/c_cases hold the C's images)."""
+    config, run = parse([*SENSOR, *flags.split()])
+    assert config.detector.sensor_absorption_depth_um is None
+    assert resolve(config).sensor.mu_per_m == pytest.approx(1 / 450e-6)
+    assert run.sensor_attenuation_source.startswith("nanoBragg's default, the thickness")
+
+
+def test_a_given_attenuation_depth_wins():
+    for flags in ("", "-physics corrected", "-sensor_material CdTe"):
+        config, run = parse([*SENSOR, "-detector_abs", "100", *flags.split()])
+        assert config.detector.sensor_absorption_depth_um == 100 and run.sensor_attenuation_source == \
+            "given by -detector_abs"
+    config, run = parse([])
+    assert config.detector.sensor_absorption_depth_um is None and run.sensor_attenuation_source is None
 
 
 def test_unknown_material_is_a_one_line_error(capsys):

@@ -12,6 +12,7 @@ from nbsim.config import SimulationConfig, option_names
 from nbsim.kernel.cache import KernelCache
 from nbsim.kernel.structure import structure_of
 from nbsim.nanobragg import config_from_args
+from nbsim.sensors import sensor_material
 
 ARGS = ("-default_F 100 -cell 100 100 100 90 90 90 -N 10 -lambda 1.0 -distance 200 -pixel 0.4 -mosaic 0.5 "
         "-mosaic_dom 3 -phi 0 -osc 0.5 -phisteps 2 -oversample 2 -detpixels 32 -divergence 1 -divsteps 2 "
@@ -55,6 +56,22 @@ def test_show_tells_what_advised_sampling_renders_and_where_flags_override_it(ca
     assert advice.endswith(f"rendering 3 and {domains}, -sampling advised)") and int(domains) > 10
     assert not any("recommend -mosaic_domains" in line for line in lines)
     assert any("recommend -phisteps" in line for line in lines)  # -phisteps 3 given, coarser than advised
+
+
+@pytest.mark.parametrize("flags, length", [
+    ("", "100 um: nanoBragg's default, the thickness"),
+    ("-detector_abs 50", "50 um: given by -detector_abs"),
+    ("-sensor_material CdTe", f"{sensor_material('CdTe').attenuation_length_um(1.0):.4g} um: CdTe's at 1 A "
+                              "(-sensor_material)"),
+    ("-physics corrected", f"{sensor_material('Si').attenuation_length_um(1.0):.4g} um: Si's at 1 A "
+                           "(-physics corrected)"),
+])
+def test_show_says_where_the_sensors_attenuation_length_comes_from(flags, length, capsys):
+    args = "-default_F 100 -cell 100 100 100 90 90 90 -N 5 -detpixels 16 -pixel 0.4 -detector_thick 100".split()
+    assert main(["show", "--", *args, *flags.split()]) == 0
+    [sensor] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sensor:")]
+    assert sensor.startswith(f"sensor: {'CdTe' if 'CdTe' in flags else 'Si'} 100 um in 2 layers, attenuation length "
+                             f"{length}")
 
 
 def test_show_lists_the_simulator_options(capsys):

@@ -36,7 +36,7 @@ def main(argv: list[str], checked_arguments: Callable[[list[str]], tuple[Simulat
     if not arguments:
         raise NbsimError("show needs the nanoBragg options of a command: nbsim show -- <options>")
     config, run = checked_arguments(arguments)
-    lines = show_lines(config, run.device, run.dtype, run.compile)
+    lines = show_lines(config, run.device, run.dtype, run.compile, run.sensor_attenuation_source)
     if run.detector_model is not None:
         title = detector_model(run.detector_model).title
         lines.insert(0, f"detector model: {run.detector_model} ({title}): {' '.join(run.detector_model_flags)} "
@@ -54,8 +54,10 @@ def option_lines() -> list[str]:
             for part in option_parts() for field in dataclasses.fields(part)]
 
 
-def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, compile: Compile) -> list[str]:
-    """What `config` resolves to on a device and dtype under a compile setting (see the module)."""
+def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, compile: Compile,
+               attenuation_source: str | None = None) -> list[str]:
+    """What `config` resolves to on a device and dtype under a compile setting (see the module);
+    `attenuation_source`: where the command line took the sensor's attenuation length from."""
     from ..devices import resolve_device, resolve_dtype
     from ..kernel.policy import COMPILED_SPEEDUP, plan_compile
     from ..render import Renderer
@@ -81,7 +83,7 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
         f"{setup.geometry.pixel_size_m * 1e3:g} mm",
         f"steps per pixel: {renderer.steps_per_pixel} = {sources} source(s) x {mosaic} mosaic domain(s) x {phi} "
         f"phi step(s) x {layers} sensor layer(s) x {subpixels} sub-pixel(s)",
-        *detector_lines(config, setup),
+        *detector_lines(config, setup, attenuation_source),
         f"oversample: {setup.oversample} ({'-oversample' if config.detector.oversample else 'automatic'})",
         f"sampling advice: {advice.phi_steps} phi step(s), {advice.mosaic_domains} mosaic domain(s) (narrowest spot "
         f"{advice.spot_width_deg:.3g} deg wide at {advice.d_min_A:.3g} A; rendering {phi} and {mosaic}, "
@@ -103,8 +105,9 @@ def show_lines(config: SimulationConfig, device_name: str, dtype_name: str, comp
     return lines
 
 
-def detector_lines(config: SimulationConfig, setup) -> list[str]:
-    """The modules and their gaps, the sensor and the detector response, as the command resolved them."""
+def detector_lines(config: SimulationConfig, setup, attenuation_source: str | None = None) -> list[str]:
+    """The modules and their gaps, the sensor (its attenuation length, and where that came from when known)
+    and the detector response, as the command resolved them."""
     detector, response = config.detector, config.response
     lines = []
     if detector.module_size_px is not None:
@@ -115,7 +118,9 @@ def detector_lines(config: SimulationConfig, setup) -> list[str]:
     sensor = setup.sensor
     if sensor.thickness_m > 0:
         length = f"{1e6 / sensor.mu_per_m:.4g} um" if sensor.mu_per_m > 0 else "inf"
-        lines.append(f"sensor: {detector.sensor_material} {sensor.thickness_m * 1e6:g} um, attenuation length {length}")
+        source = f": {attenuation_source}" if attenuation_source else ""
+        lines.append(f"sensor: {detector.sensor_material} {sensor.thickness_m * 1e6:g} um in {sensor.layers} layers, "
+                     f"attenuation length {length}{source}")
     psf = "none" if response.psf == "none" else f"{response.psf} {response.psf_fwhm_um:g} um FWHM"
     lines.append(f"response: point spread {psf}, pedestal (-adc) {response.adc_offset_adu:g} ADU")
     return lines

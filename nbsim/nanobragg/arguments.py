@@ -36,7 +36,7 @@ from .flags import (
     WAVELENGTH_FLAGS,
     validate,
 )
-from .presets import expand_detector_model, model_flags
+from .presets import DetectorModel, expand_detector_model, model_flags
 from .rules import CState, run_nanobragg_rules
 
 
@@ -74,6 +74,9 @@ class RunOptions:
     """The flags the model set, before the command line's own (which override them)."""
     min_photons: float = 1.0
     """-min_photons: an image holding fewer photons in all is reported as empty."""
+    sensor_attenuation_source: str | None = None
+    """Where the sensor's attenuation length comes from (nanoBragg's default, a material at λ, -detector_abs);
+    None without a sensor. `nbsim show` prints it."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -109,7 +112,7 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         state.intfile = None
     if "-spectrumfile" in nbsim_options:
         config = _with_spectrum(config, nbsim_options["-spectrumfile"], any(flag in argv for flag in WAVELENGTH_FLAGS))
-    config = _with_sensor(_with_cell_from_file(config), nbsim_options.get("-sensor_material", DEFAULT_MATERIAL))
+    config, attenuation_source = _with_sensor(_with_cell_from_file(config), given, applied, model)
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
@@ -143,18 +146,39 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         p1_table_file=nbsim_options.get("-p1_out"), saturation_counts=saturation,
         counts_pedestal=state.adc if "-adc" in argv else 0.0, detector_model=model.name if model else None,
         detector_model_flags=tuple(applied), min_photons=float(nbsim_options.get("-min_photons", 1.0)),
-        notes=notes)
+        sensor_attenuation_source=attenuation_source, notes=notes)
     return config, run
 
 
-def _with_sensor(config: SimulationConfig, material: str) -> SimulationConfig:
-    """The sensor's material and, where a thickness is given without -detector_abs, its attenuation length at
-    the wavelength as the attenuation depth (nanoBragg would take the thickness)."""
+def _with_sensor(config: SimulationConfig, given: list[str], model_flags: list[str],
+                 model: DetectorModel | None) -> tuple[SimulationConfig, str | None]:
+    """The sensor's material, and where a thickness is given without -detector_abs its attenuation depth, with
+    where that depth comes from (None without a sensor). nanoBragg takes the thickness (μ = 1/thickness); a
+    physical sensor is asked for by -sensor_material, a -detector_model (which names one) or -physics corrected,
+    and then takes the material's attenuation length at λ."""
+    chosen = _last_value(given, "-sensor_material")
+    from_model = _last_value(model_flags, "-sensor_material")
+    config = config.with_options(sensor_material=chosen or from_model or DEFAULT_MATERIAL)
     detector = config.detector
-    depth_um = detector.sensor_absorption_depth_um
-    if detector.sensor_thickness_um > 0 and depth_um is None:
-        depth_um = sensor_material(material).attenuation_length_um(float(config.beam.wavelength_A))
-    return config.with_options(sensor_material=material, sensor_absorption_depth_um=depth_um)
+    if detector.sensor_thickness_um <= 0:
+        return config, None
+    if detector.sensor_absorption_depth_um is not None:
+        return config, "given by -detector_abs"
+    reason = ("-sensor_material" if chosen else f"-detector_model {model.name}" if from_model and model else
+              "-physics corrected" if config.corrected else None)
+    if reason is None:
+        return config, ("nanoBragg's default, the thickness (-sensor_material or -physics corrected: the material's "
+                        "at the wavelength)")
+    wavelength_A = float(config.beam.wavelength_A)
+    depth_um = sensor_material(detector.sensor_material).attenuation_length_um(wavelength_A)
+    return (config.with_options(sensor_absorption_depth_um=depth_um),
+            f"{detector.sensor_material}'s at {wavelength_A:g} A ({reason})")
+
+
+def _last_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last `flag` in `argv`, None without one."""
+    values = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == flag]
+    return values[-1] if values else None
 
 
 def _modules(argv: list[str]) -> dict[str, tuple[int, int] | None]:

@@ -116,7 +116,8 @@ TABLE: tuple[Flag, ...] = (
     Flag(DETECTOR, "-point_pixel", (), "", "no pixel solid-angle correction (obliquity and 1/r²)"),
     Flag(DETECTOR, "-detector_thick", N1, "UM", "sensor thickness, µm", "0"),
     Flag(DETECTOR, "-detector_abs -detector_absorb", (WORD,), "UM|inf", "sensor attenuation depth, µm",
-         "-sensor_material's at λ"),
+         "the thickness (nanoBragg's); the material's at λ with -sensor_material, -detector_model or -physics "
+         "corrected"),
     Flag(DETECTOR, "-img", P1, "FILE", "take the detector's values from an SMV image's header", "none"),
     Flag(DETECTOR, "-mask", P1, "FILE", "SMV image: pixels of value 0 are not rendered", "none"),
     Flag(SAMPLING, "-oversample", I1, "N", "sub-pixels per pixel side", "auto: from crystal size and pixel"),
@@ -165,7 +166,8 @@ TABLE: tuple[Flag, ...] = (
     Flag(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
          "(docs/formats.md)", "one panel"),
     Flag(NBSIM, "-sensor_material", (WORD,), "Si|CdTe", "sensor material: with -detector_thick and no -detector_abs, "
-         "the attenuation depth is its NIST attenuation length at λ (docs/detector.md)", "Si"),
+         "the attenuation depth is its NIST attenuation length at λ (silicon's under -physics corrected; "
+         "docs/detector.md)", "Si"),
     Flag(NBSIM, "-detector_model", (WORD,), "NAME", "a real detector's pixels, modules, sensor, point spread, "
          "pedestal and saturation; the flags given override them (docs/detector.md lists the models)", "none"),
     Flag(NBSIM, "-module_size", (INT, INT), "F S", "pixels of a detector module, fast and slow: modules tile the "
