@@ -1,0 +1,501 @@
+"""The GPU campaign: everything nbsim measures on a lent CUDA machine, in one call of a few minutes.
+
+    bash benchmarks/gpu_campaign.sh [--cpu] [--c-binary PATH] [--out DIR] [--budget-s S] [--only STEP ...]
+
+Steps, in order of what matters most when time runs short (each has a time cap, and none starts once the
+budget is spent; a step that fails is recorded and the next one runs):
+
+- `environment`: the card, driver, Python, PyTorch, cores (nvidia-smi, torch).
+- `bench`: `nbsim bench --device cuda` on the seed image at 4096² in float32 (with the C beside it when
+  `--c-binary` is given): the headline figure, 4096² float32 warm ≤ 1 ms.
+- `sweep`: the seeds' matrix through the Snakemake sweep (256², 1024², 2048², 4096² × float32/float64 ×
+  devices cpu and cuda, cold and warm, the CPU timed on the same machine's cores), against the C when
+  given, else against nbsim's float64 on the CPU; the correlation of each CUDA image with the CPU's is
+  read from the sweep's own zarr store.
+- `pytest`: `pytest -m cuda` over the test files that hold CUDA tests.
+- `fit`: `fit_still` and `fit_gradient` (benchmarks/fit_workloads.py) on the device.
+- `merge`: the merge benchmark on the device where the benchmarks define one (`merge_sad`).
+
+Everything lands under `--out` (default `$OUT`, else results/gpu_campaign): `summary.md` (the tables for
+docs/benchmarks.md), `summary.json`, `campaign.log` and `campaign.tar.gz` (every step's log and JSON,
+the sweep's tables; not its images). With `--cpu` the same steps run at small sizes on the CPU, so a
+machine without a GPU checks everything but the device. A Python package the steps need and the machine
+lacks stops the campaign before any step, in one line; `bash benchmarks/gpu_campaign.sh` first installs
+what the git-ignored `wheelhouse/` (`make wheelhouse`) holds and the machine lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_ARGS = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distance 100"
+"""The seeds' benchmark image (benchmarks/workloads.py's SEED_ARGS, as the sweep's scenario string)."""
+REQUIRED_MODULES = ("torch", "numpy", "scipy", "yaml", "psutil", "gemmi", "fabio", "h5py", "cfelpyutils",
+                    "snakemake", "zarr", "xarray", "pandas", "jsonschema", "matplotlib", "pytest")
+"""What the steps import (nbsim's dependencies, its pipeline's, and pytest)."""
+STEPS = ("environment", "bench", "sweep", "pytest", "fit", "merge")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes and devices of one campaign: the device's, or the CPU's small stand-in (`--cpu`)."""
+
+    device: str
+    sizes: tuple[int, ...]
+    bench_size: int
+    fit_quick: bool
+    repeats: int
+
+    @classmethod
+    def of(cls, cpu_only: bool) -> Plan:
+        if cpu_only:
+            return cls("cpu", (64, 128), 128, True, 3)
+        return cls("cuda", (256, 1024, 2048, 4096), 4096, False, 10)
+
+    @property
+    def sweep_devices(self) -> list[str]:
+        return ["cpu"] if self.device == "cpu" else ["cpu", "cuda"]
+
+
+@dataclass
+class StepRecord:
+    """What one step did: its status ('ok', 'failed', 'timed out', 'skipped: ...'), seconds and results."""
+
+    name: str
+    status: str = "not run"
+    seconds: float = 0.0
+    results: dict = field(default_factory=dict)
+
+
+class Campaign:
+    """Runs the steps under one time budget, logging every command and its output."""
+
+    def __init__(self, options: argparse.Namespace, plan: Plan, work: Path):
+        self.options, self.plan, self.work = options, plan, work
+        self.started = time.monotonic()
+        self.log_path = work / "campaign.log"
+        self.environment = os.environ | {
+            "NBSIM_CACHE_DIR": str(work / "compile-cache"), "NBSIM_WORKER": "off", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+
+    def remaining_s(self) -> float:
+        return self.options.budget_s - (time.monotonic() - self.started)
+
+    def say(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.started:6.1f} s] {text}"
+        print(line, flush=True)
+        with self.log_path.open("a") as log:
+            log.write(line + "\n")
+
+    def command(self, argv: list[str], cap_s: float, log_name: str, cwd: Path = REPO) -> tuple[str, str]:
+        """Run `argv` for at most `cap_s` seconds (less if the budget is nearer); its status and output."""
+        limit_s = max(1.0, min(cap_s, self.remaining_s()))
+        self.say(f"$ {' '.join(argv)}  (limit {limit_s:.0f} s)")
+        try:
+            completed = subprocess.run(argv, cwd=cwd, env=self.environment, capture_output=True, text=True,
+                                       timeout=limit_s)
+            status, output = ("ok" if completed.returncode == 0 else f"failed (exit {completed.returncode})",
+                              completed.stdout + completed.stderr)
+        except subprocess.TimeoutExpired as expired:
+            status = f"timed out after {limit_s:.0f} s"
+            output = "".join(part.decode() if isinstance(part, bytes) else (part or "")
+                             for part in (expired.stdout, expired.stderr))
+        (self.work / "logs").mkdir(exist_ok=True)
+        (self.work / "logs" / f"{log_name}.log").write_text(output)
+        if status != "ok":
+            tail = "\n".join(output.strip().splitlines()[-15:])
+            self.say(f"{log_name}: {status}; its output ends:\n{tail}")
+        return status, output
+
+
+def missing_modules(names: tuple[str, ...] = REQUIRED_MODULES) -> list[str]:
+    """The modules among `names` that this Python cannot import."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
+def install_wheelhouse(wheelhouse: Path, site: Path) -> list[str]:
+    """Install, offline into `site`, each wheel of `wheelhouse` whose distribution this Python lacks;
+    the names installed."""
+    importlib.invalidate_caches()
+    missing = []
+    for wheel in sorted(wheelhouse.glob("*.whl")):
+        name = wheel.name.split("-")[0]
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(wheel)
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
+                        "--no-cache-dir", "--disable-pip-version-check", "--target", str(site),
+                        *map(str, missing)], check=True)
+    return [wheel.name.split("-")[0] for wheel in missing]
+
+
+def last_json_line(output: str) -> dict | None:
+    """The last line of `output` that is a JSON object (how nbsim bench and the fit workloads report)."""
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def step_environment(campaign: Campaign) -> dict:
+    import torch
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "cores": os.cpu_count(),
+             "cpu": _cpu_model(), "cuda_available": torch.cuda.is_available(), "c_binary": campaign.options.c_binary}
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        found |= {"gpu": properties.name, "gpu_memory_gib": round(properties.total_memory / 2**30, 1),
+                  "multiprocessors": properties.multi_processor_count, "cuda": torch.version.cuda}
+    if shutil.which("nvidia-smi"):
+        status, output = campaign.command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                           "--format=csv,noheader"], 30, "nvidia-smi")
+        found["nvidia_smi"] = output.strip() if status == "ok" else status
+    return found
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def step_bench(campaign: Campaign) -> dict:
+    """`nbsim bench` on the device, seed image in float32 (the C beside it when given); the sweep measures both
+    dtypes."""
+    results, failures = {}, []
+    for dtype in ("float32",):
+        argv = [sys.executable, "-m", "nbsim.cli", "bench", "--device", campaign.plan.device, "--dtype", dtype,
+                "--repeats", str(campaign.plan.repeats), "--warmup", "2"]
+        if campaign.options.c_binary:
+            argv += ["--c-binary", campaign.options.c_binary]
+        argv += ["--", *SEED_ARGS.split(), "-detpixels", str(campaign.plan.bench_size)]
+        status, output = campaign.command(argv, 150, f"bench-{dtype}")
+        record = last_json_line(output) if status == "ok" else None
+        if record is None:
+            failures.append(f"{dtype}: {status}")
+            continue
+        results[dtype] = record
+        campaign.say(f"bench {dtype} {campaign.plan.bench_size}²: cold {record['cold_s']:.2f} s, warm median "
+                     f"{record['warm_median_s'] * 1e3:.3f} ms" + (f", C {record['c_median_s']:.3f} s, speedup "
+                     f"{record['speedup']:.0f}x, r {record['correlation']:.9f}" if record.get("speedup") else ""))
+    if failures:
+        raise StepFailed("; ".join(failures), results)
+    return results
+
+
+class StepFailed(Exception):
+    """A step that ran but did not succeed; carries what it measured before it failed."""
+
+    def __init__(self, message: str, results: dict | None = None):
+        super().__init__(message)
+        self.results = results or {}
+
+
+def sweep_config(campaign: Campaign) -> dict:
+    """The seeds' matrix as a sweep configuration (config/config.yaml's format)."""
+    threads = os.cpu_count() or 1
+    return {
+        "results": str(campaign.work / "sweep"),
+        "compile_cache": str(campaign.work / "compile-cache"),
+        "scenarios": {"seed": {"description": "The seeds' benchmark", "args": SEED_ARGS}},
+        "sweep": {"sizes": list(campaign.plan.sizes), "dtypes": ["float32", "float64"],
+                  "devices": campaign.plan.sweep_devices, "compile": ["on"], "extra": {},
+                  "on_unavailable_device": "fail"},
+        "timing": {"warmup": 2, "repeats": campaign.plan.repeats, "threads": threads},
+        "reference": {"c_binary": campaign.options.c_binary, "compile": campaign.options.c_binary is None},
+    }
+
+
+def step_sweep(campaign: Campaign) -> dict:
+    import yaml
+
+    config_path = campaign.work / "sweep-config.yaml"
+    config_path.write_text(yaml.safe_dump(sweep_config(campaign), sort_keys=False))
+    cores = str(os.cpu_count() or 1)
+    status, _ = campaign.command(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--workflow-profile",
+         str(REPO / "workflow" / "profiles" / "default"), "--configfile", str(config_path), "--cores", cores,
+         "--scheduler", "greedy"], 330, "sweep")
+    scenario = campaign.work / "sweep" / "seed"
+    rows = sweep_rows(scenario / "tables" / "timing.csv", scenario / "tables" / "correlation.csv",
+                      scenario / "sweep.zarr")
+    if status != "ok":
+        raise StepFailed(f"snakemake: {status}", {"rows": rows})
+    return {"rows": rows}
+
+
+def sweep_rows(timing_csv: Path, correlation_csv: Path, store: Path) -> list[dict]:
+    """One row per point: cold and warm, its reference's time and the speedup, the correlation with the
+    reference and, for a non-CPU point, with the CPU image of the same size and dtype."""
+    import csv
+
+    if not timing_csv.is_file():
+        return []
+    with timing_csv.open() as handle:
+        rows = list(csv.DictReader(handle))
+    correlations = {}
+    if correlation_csv.is_file():
+        with correlation_csv.open() as handle:
+            correlations = {row["point"]: row for row in csv.DictReader(handle)}
+    against_cpu = device_correlations(store)
+    table = []
+    for row in rows:
+        entry = {key: row.get(key) for key in ("point", "size", "dtype", "device", "status", "cold_s", "warm_median_s",
+                                               "warm_min_s", "warm_max_s", "reference", "reference_median_s",
+                                               "speedup", "speedup_min", "speedup_max", "threads")}
+        entry["correlation_reference"] = correlations.get(row["point"], {}).get("correlation")
+        entry["correlation_cpu"] = against_cpu.get((int(row["size"]), row["dtype"], row["device"]))
+        table.append(entry)
+    return table
+
+
+def device_correlations(store: Path) -> dict[tuple[int, str, str], float]:
+    """Pearson correlation of each non-CPU image with the CPU image of the same size and dtype, read from
+    the sweep's collated store."""
+    if not store.exists():
+        return {}
+    import numpy as np
+    import xarray as xr
+
+    found = {}
+    with xr.open_zarr(store) as data:
+        devices = [str(device) for device in data["device"].values]
+        if "cpu" not in devices:
+            return {}
+        for size in data["size"].values:
+            for dtype in data["dtype"].values:
+                cpu = data["image"].sel(size=size, dtype=dtype, device="cpu").isel(compile=0)
+                cpu = np.asarray(cpu[:size, :size], dtype=np.float64).ravel()
+                for device in devices:
+                    if device == "cpu":
+                        continue
+                    other = data["image"].sel(size=size, dtype=dtype, device=device).isel(compile=0)
+                    other = np.asarray(other[:size, :size], dtype=np.float64).ravel()
+                    if np.isfinite(cpu).all() and np.isfinite(other).all():
+                        found[int(size), str(dtype), device] = float(np.corrcoef(cpu, other)[0, 1])
+    return found
+
+
+def cuda_test_files() -> list[str]:
+    """The test files that hold tests marked `cuda`."""
+    return sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").glob("test_*.py")
+                  if "mark.cuda" in path.read_text())
+
+
+def step_pytest(campaign: Campaign) -> dict:
+    files = cuda_test_files()
+    status, output = campaign.command([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
+                                       "-o", "addopts=-ra", *files], 180, "pytest-cuda")
+    closing = next((line for line in reversed(output.strip().splitlines()) if re.search(r"passed|failed|skipped|error",
+                                                                                          line)), "")
+    campaign.say(f"pytest -m cuda: {closing.strip('= ')}")
+    result = {"files": files, "summary": closing.strip("= ")}
+    if status != "ok":
+        raise StepFailed(f"pytest: {status}", result)
+    return result
+
+
+def step_fit(campaign: Campaign) -> dict:
+    results, failures = {}, []
+    for name in ("fit_still", "fit_gradient"):
+        argv = [sys.executable, str(REPO / "benchmarks" / "fit_workloads.py"), name, "--device", campaign.plan.device]
+        if campaign.plan.fit_quick:
+            argv.append("--quick")
+        status, output = campaign.command(argv, 150, name)
+        record = last_json_line(output) if status == "ok" else None
+        if record is None:
+            failures.append(f"{name}: {status}")
+        else:
+            results[name] = record
+    if failures:
+        raise StepFailed("; ".join(failures), results)
+    return results
+
+
+def step_merge(campaign: Campaign) -> dict:
+    script = REPO / "benchmarks" / "merge_workloads.py"
+    if not script.is_file():
+        raise StepSkipped("no merge benchmark in this checkout (benchmarks/merge_workloads.py)")
+    argv = [sys.executable, str(script), "merge_sad", "--device", campaign.plan.device]
+    if campaign.plan.fit_quick:
+        argv.append("--quick")
+    status, output = campaign.command(argv, 240, "merge_sad")
+    record = last_json_line(output) if status == "ok" else None
+    if record is None:
+        raise StepFailed(f"merge_sad: {status}")
+    return {"merge_sad": record}
+
+
+class StepSkipped(Exception):
+    """A step with nothing to run here (said why)."""
+
+
+STEP_FUNCTIONS = {"environment": step_environment, "bench": step_bench, "sweep": step_sweep, "pytest": step_pytest,
+                  "fit": step_fit, "merge": step_merge}
+
+
+def run_step(campaign: Campaign, name: str) -> StepRecord:
+    record = StepRecord(name)
+    if campaign.remaining_s() < 5:
+        record.status = "skipped: the time budget is spent"
+        campaign.say(f"{name}: {record.status}")
+        return record
+    campaign.say(f"== {name}")
+    begin = time.monotonic()
+    try:
+        record.results = STEP_FUNCTIONS[name](campaign)
+        record.status = "ok"
+    except StepSkipped as skipped:
+        record.status = f"skipped: {skipped}"
+    except StepFailed as failed:
+        record.status, record.results = f"failed: {failed}", failed.results
+    except Exception as error:  # a step's own bug must not cost the steps after it
+        record.status = f"failed: {type(error).__name__}: {error}"
+    record.seconds = time.monotonic() - begin
+    campaign.say(f"{name}: {record.status} ({record.seconds:.0f} s)")
+    return record
+
+
+def _number(value, pattern: str) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "-"
+    return pattern.format(number) if math.isfinite(number) else "-"
+
+
+def summary_markdown(environment: dict, records: dict[str, StepRecord], options: argparse.Namespace) -> str:
+    """The campaign's tables as docs/benchmarks.md shows them."""
+    card = environment.get("gpu") or "no GPU (CPU only)"
+    lines = [f"# GPU campaign: {card}", "",
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; Python {environment.get('python')}, PyTorch "
+             f"{environment.get('torch')}, {environment.get('cores')} cores ({environment.get('cpu')}); "
+             f"nvidia-smi: {environment.get('nvidia_smi', 'n/a')}; C: "
+             f"{'given' if options.c_binary else 'not given (references are nbsim float64 on the CPU)'}.", "",
+             "| step | status | s |", "|---|---|---|"]
+    lines += [f"| {name} | {record.status} | {record.seconds:.0f} |" for name, record in records.items()]
+    bench = records.get("bench")
+    if bench and bench.results:
+        lines += ["", "`nbsim bench` on the seed image:", "",
+                  "| dtype | device | pixels | cold s | warm median ms (min–max) | C s | speedup | r vs C |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for dtype, result in bench.results.items():
+            lines.append(
+                f"| {dtype} | {result['device']} | {result['pixels']} | {result['cold_s']:.2f} | "
+                f"{result['warm_median_s'] * 1e3:.3f} ({result['warm_min_s'] * 1e3:.3f}–"
+                f"{result['warm_max_s'] * 1e3:.3f}) | {_number(result.get('c_median_s'), '{:.3f}')} | "
+                f"{_number(result.get('speedup'), '{:.0f}x')} | "
+                f"{_number(result.get('correlation'), '{:.9f}')} |")
+    sweep = records.get("sweep")
+    if sweep and sweep.results.get("rows"):
+        reference = sweep.results["rows"][0].get("reference") or "-"
+        lines += ["", f"The sweep (seed scenario; reference `{reference}`; speedup = reference median / warm median, "
+                      "its range from the extremes of both):", "",
+                  "| size | dtype | device | cold s | warm median s (min–max) | reference s | speedup (range) | "
+                  "r vs reference | r vs CPU |", "|---|---|---|---|---|---|---|---|---|"]
+        for row in sweep.results["rows"]:
+            lines.append(
+                f"| {row['size']}² | {row['dtype']} | {row['device']} | {_number(row['cold_s'], '{:.2f}')} | "
+                f"{_number(row['warm_median_s'], '{:.5f}')} ({_number(row['warm_min_s'], '{:.5f}')}–"
+                f"{_number(row['warm_max_s'], '{:.5f}')}) | {_number(row['reference_median_s'], '{:.3f}')} | "
+                f"{_number(row['speedup'], '{:.1f}')}x ({_number(row['speedup_min'], '{:.1f}')}–"
+                f"{_number(row['speedup_max'], '{:.1f}')}) | {_number(row['correlation_reference'], '{:.9f}')} | "
+                f"{_number(row['correlation_cpu'], '{:.9f}')} |")
+    fit = records.get("fit")
+    if fit and fit.results:
+        lines += ["", "Fitting (benchmarks/fit_workloads.py):", "", "```json",
+                  json.dumps(fit.results, indent=1), "```"]
+    merge = records.get("merge")
+    if merge and merge.results:
+        lines += ["", "Merging:", "", "```json", json.dumps(merge.results, indent=1), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu_campaign", description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="the same steps at small sizes on the CPU (no GPU needed)")
+    parser.add_argument("--c-binary", default=os.environ.get("NBSIM_C_BINARY"),
+                        help="a nanoBragg binary to compare with (default: $NBSIM_C_BINARY)")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "results" / "gpu_campaign"))
+    parser.add_argument("--budget-s", type=float, default=450.0, help="seconds for all steps together (default 450)")
+    parser.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS), help="steps to run")
+    parser.add_argument("--wheelhouse", type=Path, default=REPO / "wheelhouse",
+                        help="wheels to install offline where this Python lacks them (default: wheelhouse/)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = _parser().parse_args(argv)
+    if options.c_binary and not os.access(options.c_binary, os.X_OK):
+        print(f"gpu_campaign: the C binary {options.c_binary} is missing or not executable", file=sys.stderr)
+        return 2
+    site = Path(tempfile.gettempdir()) / "nbsim-wheelhouse-site"
+    sys.path.insert(0, str(site))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))
+    if options.wheelhouse.is_dir():
+        installed = install_wheelhouse(options.wheelhouse, site)
+        if installed:
+            print(f"gpu_campaign: installed from {options.wheelhouse}: {', '.join(installed)}", flush=True)
+    missing = missing_modules()
+    if missing:
+        print(f"gpu_campaign: this Python ({sys.executable}) lacks {', '.join(missing)}: build the wheelhouse "
+              "(make wheelhouse) or install them; nothing was run", file=sys.stderr)
+        return 2
+    import torch
+
+    if not options.cpu and not torch.cuda.is_available():
+        print("gpu_campaign: no CUDA device here (torch.cuda.is_available() is false); --cpu runs the campaign on "
+              "the CPU", file=sys.stderr)
+        return 2
+    options.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="nbsim-campaign-"))
+    campaign = Campaign(options, Plan.of(options.cpu), work)
+    campaign.say(f"GPU campaign ({'CPU stand-in' if options.cpu else 'CUDA'}) in {work}, results to {options.out}, "
+                 f"budget {options.budget_s:.0f} s")
+    records = {name: run_step(campaign, name) for name in STEPS if name in options.only}
+    environment = records["environment"].results if "environment" in records else step_environment(campaign)
+    summary = summary_markdown(environment, records, options)
+    (work / "summary.md").write_text(summary)
+    (work / "summary.json").write_text(json.dumps(
+        {"environment": environment, "steps": {name: asdict(record) for name, record in records.items()}},
+        indent=1) + "\n")
+    with tarfile.open(work / "campaign.tar.gz", "w:gz") as archive:
+        for path in sorted(work.rglob("*")):
+            relative = path.relative_to(work)
+            if path.is_file() and path.suffix != ".gz" and not any(
+                    part.endswith(".zarr") or part == "compile-cache" for part in relative.parts):
+                archive.add(path, arcname=str(relative))
+    for name in ("summary.md", "summary.json", "campaign.log", "campaign.tar.gz"):
+        shutil.copy(work / name, options.out / name)
+    print(summary)
+    failed = [name for name, record in records.items() if record.status.startswith("failed")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
