@@ -142,8 +142,8 @@ def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: P
     write_json(records_path, record)
     loads = [(load["kernel"], round(load["load_s"], 3), load["cache"]) for load in record["kernel_loads"]]
     log.info("%s %s: done in %.2f s (%d points rendered, %d resumed), %.2f s of it timing points; kernel loads "
-             "(kernel, seconds, cache) %s", job.scenario, job.batch, record["wall_s"], record["rendered"], done,
-             record["timed_s"], loads)
+             "(kernel, seconds of the untimed render that loaded it: set-up, load and one image, cache) %s",
+             job.scenario, job.batch, record["wall_s"], record["rendered"], done, record["timed_s"], loads)
     return record
 
 
