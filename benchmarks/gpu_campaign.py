@@ -90,8 +90,11 @@ class Campaign:
         self.options, self.plan, self.work = options, plan, work
         self.started = time.monotonic()
         self.log_path = work / "campaign.log"
+        self.cache = Path(os.environ.get("NBSIM_CACHE_DIR") or work / "compile-cache")
+        """The kernel cache of every step (an NBSIM_CACHE_DIR already set is kept)."""
         self.environment = os.environ | {
-            "NBSIM_CACHE_DIR": str(work / "compile-cache"), "NBSIM_WORKER": "off", "PYTHONUNBUFFERED": "1",
+            "NBSIM_CACHE_DIR": str(self.cache), "NBSIM_WORKER": "off", "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
 
     def remaining_s(self) -> float:
@@ -221,7 +224,7 @@ def sweep_config(campaign: Campaign) -> dict:
     threads = os.cpu_count() or 1
     return {
         "results": str(campaign.work / "sweep"),
-        "compile_cache": str(campaign.work / "compile-cache"),
+        "compile_cache": str(campaign.cache),
         "scenarios": {"seed": {"description": "The seeds' benchmark", "args": SEED_ARGS}},
         "sweep": {"sizes": list(campaign.plan.sizes), "dtypes": ["float32", "float64"],
                   "devices": campaign.plan.sweep_devices, "compile": ["on"], "extra": {},
@@ -238,42 +241,34 @@ def step_sweep(campaign: Campaign) -> dict:
     config_path.write_text(yaml.safe_dump(sweep_config(campaign), sort_keys=False))
     snakemake = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--workflow-profile",
                  str(REPO / "workflow" / "profiles" / "default"), "--configfile", str(config_path),
-                 "--cores", str(os.cpu_count() or 1), "--scheduler", "greedy"]
+                 "--cores", str(os.cpu_count() or 1), "--scheduler", "greedy", "--keep-going"]
     # The kernels first, alone: their builds would otherwise share the cores with the C's timed runs.
     status, _ = campaign.command([*snakemake, "--until", "kernel"], 200, "sweep-kernels")
     if status == "ok":
         status, _ = campaign.command(snakemake, 330, "sweep")
-    scenario = campaign.work / "sweep" / "seed"
-    rows = sweep_rows(scenario / "tables" / "timing.csv", scenario / "tables" / "correlation.csv",
-                      scenario / "sweep.zarr")
+    rows = sweep_rows(campaign.work / "sweep" / "seed")
     if status != "ok":
         raise StepFailed(f"snakemake: {status}", {"rows": rows})
     return {"rows": rows}
 
 
-def sweep_rows(timing_csv: Path, correlation_csv: Path, store: Path) -> list[dict]:
-    """One row per point: cold and warm, its reference's time and the speedup, the correlation with the
-    reference and, for a non-CPU point, with the CPU image of the same size and dtype."""
-    import csv
+def sweep_rows(scenario: Path) -> list[dict]:
+    """One row per point the sweep rendered (read from its batches' records, so that a sweep a job of which
+    failed still reports the others): cold and warm, its reference's time and the speedup, the correlation
+    with the reference and, for a non-CPU point, with the CPU image of the same size and dtype (read from
+    the collated store, where collation ran)."""
+    from nbsim.sweep.collate import point_rows
 
-    if not timing_csv.is_file():
+    batches = sorted(scenario.glob("batches/*/records.json"))
+    if not batches:
         return []
-    with timing_csv.open() as handle:
-        rows = list(csv.DictReader(handle))
-    correlations = {}
-    if correlation_csv.is_file():
-        with correlation_csv.open() as handle:
-            correlations = {row["point"]: row for row in csv.DictReader(handle)}
-    against_cpu = device_correlations(store)
-    table = []
-    for row in rows:
-        entry = {key: row.get(key) for key in ("point", "size", "dtype", "device", "status", "cold_s", "warm_median_s",
-                                               "warm_min_s", "warm_max_s", "reference", "reference_median_s",
-                                               "speedup", "speedup_min", "speedup_max", "threads")}
-        entry["correlation_reference"] = correlations.get(row["point"], {}).get("correlation")
-        entry["correlation_cpu"] = against_cpu.get((int(row["size"]), row["dtype"], row["device"]))
-        table.append(entry)
-    return table
+    rows = point_rows(batches, sorted(scenario.glob("references/*/records.json")))
+    against_cpu = device_correlations(scenario / "sweep.zarr")
+    keys = ("point", "size", "dtype", "device", "status", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s",
+            "reference", "reference_median_s", "speedup", "speedup_min", "speedup_max", "threads", "correlation")
+    table = [{key: row.get(key) for key in keys}
+             | {"correlation_cpu": against_cpu.get((int(row["size"]), row["dtype"], row["device"]))} for row in rows]
+    return sorted(table, key=lambda row: (int(row["size"]), row["dtype"], row["device"]))
 
 
 def device_correlations(store: Path) -> dict[tuple[int, str, str], float]:
@@ -426,7 +421,7 @@ def summary_markdown(environment: dict, records: dict[str, StepRecord], options:
                 f"{_number(row['warm_median_s'], '{:.5f}')} ({_number(row['warm_min_s'], '{:.5f}')}–"
                 f"{_number(row['warm_max_s'], '{:.5f}')}) | {_number(row['reference_median_s'], '{:.3f}')} | "
                 f"{_number(row['speedup'], '{:.1f}')}x ({_number(row['speedup_min'], '{:.1f}')}–"
-                f"{_number(row['speedup_max'], '{:.1f}')}) | {_number(row['correlation_reference'], '{:.9f}')} | "
+                f"{_number(row['speedup_max'], '{:.1f}')}) | {_number(row['correlation'], '{:.9f}')} | "
                 f"{_number(row['correlation_cpu'], '{:.9f}')} |")
     fit = records.get("fit")
     if fit and fit.results:

@@ -16,6 +16,15 @@ def resolve_device(name: str) -> torch.device:
         raise NbsimError(f"device '{name}' requested but CUDA is not available on this machine")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise NbsimError(f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return concrete_device(device)
+
+
+def concrete_device(device: torch.device | str) -> torch.device:
+    """`device` with its index made explicit ("cuda" is the current CUDA device, "cuda:0" say), so that it
+    equals the device of the tensors made on it (a tensor made on "cuda" reports "cuda:0")."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
     return device
 
 

@@ -21,6 +21,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .config import SimulationConfig
+from .devices import concrete_device
 from .errors import NbsimError
 from .kernel.background import background_inputs, background_rows, pixel_centre_m
 from .kernel.build import start_background_build
@@ -66,7 +67,7 @@ class Renderer:
                  compile: Compile | bool | str = True, tile_elements: int | None = None, reference_threads: int = 2,
                  cache: KernelCache | None = None):
         self.setup = setup
-        self.device = torch.device(device)
+        self.device = concrete_device(device)
         self.dtype = dtype
         self.reference_threads = reference_threads
         self.inputs = kernel_inputs(setup, self.device, dtype)
