@@ -25,6 +25,7 @@ class CommandParser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """The options; unrecognized arguments are an error (naming `--` where they hold a nanoBragg flag)."""
         options, unknown = self.parse_known_args(args, namespace)
         if unknown:
             flags = [token for token in unknown if token in NANOBRAGG_FLAGS and self.takes_flags]
@@ -33,4 +34,5 @@ class CommandParser(argparse.ArgumentParser):
         return options
 
     def error(self, message: str) -> NoReturn:
+        """nbsim's one-line error, exit status 2, in place of argparse's usage and exit."""
         raise NbsimError(f"{self.command}: {message}{self.advice}")
