@@ -127,7 +127,7 @@ class Campaign:
         return status, output
 
 
-def missing_modules(names: tuple[str, ...] = REQUIRED_MODULES) -> list[str]:
+def missing_modules(names: tuple[str, ...]) -> list[str]:
     """The modules among `names` that this Python cannot import."""
     return [name for name in names if importlib.util.find_spec(name) is None]
 
@@ -407,7 +407,7 @@ def summary_markdown(environment: dict, records: dict[str, StepRecord], options:
                 f"{result['warm_median_s'] * 1e3:.3f} ({result['warm_min_s'] * 1e3:.3f}–"
                 f"{result['warm_max_s'] * 1e3:.3f}) | {_number(result.get('c_median_s'), '{:.3f}')} | "
                 f"{_number(result.get('speedup'), '{:.0f}x')} | "
-                f"{_number(result.get('correlation'), '{:.9f}')} |")
+                f"{_number(result.get('correlation'), '{:.10f}')} |")
     sweep = records.get("sweep")
     if sweep and sweep.results.get("rows"):
         reference = sweep.results["rows"][0].get("reference") or "-"
@@ -421,8 +421,8 @@ def summary_markdown(environment: dict, records: dict[str, StepRecord], options:
                 f"{_number(row['warm_median_s'], '{:.5f}')} ({_number(row['warm_min_s'], '{:.5f}')}–"
                 f"{_number(row['warm_max_s'], '{:.5f}')}) | {_number(row['reference_median_s'], '{:.3f}')} | "
                 f"{_number(row['speedup'], '{:.1f}')}x ({_number(row['speedup_min'], '{:.1f}')}–"
-                f"{_number(row['speedup_max'], '{:.1f}')}) | {_number(row['correlation'], '{:.9f}')} | "
-                f"{_number(row['correlation_cpu'], '{:.9f}')} |")
+                f"{_number(row['speedup_max'], '{:.1f}')}) | {_number(row['correlation'], '{:.10f}')} | "
+                f"{_number(row['correlation_cpu'], '{:.10f}')} |")
     fit = records.get("fit")
     if fit and fit.results:
         lines += ["", "Fitting (benchmarks/fit_workloads.py):", "", "```json",
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         installed = install_wheelhouse(options.wheelhouse, site)
         if installed:
             print(f"gpu_campaign: installed from {options.wheelhouse}: {', '.join(installed)}", flush=True)
-    missing = missing_modules()
+    missing = missing_modules(REQUIRED_MODULES)
     if missing:
         print(f"gpu_campaign: this Python ({sys.executable}) lacks {', '.join(missing)}: build the wheelhouse "
               "(make wheelhouse) or install them; nothing was run", file=sys.stderr)

@@ -1,0 +1,84 @@
+"""benchmarks/gpu_campaign.py: what can be checked without a GPU (the refusals, the offline wheel install,
+the summary's tables); `make gpu-campaign-cpu` runs every step on the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_campaign
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wheel(folder: Path, name: str, module_text: str = "VALUE = 1\n") -> Path:
+    """A minimal pure-Python wheel of distribution `name` with one module of the same name."""
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    info = f"{name}-0.1.dist-info"
+    files = {f"{name}.py": module_text,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{file},,\n" for file in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for file, text in files.items():
+            archive.writestr(file, text)
+    return path
+
+
+def test_the_wheelhouse_installs_only_what_this_python_lacks(tmp_path):
+    wheelhouse, site = tmp_path / "wheelhouse", tmp_path / "site"
+    wheelhouse.mkdir()
+    _wheel(wheelhouse, "nbsim_campaign_probe")
+    _wheel(wheelhouse, "pytest")  # present here: must not be installed over
+    installed = gpu_campaign.install_wheelhouse(wheelhouse, site)
+    assert installed == ["nbsim_campaign_probe"]
+    assert (site / "nbsim_campaign_probe.py").is_file() and not (site / "pytest.py").exists()
+    assert importlib.metadata.version("pytest") != "0.1"
+
+
+def test_a_missing_module_stops_the_campaign_in_one_line_before_any_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_campaign, "REQUIRED_MODULES", ("numpy", "no_such_module_anywhere"))
+    status = gpu_campaign.main(["--cpu", "--out", str(tmp_path / "out"), "--wheelhouse", str(tmp_path / "none")])
+    error = capsys.readouterr().err.strip()
+    assert status == 2 and len(error.splitlines()) == 1
+    assert "lacks no_such_module_anywhere" in error and "nothing was run" in error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_without_cuda_the_campaign_asks_for_cpu():
+    completed = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_campaign.py"), "--out",
+                                "/nonexistent/never-written"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.count("\n") == 1 and "--cpu" in completed.stderr
+
+
+def test_the_summary_tables_hold_every_measured_row():
+    bench = {"device": "cuda:0", "pixels": 16777216, "cold_s": 26.5, "warm_median_s": 6.0e-4, "warm_min_s": 5.9e-4,
+             "warm_max_s": 9.0e-4, "c_median_s": 0.417, "speedup": 695.5, "correlation": 0.9999999997}
+    rows = [{"size": size, "dtype": dtype, "device": device, "cold_s": 0.01, "warm_median_s": 1e-3,
+             "warm_min_s": 9e-4, "warm_max_s": 2e-3, "reference": "c", "reference_median_s": 0.4, "speedup": 400.0,
+             "speedup_min": 200.0, "speedup_max": 444.0, "correlation": 0.999999, "correlation_cpu": None}
+            for size in (256, 4096) for dtype in ("float32", "float64") for device in ("cpu", "cuda")]
+    records = {"bench": gpu_campaign.StepRecord("bench", "ok", 38.0, {"float32": bench}),
+               "sweep": gpu_campaign.StepRecord("sweep", "failed: snakemake: timed out", 233.0, {"rows": rows}),
+               "merge": gpu_campaign.StepRecord("merge", "skipped: no merge benchmark")}
+    text = gpu_campaign.summary_markdown({"gpu": "NVIDIA H200", "python": "3.12"}, records,
+                                         argparse.Namespace(c_binary="/c"))
+    assert text.startswith("# GPU campaign: NVIDIA H200")
+    assert "| bench | ok | 38 |" in text and "| sweep | failed: snakemake: timed out | 233 |" in text
+    assert "| float32 | cuda:0 | 16777216 | 26.50 | 0.600 (0.590–0.900) | 0.417 | 696x | 0.9999999997 |" in text
+    assert sum(line.startswith(("| 256² |", "| 4096² |")) for line in text.splitlines()) == len(rows)
+    assert "| 4096² | float64 | cuda | 0.01 | 0.00100 (0.00090–0.00200) | 0.400 | 400.0x (200.0–444.0) |" in text
+
+
+def test_the_cuda_tests_are_found_by_their_mark():
+    files = gpu_campaign.cuda_test_files()
+    assert "tests/test_kernel.py" in files and "tests/test_gpu_campaign.py" not in files
