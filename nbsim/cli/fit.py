@@ -170,9 +170,9 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
          model_flags: list[str]) -> int:
     import torch
 
+    from ..fit.images import read_fit_image
     from ..fit.output import fit_json, residual_picture
-    from ..fit.refine import FitImage, FitOptions, fit
-    from ..io.observed import read_observed
+    from ..fit.refine import FitOptions, fit
     from ..resolve import resolve
 
     adc = options.adc
@@ -183,12 +183,7 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         setup = resolve(config)
         for line in setup.warnings:
             print(f"nbsim: warning: {line}", file=sys.stderr)
-        observed = read_observed(name, shape=tuple(setup.shape), adc_offset_adu=adc)
-        usable = ~observed.unusable()
-        if setup.mask is not None:
-            usable &= setup.mask.astype(bool)
-        gain = observed.gain_adu_per_photon or 1.0
-        fit_images.append(FitImage(name, setup, observed.counts / gain, usable))
+        fit_images.append(read_fit_image(name, setup, adc))
     readout_photons = configs[0].response.readout_noise_adu / (configs[0].response.gain_adu_per_photon or 1.0)
     fit_options = FitOptions(
         refine=tuple(options.refine), shared=tuple(options.shared), lattice=options.lattice,
