@@ -19,7 +19,7 @@ compiled kernel's cache key, readable in one place.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
@@ -165,24 +165,36 @@ def _take(x: torch.Tensor, dim: int, index: Index) -> torch.Tensor:
     return x.narrow(dim, index, 1)
 
 
+Fields = TypeVar("Fields", bound=tuple)
+
+
+def replaced(fields: Fields, **changes: object) -> Fields:
+    """The named tuple `fields` with `changes`: its `_replace` in a form that Dynamo traces in one graph on
+    every PyTorch nbsim supports (2.8 traces neither `_replace` nor `_fields` read from the instance)."""
+    names = type(fields)._fields
+    if not set(changes) <= set(names):
+        raise TypeError(f"{type(fields).__name__} has no field {sorted(set(changes) - set(names))}")
+    return type(fields)(*[changes.get(name, getattr(fields, name)) for name in names])
+
+
 def restrict(t: KernelTensors, substep: Index | None = None, source: Index | None = None) -> KernelTensors:
     """The inputs for one sub-step and/or one source only (for step-ordered evaluation)."""
     if substep is not None:
         def at_substep(p: Projection) -> Projection:
-            return p._replace(origin=_take(p.origin, 0, substep))
+            return replaced(p, origin=_take(p.origin, 0, substep))
 
-        t = t._replace(origins=_take(t.origins, 0, substep), layer_of_substep=_take(t.layer_of_substep, 0, substep),
-                       cells=tuple(at_substep(p) for p in t.cells), incident=at_substep(t.incident),
-                       odet=at_substep(t.odet), polar_e=at_substep(t.polar_e), polar_b=at_substep(t.polar_b))
+        t = replaced(t, origins=_take(t.origins, 0, substep), layer_of_substep=_take(t.layer_of_substep, 0, substep),
+                     cells=tuple(at_substep(p) for p in t.cells), incident=at_substep(t.incident),
+                     odet=at_substep(t.odet), polar_e=at_substep(t.polar_e), polar_b=at_substep(t.polar_b))
     if source is not None:
         def at_source(p: Projection) -> Projection:
             return Projection(_take(p.origin, 1, source), _take(p.fast, 0, source), _take(p.slow, 0, source),
                               _take(p.vectors, 0, source))
 
-        t = t._replace(beam_terms=_take(t.beam_terms, 1, source), inv_wavelength=_take(t.inv_wavelength, 0, source),
-                       source_weight=_take(t.source_weight, 0, source), grid_offset=_take(t.grid_offset, 0, source),
-                       incident=at_source(t.incident),
-                       polar_e=at_source(t.polar_e), polar_b=at_source(t.polar_b))
+        t = replaced(t, beam_terms=_take(t.beam_terms, 1, source), inv_wavelength=_take(t.inv_wavelength, 0, source),
+                     source_weight=_take(t.source_weight, 0, source), grid_offset=_take(t.grid_offset, 0, source),
+                     incident=at_source(t.incident),
+                     polar_e=at_source(t.polar_e), polar_b=at_source(t.polar_b))
     return t
 
 
@@ -237,7 +249,7 @@ def pixel_frame(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, option
     frame = PixelFrame(x, y, z, inverse_path, fast, slow, cos2theta=None, valid=None)
     cos2theta = project(frame, t.incident, options) * inverse_path.unsqueeze(-1)
     valid = _dmin_valid(cos2theta, t.inv_wavelength, dmin) if options.use_dmin else None
-    return frame._replace(cos2theta=cos2theta, valid=valid)
+    return replaced(frame, cos2theta=cos2theta, valid=valid)
 
 
 def frame_slice(f: PixelFrame, substep: Index, source: Index | None = None) -> PixelFrame:
@@ -247,8 +259,8 @@ def frame_slice(f: PixelFrame, substep: Index, source: Index | None = None) -> P
         x = _take(x, 2, substep)
         return x if source is None or x.dim() < 4 else _take(x, 3, source)
 
-    return f._replace(x=at(f.x), y=at(f.y), z=at(f.z), inverse_path=at(f.inverse_path), cos2theta=at(f.cos2theta),
-                      valid=None if f.valid is None else at(f.valid))
+    return replaced(f, x=at(f.x), y=at(f.y), z=at(f.z), inverse_path=at(f.inverse_path), cos2theta=at(f.cos2theta),
+                    valid=None if f.valid is None else at(f.valid))
 
 
 def solid_angle(inverse_path: torch.Tensor, t: KernelTensors, options: KernelOptions) -> torch.Tensor:
