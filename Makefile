@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 CORES ?= 2
 STAMP := $(VENV)/.installed
 
-.PHONY: venv sweep report test lint bench wheelhouse gpu-campaign-cpu clean
+.PHONY: venv sweep report test lint bench wheelhouse gpu-campaign-cpu torch-range clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,39 @@ wheelhouse:
 
 gpu-campaign-cpu: $(STAMP)
 	PYTHON=$(BIN)/python bash benchmarks/gpu_campaign.sh --cpu
+
+# The PyTorch range that pyproject.toml claims (torch>=2.8), checked by `make torch-range`, not by CI: each
+# release in TORCH_VERSIONS gets a venv of its own under .venv-torch/ (git-ignored), named by interpreter and
+# release, with that release from PyPI (for Linux the CUDA build, several GB a venv) and nbsim installed
+# editable, and runs the kernel, compiled-kernel and golden-parity tests (docs/requirements.md). The default
+# releases are the floor and the lent GPU machines' PyTorch; TORCH_RANGE_PYTHON=python3.12 matches their Python.
+# The test tools are those of the test extra that these files use (not cctbx-base or nxmx: the DIALS tests').
+TORCH_VERSIONS ?= 2.8.0 2.11.0
+TORCH_RANGE_PYTHON ?= $(PYTHON)
+TORCH_RANGE_TESTS ?= tests/test_kernel.py tests/test_compile.py tests/test_structure.py \
+	tests/test_reference_intermediates.py tests/test_parity.py
+TORCH_RANGE_TOOLS := "pytest>=8" "pytest-timeout>=2" "pytest-xdist>=3" "hypothesis>=6"
+TORCH_RANGE_TAG = $(shell $(TORCH_RANGE_PYTHON) -c 'import sys; print("py%d.%d" % sys.version_info[:2])')
+TORCH_RANGE_VENVS = $(foreach v,$(TORCH_VERSIONS),.venv-torch/$(TORCH_RANGE_TAG)-torch$(v))
+torch_release = $(lastword $(subst -torch, ,$(1)))
+
+# torch==<release> is asked for beside nbsim, so that nbsim's torch>=2.8 cannot move it; the check after the
+# install fails where the venv holds another release all the same.
+.venv-torch/%/.installed: pyproject.toml
+	$(TORCH_RANGE_PYTHON) -m venv .venv-torch/$*
+	.venv-torch/$*/bin/python -m pip install --quiet "torch==$(call torch_release,$*)" -e . \
+		$(TORCH_RANGE_TOOLS)
+	.venv-torch/$*/bin/python -c 'import sys, torch; v = torch.__version__.split("+")[0]; \
+		sys.exit(None if v == "$(call torch_release,$*)" else f"torch {v} installed, not $(call torch_release,$*)")'
+	touch $@
+
+torch-range: $(addsuffix /.installed,$(TORCH_RANGE_VENVS))
+	@failed=""; for venv in $(TORCH_RANGE_VENVS); do \
+		echo "== $$venv: $$($$venv/bin/python -c 'import sys, torch; print("Python", sys.version.split()[0], "torch", torch.__version__)')"; \
+		$$venv/bin/python -m pytest -n $(CORES) --dist loadfile --no-loadscope-reorder $(TORCH_RANGE_TESTS) \
+			|| failed="$$failed $$venv"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "torch-range failed in:$$failed"; exit 1; fi
 
 clean:
 	rm -rf results .snakemake
