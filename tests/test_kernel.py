@@ -37,6 +37,26 @@ def test_lattice_factor_is_accurate_in_float32_near_large_indices():
     assert torch.allclose(reference.abs(), exact.abs(), rtol=0.2, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 3e-5), (torch.float64, 1e-10)])
+def test_lattice_factor_differentiates_smoothly_through_its_peak(dtype, tolerance):
+    """d/dδ of sin(Nπδ)/sin(πδ) next to the node (a sample on a lattice plane, δ ~ rounding) is its Taylor
+    series' (the quotient's where Nδ ≥ 1e-3), and the value is the quotient to the dtype's rounding: the
+    quotient's own derivative there is two terms of order N/δ that cancel into rounding (1e15 at δ = 1e-17)."""
+    for n in (5.0, 7.3, 10.0):
+        fraction = torch.tensor([1e-17, 1e-12, 1e-9, 1e-6, 1e-4, 3e-3, 1e-2], dtype=dtype, requires_grad=True)
+        ratio = torch.div(*sincg_parts(fraction, torch.tensor(n, dtype=dtype)))
+        derivative = torch.autograd.grad(ratio.sum(), fraction)[0].double()
+        delta = fraction.detach().double()
+        exact = torch.sin(n * math.pi * delta) / torch.sin(math.pi * delta)
+        slope = (n * math.pi * torch.cos(n * math.pi * delta) - math.pi * torch.cos(math.pi * delta) * exact) \
+            / torch.sin(math.pi * delta)
+        angle = math.pi * delta
+        series = n * math.pi * (n * n - 1.0) * (-angle / 3.0 + (3.0 * n * n - 7.0) * angle ** 3 / 90.0)
+        expected = torch.where(n * delta < 1e-3, series, slope)
+        torch.testing.assert_close(ratio.detach().double(), exact, rtol=2 * torch.finfo(dtype).eps, atol=0.0)
+        torch.testing.assert_close(derivative, expected, rtol=tolerance, atol=0.0)
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 3e-7), (torch.float64, 1e-15)])
 def test_compiled_sine_polynomial_is_accurate(dtype, tolerance):
     x = torch.linspace(-0.5, 0.5, 10001, dtype=torch.float64)

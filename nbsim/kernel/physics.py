@@ -61,17 +61,30 @@ def sin_pi_polynomial(x: torch.Tensor) -> torch.Tensor:
     return total * x
 
 
+def node_series_limit(dtype: torch.dtype) -> float:
+    """The |Nδ| below which sincg is its Taylor series in x = πδ, N(1 − (N² − 1)x²/6 + (N² − 1)(3N² − 7)x⁴/360):
+    where the series' first omitted term, about (Nx)⁴/360 of the derivative, meets the rounding that the
+    quotient's derivative suffers, about ε/(Nx)² (both near ε^⅔ then; the value is exact to ε either way)."""
+    return (360.0 * torch.finfo(dtype).eps) ** (1.0 / 6.0) / math.pi
+
+
 def sincg_parts(fraction: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerator and denominator of |sin(Nπh)/sin(πh)| from the fractional index δ = h − h0.
 
     With integer h0 the ratio is ±sin(Nπδ)/sin(πδ); intensities use its square, so the sign is
     dropped. Nδ is reduced again to its nearest integer, so both sines are evaluated on |x| ≤ ½:
-    exact at the nodes (N/1) and accurate in float32 where sin(πh) of a large h would not be.
+    accurate in float32 where sin(πh) of a large h would not be. Next to the node (|Nδ| below
+    `node_series_limit`, δ = 0 included) the ratio is its series over 1: the same value, and a derivative,
+    where the quotient of two vanishing sines differentiates into two terms of order N/δ that cancel (at
+    δ ~ 1e-17, a sample on a lattice plane, into a gradient of 1e15 made of rounding).
     """
     scaled = n * fraction
-    at_node = fraction == 0
-    numerator = torch.where(at_node, n * torch.ones_like(fraction), sin_pi(scaled - torch.round(scaled)))
-    denominator = torch.where(at_node, torch.ones_like(fraction), sin_pi(fraction))
+    near_node = torch.abs(scaled) < node_series_limit(fraction.dtype)
+    angle_sqr = torch.square(math.pi * fraction)
+    bend = n * n - 1.0
+    series = n * (1.0 - bend * angle_sqr / 6.0 + bend * (3.0 * n * n - 7.0) * torch.square(angle_sqr) / 360.0)
+    numerator = torch.where(near_node, series, sin_pi(scaled - torch.round(scaled)))
+    denominator = torch.where(near_node, torch.ones_like(fraction), sin_pi(fraction))
     return numerator, denominator
 
 
