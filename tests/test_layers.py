@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nbsim.render", "nbsim.detector"),
     ("nbsim.timing", "nbsim.reference"),
     ("nbsim.fit",),
+    ("nbsim.merge",),
     ("nbsim.sweep",),
     ("nbsim.cli",),
     ("nbsim.server",),

@@ -1,5 +1,6 @@
 """`nbsim`: a nanoBragg-compatible command line (same flags, same output files), plus `nbsim show`,
-`nbsim bench`, `nbsim kernels`, `nbsim export` and `nbsim worker` (served by server/client.py).
+`nbsim bench`, `nbsim kernels`, `nbsim fit`, `nbsim merge`, `nbsim export` and `nbsim worker` (served by
+server/client.py).
 
 Everything the arguments alone decide (help, an unknown flag, a bad value, an impossible cell, a missing
 input file, an output folder that does not exist) is answered here without importing torch, in a
@@ -27,6 +28,8 @@ USAGE = """usage: nbsim [nanoBragg options] [-device cpu|cuda] [-dtype float32|f
        nbsim worker start|stop|status   (a resident process that serves nbsim commands)
        nbsim fit IMAGE... [--refine orientation,cell,N,scale] [--json F] -- <nanoBragg options>
                    (refine a model against observed images; nbsim fit -h)
+       nbsim merge SHOT... --starts F --hkl START --space_group SG [--anomalous] --mtz OUT -- <nanoBragg options>
+                   (structure factors refined over many stills; nbsim merge -h)
        nbsim export SWEEP_ZARR [--nxmx FILE] [--cbf PREFIX] [--noise-nxmx FILE] [--noise-cbf PREFIX]
                    (a sweep's rotation series for DIALS/XDS; see nbsim export -h)
 
@@ -69,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             from .fit import main as fit_main
 
             return fit_main(argv[1:])
+        if argv and argv[0] == "merge":
+            from .merge import main as merge_main
+
+            return merge_main(argv[1:])
         if argv and argv[0] == "export":
             from .export import main as export_main
 

@@ -1,0 +1,47 @@
+"""What a merge writes: the MTZ (gemmi; the space group's asymmetric unit with CCP4's column names, FP and
+SIGFP, or F(+), SIGF(+), F(−), SIGF(−) with anomalous pairs) and the JSON of every shot's refined model and
+every cycle."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..io.atomic import atomic_write_with
+from .refine import MergeResult
+from .reflections import Reflections
+
+
+def write_mtz(path: str, reflections: Reflections, amplitudes: np.ndarray, sigmas: np.ndarray,
+              title: str = "nbsim merge") -> None:
+    """The reflections some pixel measured, as an MTZ (unmeasured halves of a pair are missing: NaN)."""
+    import gemmi
+
+    plus, minus = reflections.plus, reflections.minus
+    measured = np.isfinite(sigmas)
+    keep = measured[plus] | measured[minus]
+    columns = [("FP", "F", plus), ("SIGFP", "Q", plus)]
+    if reflections.anomalous:
+        columns = [("F(+)", "G", plus), ("SIGF(+)", "L", plus), ("F(-)", "G", minus), ("SIGF(-)", "L", minus)]
+    mtz = gemmi.Mtz(with_base=True)
+    mtz.title = title
+    mtz.spacegroup = reflections.group
+    mtz.set_cell_for_all(gemmi.UnitCell(*reflections.cell_A_deg))
+    mtz.add_dataset("nbsim")
+    data = [reflections.miller[keep].astype(np.float64)]
+    for label, kind, parameters in columns:
+        mtz.add_column(label, kind)
+        values = sigmas if label.startswith("SIG") else amplitudes
+        data.append(np.where(measured[parameters], values[parameters], np.nan)[keep, None])
+    mtz.set_data(np.ascontiguousarray(np.hstack(data), dtype=np.float32))
+    atomic_write_with(path, lambda temporary: mtz.write_to_file(str(temporary)))
+
+
+def merge_json(result: MergeResult) -> dict:
+    """Every shot's refined model (as `nbsim fit --json` writes a shot), the cycles, and the merged set's size."""
+    reflections = result.reflections
+    return {"shots": result.shots, "cycles": result.cycles, "space_group": reflections.group.hm,
+            "cell": list(reflections.cell_A_deg), "anomalous": reflections.anomalous,
+            "reflections": int(len(reflections.miller)), "measured_parameters": int(result.measured.sum()),
+            "parameters": int(reflections.size), "negative_log_likelihood": result.nll,
+            "seconds": round(result.seconds, 3),
+            "sigma": "diagonal of the Fisher information of log|F|, each pixel given to the one reflection it sees"}

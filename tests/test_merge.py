@@ -1,0 +1,257 @@
+"""nbsim merge: the asymmetric unit and its P1 table, the restraints, the MTZ, |F| recovered from stills
+(noiseless and Poisson), anomalous differences, two gloo workers against one, and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import gemmi
+import numpy as np
+import pytest
+import torch
+
+import nbsim
+from nbsim.cli import main
+from nbsim.fit.refine import FitOptions
+from nbsim.io.structure_files import expand_to_p1_sphere, read_reflection_file, write_hkl
+from nbsim.merge import (
+    Merge,
+    MergeJob,
+    MergeOptions,
+    Restraints,
+    StructureFactorModel,
+    asymmetric_unit,
+    launch,
+    write_mtz,
+)
+from nbsim.merge.reflections import correlation, node_parameters, space_group
+from nbsim.model.structure_factors import build_grid
+
+CELL = (20.0, 24.0, 28.0, 90.0, 90.0, 90.0)
+GROUP = "P 21 21 21"
+FLAGS = ("-cell 20 24 28 90 90 90 -N 10 -lambda 1 -distance 14 -detpixels 64 -pixel 0.1 -nointerpolate "
+         "-fluence 1e27 -oversample 1").split()
+SHOT_OPTIONS = dict(shoebox_px=5, max_spots=40)
+
+
+def _unique(d_min_A: float = 2.0) -> np.ndarray:
+    return np.asarray(gemmi.make_miller_array(gemmi.UnitCell(*CELL), gemmi.SpaceGroup(GROUP), d_min_A, 0, True),
+                      np.int64)
+
+
+def _stills(folder, table: str, count: int, poisson: bool, seed: int = 3,
+            prefix: str = "shot") -> dict[str, list[float]]:
+    """`count` stills of the P1 table at random orientations (raw float photons, or Poisson counts)."""
+    rng = np.random.default_rng(seed)
+    missets = {}
+    for index in range(count):
+        misset = rng.uniform(-180, 180, 3).round(3).tolist()
+        config = nbsim.config_from_args([*FLAGS, "-hkl", table, "-misset", *map(str, misset)])
+        with torch.no_grad():
+            image = nbsim.simulate(config).double().numpy()
+        if poisson:
+            image = rng.poisson(image).astype(np.float64)
+        path = folder / f"{prefix}{index}.bin"
+        image.astype(np.float32).tofile(path)
+        missets[str(path)] = misset
+    return missets
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A truth (random |F|, with anomalous differences), a start far from it (CC about 0.5, none), stills."""
+    folder = tmp_path_factory.mktemp("merge")
+    miller = _unique()
+    group = gemmi.SpaceGroup(GROUP)
+    rng = np.random.default_rng(1)
+    truth = rng.rayleigh(100, len(miller)) + 5
+    centric = np.asarray(group.operations().centric_flag_array(miller.astype(np.int32)), bool)
+    truth_minus = np.where(centric, truth, truth * (1 + 0.15 * rng.standard_normal(len(miller))).clip(0.5))
+    start = truth * np.exp(0.6 * rng.standard_normal(len(miller)))
+    write_hkl(folder / "truth.hkl", expand_to_p1_sphere(miller, truth, None, group))
+    write_hkl(folder / "truth_anomalous.hkl", expand_to_p1_sphere(miller, truth, truth_minus, group))
+    write_hkl(folder / "start.hkl", expand_to_p1_sphere(miller, start, None, group))
+    near = truth * np.exp(0.05 * rng.standard_normal(len(miller)))
+    write_hkl(folder / "near.hkl", expand_to_p1_sphere(miller, near, None, group))
+    return {"folder": folder, "miller": miller, "truth": truth, "start": start,
+            "stills": _stills(folder, str(folder / "truth.hkl"), 4, poisson=False),
+            "anomalous_stills": _stills(folder, str(folder / "truth_anomalous.hkl"), 6, poisson=True, seed=5,
+                                                prefix="anomalous")}
+
+
+def _job(data, stills: dict, refine=(), anomalous: bool = False, truth: str = "truth.hkl", cycles: int = 1,
+         start_file: str = "start.hkl", **options) -> MergeJob:
+    folder = data["folder"]
+    start = str(folder / start_file)
+    shots = tuple((name, (*FLAGS, "-hkl", start, "-misset", *map(str, misset))) for name, misset in stills.items())
+    merge_options = MergeOptions(shots=FitOptions(refine=tuple(refine), **SHOT_OPTIONS), cycles=cycles, **options)
+    return MergeJob(shots=shots, hkl=start, column=None, space_group=GROUP, cell_A_deg=CELL, default_F=0.0,
+                    anomalous=anomalous, options=merge_options, truth=str(folder / truth))
+
+
+def test_table_of_the_start_is_the_p1_table_nbsim_reads():
+    """Every node the asymmetric unit reaches holds the |F| nbsim's reader puts there, F(+) and F(−) apart."""
+    miller = _unique(3.0)
+    group = space_group(GROUP)
+    rng = np.random.default_rng(0)
+    plus, minus = rng.uniform(10, 100, len(miller)), rng.uniform(10, 100, len(miller))
+    p1 = expand_to_p1_sphere(miller, plus, minus, group)
+    reflections, start = asymmetric_unit(p1, group, CELL, anomalous=True, what="test")
+    grid = build_grid(p1, 0.0)
+    nodes = torch.as_tensor(node_parameters(reflections, grid))
+    model = StructureFactorModel(reflections, start, Restraints())
+    base = torch.as_tensor(grid.padded(0.0).reshape(-1))
+    table = model.table(model.log_start, torch.zeros_like(base), nodes)
+    assert (nodes >= 0).sum() == len(p1)
+    assert torch.allclose(table, base, rtol=1e-12)
+    assert reflections.size > len(miller)  # acentric F(-) refined apart
+    unpaired, _ = asymmetric_unit(p1, group, CELL, anomalous=False, what="test")
+    assert unpaired.size == len(miller)
+
+
+def test_restraint_curvature_is_the_hessian_diagonal():
+    miller = _unique(3.0)
+    group = space_group(GROUP)
+    p1 = expand_to_p1_sphere(miller, np.linspace(10, 90, len(miller)), None, group)
+    reflections, start = asymmetric_unit(p1, group, CELL, anomalous=True, what="test")
+    model = StructureFactorModel(reflections, start, Restraints(start=0.5, shell=0.3, friedel=0.2, shells=3))
+    point = model.log_start + 0.1 * torch.randn(model.size, dtype=torch.float64)
+    hessian = torch.autograd.functional.hessian(model.penalty, point)
+    assert torch.allclose(torch.diagonal(hessian), model.curvature(), rtol=1e-10)
+
+
+def test_space_group_the_cell_contradicts():
+    p1 = expand_to_p1_sphere(_unique(4.0), np.ones(len(_unique(4.0))), None, space_group(GROUP))
+    with pytest.raises(nbsim.NbsimError, match="contradicts space group P 61"):
+        asymmetric_unit(p1, space_group("P 61"), CELL, anomalous=False, what="start")
+
+
+def test_mtz_holds_the_asymmetric_unit_with_ccp4_columns(tmp_path):
+    miller = _unique(3.0)
+    group = space_group(GROUP)
+    values = np.linspace(10, 90, len(miller))
+    p1 = expand_to_p1_sphere(miller, values, values * 1.1, group)
+    for anomalous, labels in ((False, ["FP", "SIGFP"]), (True, ["F(+)", "SIGF(+)", "F(-)", "SIGF(-)"])):
+        reflections, start = asymmetric_unit(p1, group, CELL, anomalous, "test")
+        path = tmp_path / f"out{anomalous}.mtz"
+        write_mtz(str(path), reflections, start, 0.1 * start)
+        mtz = gemmi.read_mtz_file(str(path))
+        assert [c.label for c in mtz.columns][3:] == labels
+        assert mtz.spacegroup.hm == GROUP and mtz.cell.parameters == pytest.approx(CELL)
+        back = read_reflection_file(path)
+        assert len(back.reflections) == len(p1) if anomalous else len(back.reflections) > 0
+
+
+@pytest.mark.slow
+def test_F_recovered_from_noiseless_stills(data):
+    """From a start of CC about 0.5, the measured |F| of noiseless stills reach CC ≥ 0.99 with the truth."""
+    merge = Merge(_job(data, data["stills"], cycles=3))
+    records = []
+    result = merge.run(records.append)
+    assert records[0]["cc"] < 0.7
+    truth = merge.truth
+    precise = result.measured & (result.amplitudes >= 5 * result.sigmas)
+    assert precise.sum() > 50
+    assert correlation(result.amplitudes[precise], truth[precise]) >= 0.99
+
+
+@pytest.mark.slow
+def test_anomalous_differences_recovered_from_poisson_stills(data):
+    """Started without anomalous differences, F(+) − F(−) of Poisson stills correlate with the truth's."""
+    merge = Merge(_job(data, data["anomalous_stills"], anomalous=True, truth="truth_anomalous.hkl", cycles=3))
+    result = merge.run()
+    differences = result.amplitudes[merge.reflections.friedel_pairs()[0]] - \
+        result.amplitudes[merge.reflections.friedel_pairs()[1]]
+    truth = merge.truth[merge.reflections.friedel_pairs()[0]] - merge.truth[merge.reflections.friedel_pairs()[1]]
+    plus, minus = merge.reflections.friedel_pairs()
+    precise = result.measured & (result.amplitudes >= 5 * result.sigmas)
+    both = precise[plus] & precise[minus]
+    assert both.sum() > 20
+    assert correlation(differences[both], truth[both]) > 0.5
+
+
+def _save_amplitudes(job: MergeJob, path: str) -> None:
+    """A worker's merge; the first worker saves |F| (float64)."""
+    result = Merge(job).run()
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return
+    np.save(path, result.amplitudes)
+
+
+@pytest.mark.slow
+def test_two_gloo_workers_give_the_F_of_one(data, tmp_path):
+    """The F step's sums all-reduced over two processes (gloo) reach the F one process does (1e-6 relative); a
+    weak restraint towards the start gives the |F| that only far tails see (flat in log|F|) one optimum."""
+    stills = dict(list(data["stills"].items())[:2])
+    job = _job(data, stills, start_file="near.hkl", gradient_tolerance=1e-8, change_tolerance=1e-15,
+               restraints=Restraints(start=1.0))
+    launch(_save_amplitudes, (job, str(tmp_path / "one.npy")), workers=1, device="cpu")
+    launch(_save_amplitudes, (job, str(tmp_path / "two.npy")), workers=2, device="cpu")
+    one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
+    table = read_reflection_file(data["folder"] / "near.hkl").reflections
+    _, start = asymmetric_unit(table, space_group(GROUP), CELL, False, "start")
+    assert not np.allclose(one, start, rtol=1e-2)  # the F step moved F
+    worst = np.max(np.abs(two / one - 1))
+    assert worst <= 1e-6, f"largest relative difference {worst:.3g} at |F| {one[np.argmax(np.abs(two / one - 1))]:.4g}"
+
+
+def _cli(data, tmp_path, *extra: str, starts: dict | None = None, shots: list[str] | None = None):
+    folder = data["folder"]
+    stills = dict(list(data["stills"].items())[:2])
+    starts_path = tmp_path / "starts.json"
+    starts_path.write_text(json.dumps({"images": starts or {name: {"misset": m} for name, m in stills.items()}}))
+    return main(["merge", *(shots or list(stills)), "--starts", str(starts_path), "--hkl", str(folder / "start.mtz"),
+                 "--mtz", str(tmp_path / "out.mtz"), "--json", str(tmp_path / "out.json"), *extra,
+                 "--", *FLAGS])
+
+
+@pytest.fixture(scope="module")
+def start_mtz(data):
+    """The start as an MTZ (FP, SIGFP; the space group and cell), and the truth as one."""
+    group = space_group(GROUP)
+    folder = data["folder"]
+    for name, values in (("start", data["start"]), ("truth", data["truth"])):
+        p1 = expand_to_p1_sphere(data["miller"], values, None, group)
+        reflections, start = asymmetric_unit(p1, group, CELL, False, name)
+        write_mtz(str(folder / f"{name}.mtz"), reflections, start, 0.1 * start)
+    return data
+
+
+@pytest.mark.slow
+def test_cli_merge_writes_the_contract(start_mtz, tmp_path, capsys):
+    status = _cli(start_mtz, tmp_path, "--refine", "scale", "--cycles", "1", "--truth",
+                  str(start_mtz["folder"] / "truth.mtz"), "--shoebox", "5", "--spots", "40")
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "cycle 1" in out and "-logL" in out and "CC " in out
+    mtz = gemmi.read_mtz_file(str(tmp_path / "out.mtz"))
+    assert [c.label for c in mtz.columns][3:] == ["FP", "SIGFP"]
+    assert mtz.spacegroup.hm == GROUP and mtz.cell.parameters == pytest.approx(CELL)
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert [shot["image"] for shot in document["shots"]] == list(start_mtz["stills"])[:2]
+    assert {"A_matrix", "cell", "N", "scale", "flags", "sigma"} <= set(document["shots"][0])
+
+
+@pytest.mark.parametrize("case, message", [
+    ("cells", "shots of different crystals"),
+    ("column", "no column NOPE"),
+    ("group", "contradicts space group P 61"),
+    ("missing", "no such file"),
+])
+def test_cli_merge_bad_input_is_one_line_and_writes_nothing(start_mtz, tmp_path, capsys, case, message):
+    stills = list(start_mtz["stills"])[:2]
+    starts = {name: {"misset": m} for name, m in list(start_mtz["stills"].items())[:2]}
+    extra: list[str] = []
+    shots = None
+    if case == "cells":
+        starts[stills[1]]["cell"] = [30, 36, 42, 90, 90, 90]
+    elif case == "column":
+        extra = ["--column", "NOPE"]
+    elif case == "group":
+        extra = ["--space_group", "P 61"]
+    else:
+        shots = [*stills, str(tmp_path / "absent.bin")]
+    assert _cli(start_mtz, tmp_path, *extra, starts=starts, shots=shots) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0]
+    assert not (tmp_path / "out.mtz").exists() and not (tmp_path / "out.json").exists()
