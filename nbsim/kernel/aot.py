@@ -25,7 +25,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .cache import KernelCache, KernelLoads, locked, runs_here
-from .inductor_patches import contracted_options, tile_shaped_loops, vectors_per_iteration
+from .inductor_patches import contracted_options, masked_tails, tile_shaped_loops, vectors_per_iteration
 from .inputs import COLS, EXAMPLE_SIZES, ROWS, KernelOptions, example_tensors, input_dims
 from .stages import ONE_LOOP, Stage, StageVariant, dynamic_shape_config
 
@@ -177,7 +177,7 @@ def build_package(variant: StageVariant, dtype: torch.dtype, device: torch.devic
     partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")
     inductor_options = (ONE_LOOP if stage.one_loop else stage.inductor_options) + contracted_options()
     with warnings.catch_warnings(), vectors_per_iteration(stage.vectors_for(options, device), dtype), \
-            tile_shaped_loops(stage.one_loop):
+            tile_shaped_loops(stage.one_loop), masked_tails():
         # PyTorch's own packaging code trips its LeafSpec deprecation; nothing for a user to act on.
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=dict(inductor_options))

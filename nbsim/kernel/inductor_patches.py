@@ -1,6 +1,6 @@
 """Changes to how Inductor compiles an ahead-of-time stage that Inductor has no option for, made by
 patching its private internals while one stage builds: several SIMD vectors per loop iteration, loops
-kept tile-shaped, and fused multiply-adds.
+kept tile-shaped, fused multiply-adds, and vectorised loop tails.
 
 Each patch is version-gated: it checks that the private attribute it replaces (or the option it sets)
 exists in the installed PyTorch; if not, the stage builds without it (slower, same image) and the
@@ -116,5 +116,29 @@ def tile_shaped_loops(enabled: bool) -> Iterator[None]:
         return [size for size, keep in zip(sizes, kept, strict=True) if keep], reindex, prune
 
     with unittest.mock.patch.object(SizeVarAllocator, "_simplify_loops_impl", unmerged), \
+            inductor_config.patch(fx_graph_cache=False):
+        yield
+
+
+@contextlib.contextmanager
+def masked_tails() -> Iterator[None]:
+    """Inductor computes the tail of every CPU loop (the columns past its last whole vectors) with the
+    vector code under a mask, as PyTorch 2.11 does for every loop, so that a pixel's value does not depend
+    on where its column falls in a tile.
+
+    PyTorch 2.8's Inductor masks a tail only where all of the loop's dtypes are in its
+    MASKED_VECTORIZABLE_DTYPES, which lacks bool (every kernel's masks) and float64; the other tails run
+    as scalar C++, which the compiler contracts into fused multiply-adds differently: a region of interest
+    38 columns wide then differed from the whole image by up to 3e-5 of a float32 pixel next to a lattice
+    node. Where that list is absent (2.11.0, 2.13.0), every tail is masked already and nothing is patched.
+    """
+    from torch._inductor.codegen import cpp
+
+    if not hasattr(cpp, "MASKED_VECTORIZABLE_DTYPES") or not hasattr(cpp, "VECTORIZABLE_DTYPES"):
+        yield
+        return
+    from torch._inductor import config as inductor_config
+
+    with unittest.mock.patch.object(cpp, "MASKED_VECTORIZABLE_DTYPES", list(cpp.VECTORIZABLE_DTYPES)), \
             inductor_config.patch(fx_graph_cache=False):
         yield
