@@ -144,10 +144,19 @@ def install_wheelhouse(wheelhouse: Path, site: Path) -> list[str]:
         except importlib.metadata.PackageNotFoundError:
             missing.append(wheel)
     if missing:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--disable-pip-version-check", "--target", str(site),
-                        *map(str, missing)], check=True)
+        completed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                                    "--no-compile", "--no-cache-dir", "--disable-pip-version-check", "--target",
+                                    str(site), *map(str, missing)], capture_output=True, text=True)
+        if completed.returncode != 0:
+            reason = (completed.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise WheelhouseError(f"the wheels of {wheelhouse} do not install on Python "
+                                  f"{platform.python_version()} ({reason}); rebuild them for it: make wheelhouse "
+                                  "DEVICE_PYTHON=<that Python>")
     return [wheel.name.split("-")[0] for wheel in missing]
+
+
+class WheelhouseError(Exception):
+    """Wheels that this Python cannot install (built for another version or platform)."""
 
 
 def last_json_line(output: str) -> dict | None:
@@ -451,11 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     if options.c_binary and not os.access(options.c_binary, os.X_OK):
         print(f"gpu_campaign: the C binary {options.c_binary} is missing or not executable", file=sys.stderr)
         return 2
-    site = Path(tempfile.gettempdir()) / "nbsim-wheelhouse-site"
-    sys.path.insert(0, str(site))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))
     if options.wheelhouse.is_dir():
-        installed = install_wheelhouse(options.wheelhouse, site)
+        # One folder per Python version: the wheels are built for one.
+        site = Path(tempfile.gettempdir()) / f"nbsim-wheelhouse-py{sys.version_info.major}{sys.version_info.minor}"
+        sys.path.insert(0, str(site))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))
+        try:
+            installed = install_wheelhouse(options.wheelhouse, site)
+        except WheelhouseError as error:
+            print(f"gpu_campaign: {error}; nothing was run", file=sys.stderr)
+            return 2
         if installed:
             print(f"gpu_campaign: installed from {options.wheelhouse}: {', '.join(installed)}", flush=True)
     missing = missing_modules(REQUIRED_MODULES)

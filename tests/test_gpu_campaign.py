@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import subprocess
 import sys
 import zipfile
@@ -45,7 +46,9 @@ def test_the_wheelhouse_installs_only_what_this_python_lacks(tmp_path):
 
 def test_a_missing_module_stops_the_campaign_in_one_line_before_any_step(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpu_campaign, "REQUIRED_MODULES", ("numpy", "no_such_module_anywhere"))
+    path_before, pythonpath_before = list(sys.path), os.environ.get("PYTHONPATH")
     status = gpu_campaign.main(["--cpu", "--out", str(tmp_path / "out"), "--wheelhouse", str(tmp_path / "none")])
+    assert sys.path == path_before and os.environ.get("PYTHONPATH") == pythonpath_before, "no wheelhouse: no path"
     error = capsys.readouterr().err.strip()
     assert status == 2 and len(error.splitlines()) == 1
     assert "lacks no_such_module_anywhere" in error and "nothing was run" in error
@@ -55,9 +58,21 @@ def test_a_missing_module_stops_the_campaign_in_one_line_before_any_step(tmp_pat
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_without_cuda_the_campaign_asks_for_cpu():
     completed = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_campaign.py"), "--out",
-                                "/nonexistent/never-written"], capture_output=True, text=True, cwd=REPO_ROOT)
+                                "/nonexistent/never-written", "--wheelhouse", "/nonexistent/no-wheels"],
+                               capture_output=True, text=True, cwd=REPO_ROOT)
     assert completed.returncode == 2, completed.stderr
     assert completed.stderr.count("\n") == 1 and "--cpu" in completed.stderr
+
+
+def test_wheels_for_another_python_stop_the_campaign_in_one_line(tmp_path):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "nbsim_campaign_other-0.1-cp27-cp27m-win32.whl").write_bytes(b"")
+    completed = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_campaign.py"), "--cpu", "--out",
+                                str(tmp_path / "out"), "--wheelhouse", str(wheelhouse)],
+                               capture_output=True, text=True, cwd=REPO_ROOT)
+    assert completed.returncode == 2 and completed.stderr.count("\n") == 1, completed.stderr
+    assert "make wheelhouse" in completed.stderr and not (tmp_path / "out").exists()
 
 
 def test_the_summary_tables_hold_every_measured_row():
