@@ -18,7 +18,7 @@ from ..errors import InputFileError, NbsimError
 from ..io.atomic import atomic_write_text
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import parse
-from .options import CommandParser
+from .options import CommandParser, split_model_flags
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 
@@ -116,11 +116,7 @@ def _starts(path: str | None) -> dict[str, dict]:
 
 def main(argv: list[str]) -> int:
     """`nbsim fit ARGS`: 0 when the fit converged, 3 when it did not (the JSON says why), 2 for bad input."""
-    if "--" in argv:
-        split = argv.index("--")
-        own, model_flags = argv[:split], argv[split + 1:]
-    else:
-        own, model_flags = argv, []
+    own, model_flags = split_model_flags(argv)
     if own and own[0] in ("-h", "--help"):
         argument_parser().print_help()
         return 0

@@ -20,7 +20,7 @@ from ..errors import InputFileError, NbsimError
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import parse
 from .fit import _flag_overrides, _names, _starts
-from .options import CommandParser
+from .options import CommandParser, split_model_flags
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 CELL_LENGTH_TOLERANCE = 0.05
@@ -127,11 +127,7 @@ def _mtz_space_group(path: str) -> str | None:
 
 def main(argv: list[str]) -> int:
     """`nbsim merge ARGS`: 0 when merged, 2 for bad input (nothing written)."""
-    if "--" in argv:
-        split = argv.index("--")
-        own, model_flags = argv[:split], argv[split + 1:]
-    else:
-        own, model_flags = argv, []
+    own, model_flags = split_model_flags(argv)
     if own and own[0] in ("-h", "--help"):
         argument_parser().print_help()
         return 0

@@ -36,3 +36,11 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """nbsim's one-line error, exit status 2, in place of argparse's usage and exit."""
         raise NbsimError(f"{self.command}: {message}{self.advice}")
+
+
+def split_model_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A command's own options and the nanoBragg flags after its `--` (none without one)."""
+    if "--" not in argv:
+        return list(argv), []
+    split = argv.index("--")
+    return argv[:split], argv[split + 1:]
