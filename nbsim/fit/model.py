@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from ..kernel.physics import prepare_pixels, sum_steps
 from ..model.beam import build_sources
 from ..model.crystal import Lattice, oriented_cells
 from ..model.geometry import build_geometry
-from ..resolve import Setup
+from ..resolve import OversampleAdvice, Setup, oversample_advice, requested_oversample, sampling_distance_m
 from ..vectors import cross, dot
 from .parameters import (
     REFINABLE,
@@ -86,6 +87,44 @@ def starting_values(setup: Setup, system: LatticeSystem) -> dict[str, torch.Tens
         "wavelength": torch.tensor([float(config.beam.wavelength_A)], dtype=torch.float64),
         "background": torch.ones(1, dtype=torch.float64),
     }
+
+
+SMOOTH_SAMPLES_PER_FRINGE = 6
+"""Sub-pixel samples per period of the crystal's finest fringes in a search (twice nanoBragg's automatic
+-oversample rule, 3), with at least 2 per side: each pixel is then an average over its area, never one point
+of the lattice factor, whose nodes are exact zeros (a node crossing the only sample of a pixel that holds
+counts is a wall of c·log(λ_true/λ) in the likelihood, a local minimum every few tenths of a pixel)."""
+
+
+def with_oversample(setup: Setup, oversample: int) -> Setup:
+    """The set-up rendering each pixel as the mean of `oversample`² sub-pixels (the photon scale follows)."""
+    if oversample == setup.oversample:
+        return setup
+    steps = setup.steps // (setup.oversample * setup.oversample) * oversample * oversample
+    return dataclasses.replace(setup, oversample=oversample, steps=steps)
+
+
+def _fringes(setup: Setup) -> OversampleAdvice:
+    """nanoBragg's automatic -oversample weighing for the crystal, beam and detector the set-up holds now
+    (refined N, cell, λ and distance; N need not be whole)."""
+    geometry = setup.geometry
+    return oversample_advice(setup.lattice, tuple(float(n) for n in setup.n_cells), setup.config.beam.wavelength_A,
+                             sampling_distance_m(geometry), geometry.pixel_size_m)
+
+
+def observed_oversample(setup: Setup) -> int:
+    """The sub-pixels per side an image of this set-up is rendered with: the -oversample given, else nanoBragg's
+    automatic choice for the crystal as it is now (a fit's model of nbsim's or the C's image must sample its
+    pixels as the image did: N and the spot shapes follow the sampling)."""
+    return requested_oversample(setup.config.detector) or _fringes(setup).recommended
+
+
+def smooth_oversample(setup: Setup) -> int:
+    """Sub-pixels per side for a search stage: SMOOTH_SAMPLES_PER_FRINGE per fringe, at least 2 and never fewer
+    than the set-up's own, so that the likelihood is smooth at the scale of a start's error."""
+    fringes = _fringes(setup)
+    needed = math.ceil(SMOOTH_SAMPLES_PER_FRINGE * fringes.crystal_size_m / fringes.reciprocal_pixel_m)
+    return max(2, needed, setup.oversample)
 
 
 def check_fittable(setup: Setup, refine: Sequence[str]) -> None:

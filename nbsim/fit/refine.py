@@ -20,7 +20,7 @@ from ..errors import NbsimError
 from ..render import Renderer
 from ..resolve import Setup
 from .likelihood import LIKELIHOODS, negative_log_likelihood
-from .model import DiffractionModel
+from .model import DiffractionModel, observed_oversample, smooth_oversample, with_oversample
 from .pixels import Shoeboxes, shoeboxes
 
 OPTIMIZERS = ("lbfgs", "adam")
@@ -29,6 +29,8 @@ PLANE_ROUNDS = 3
 PLANE_TOLERANCE_PHOTONS = 0.01
 """A refit that moves no plane by more than this many photons at any pixel ends the rounds."""
 BACKGROUNDS = ("plane", "flat", "none")
+SAMPLING_ROUNDS = 3
+"""How many times the fit starts again when the refined crystal changes the sub-pixels its image needs."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ class FitOptions:
     gradient_tolerance: float = 1e-4
     """Stop when the largest |∂NLL/∂x| falls below this (x: the dimensionless coordinates)."""
     change_tolerance: float = 1e-12
-    """Stop when an iteration changes the NLL by less than this fraction of its size."""
+    """Stop when an iteration changes the NLL by less than this fraction of its size (never below the dtype's
+    rounding: `relative_change_stop`)."""
     restraints: dict[str, float] = field(default_factory=dict)
     """Gaussian restraints towards the start: name → σ in the quantity's units (degrees for orientation)."""
     search_deg: float = 0.3
@@ -295,11 +298,13 @@ def coarse_cells(setup: Setup, boxes: Shoeboxes, search_deg: float) -> list[floa
 
 def fit(images: Sequence[FitImage], options: FitOptions,
         progress: Callable[[str, int, float, float, float], None] | None = None) -> FitResult:
-    """Fit the images' models to their counts. With the orientation refined, a coarse stage first refines
-    it (with the cell, scale and detector) on broadened spots — the unit cells per axis cut so that the
-    rocking curves span the search range, `options.search_deg` — then the fit of everything asked starts
-    from there, on shoeboxes placed by the refined model. `progress(stage, iteration, nll, gradient_max,
-    seconds)` is called after each iteration."""
+    """Fit the images' models to their counts, in stages. Unless `options.search_deg` is 0, the search is on a
+    smooth likelihood, every pixel averaged over its area (`smooth_stage`): a coarse stage refines all but N
+    and the mosaic spread (with the orientation refined, with the unit cells per axis cut so that the rocking
+    curves span the search range) and places the shoeboxes again by its result, then a smooth stage refines
+    everything asked (N too). The fit ends from there with the pixels sampled as the image was
+    (`observed_oversample`, followed as the refined crystal changes it). `progress(stage, iteration, nll,
+    gradient_max, seconds)` is called after each iteration."""
     options.check()
     started = time.perf_counter()
     if not images:
@@ -314,27 +319,29 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         return None if progress is None else (lambda *values: progress(stage, *values))
 
     total_iterations = 0
-    if "orientation" in refine and options.search_deg > 0:
+    if options.search_deg > 0:
         coarse = [name for name in refine if name not in ("N", "mosaic")]
-        n_cells = [coarse_cells(setup, b, options.search_deg) for setup, b in zip(setups, boxes, strict=True)]
-        objective = stage_objective(images, setups, boxes, coarse, options, n_cells)
-        model = objective.model
-        _, _, iterations, _ = minimise(objective, options, report("coarse"), started)
-        total_iterations += iterations
-        refined = model.refined_setups()
-        setups = [dataclasses.replace(setup, n_cells=start.n_cells) for setup, start in zip(refined, setups,
-                                                                                          strict=True)]
-        boxes = choose_pixels(images, setups, options)
-    objective = stage_objective(images, setups, boxes, refine, options)
-    model = objective.model
-    converged, reason, iterations, history = minimise(objective, options, report("fit"), started)
-    total_iterations += iterations
-    for _ in range(PLANE_ROUNDS):
-        if objective.refresh_planes() <= PLANE_TOLERANCE_PHOTONS:
-            break
-        converged, reason, iterations, more = minimise(objective, options, report("fit"), started)
+        stages = ([("coarse", coarse)] if coarse else []) + ([("smooth", refine)] if refine != coarse else [])
+        n_cells = None
+        if "orientation" in refine:
+            n_cells = [coarse_cells(setup, b, options.search_deg) for setup, b in zip(setups, boxes, strict=True)]
+        for stage, names in stages:
+            setups, iterations = smooth_stage(images, setups, boxes, names, options, report(stage), started, n_cells)
+            total_iterations += iterations
+            if stage == "coarse":
+                boxes = choose_pixels(images, setups, options)
+            n_cells = None
+    history: list[float] = []
+    for _ in range(SAMPLING_ROUNDS):
+        setups = [with_oversample(setup, observed_oversample(setup)) for setup in setups]
+        objective = stage_objective(images, setups, boxes, refine, options)
+        converged, reason, iterations, more = refine_with_planes(objective, options, report("fit"), started)
         total_iterations += iterations
         history += more
+        setups = objective.model.refined_setups()
+        if all(observed_oversample(setup) == setup.oversample for setup in setups):
+            break
+    model = objective.model
     covariance = None
     if model.size:
         covariance = covariance_of(hessian(objective, model.internal))
@@ -346,6 +353,47 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     return FitResult(images=list(images), model=model, boxes=boxes, converged=converged, reason=reason,
                      iterations=total_iterations, seconds=time.perf_counter() - started, nll=nll,
                      covariance=covariance, history=history, expected=expected)
+
+
+def smooth_stage(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Sequence[Shoeboxes],
+                 refine: Sequence[str], options: FitOptions,
+                 progress: Callable[[int, float, float, float], None] | None, started: float,
+                 n_cells: Sequence[Sequence[float]] | None = None) -> tuple[list[Setup], int]:
+    """Refine `refine` with every pixel averaged over its area (`smooth_oversample`, for N cut to `n_cells`
+    where given): a likelihood without the walls of point samples crossing the lattice factor's nodes. The
+    refined set-ups, back at their own sampling and, where N was cut, their own N; the iterations taken."""
+    cut = [dataclasses.replace(setup, n_cells=cells) for setup, cells in zip(setups, n_cells, strict=True)] \
+        if n_cells else list(setups)
+    smooth = [with_oversample(setup, smooth_oversample(each)) for setup, each in zip(setups, cut, strict=True)]
+    objective = stage_objective(images, smooth, boxes, refine, options, n_cells)
+    _, _, iterations, _ = minimise(objective, options, progress, started)
+    refined = objective.model.refined_setups()
+    if n_cells:
+        refined = [dataclasses.replace(each, n_cells=setup.n_cells)
+                   for each, setup in zip(refined, setups, strict=True)]
+    return [with_oversample(each, setup.oversample) for each, setup in zip(refined, setups, strict=True)], iterations
+
+
+def refine_with_planes(objective: Objective, options: FitOptions,
+                       progress: Callable[[int, float, float, float], None] | None,
+                       started: float) -> tuple[bool, str, int, list[float]]:
+    """`minimise`, then the background planes refitted to the residuals and the model refined again, until no
+    plane moves by PLANE_TOLERANCE_PHOTONS (at most PLANE_ROUNDS times)."""
+    converged, reason, iterations, history = minimise(objective, options, progress, started)
+    for _ in range(PLANE_ROUNDS):
+        if objective.refresh_planes() <= PLANE_TOLERANCE_PHOTONS:
+            break
+        converged, reason, more_iterations, more = minimise(objective, options, progress, started)
+        iterations += more_iterations
+        history += more
+    return converged, reason, iterations, history
+
+
+def relative_change_stop(options: FitOptions) -> float:
+    """The relative change of the likelihood that ends a fit: the one asked, but never below the rounding of
+    the dtype the model renders in (in float32 the likelihood's last digits are rounding, and a line search
+    asked to resolve them fails at the optimum)."""
+    return max(options.change_tolerance, torch.finfo(options.dtype).eps)
 
 
 def minimise(objective: Objective, options: FitOptions,
@@ -381,7 +429,7 @@ def minimise(objective: Objective, options: FitOptions,
         outcome = scipy.optimize.minimize(
             value_and_gradient, start, jac=True, method="L-BFGS-B", callback=after_iteration,
             options={"maxiter": options.max_iterations, "gtol": options.gradient_tolerance,
-                     "ftol": options.change_tolerance, "maxcor": 20})
+                     "ftol": relative_change_stop(options), "maxcor": 20})
     except FloatingPointError:
         return False, f"the likelihood became NaN or infinite at iteration {len(history) + 1}", len(history), history
     with torch.no_grad():
@@ -411,7 +459,7 @@ def _adam(objective: Objective, options: FitOptions, progress: Callable[[int, fl
             progress(iteration, nll, gradient_max, time.perf_counter() - started)
         if gradient_max <= options.gradient_tolerance:
             return True, "projected gradient below gtol", iteration, history
-        if len(history) > 1 and abs(history[-2] - nll) <= options.change_tolerance * max(abs(nll), 1.0):
+        if len(history) > 1 and abs(history[-2] - nll) <= relative_change_stop(options) * max(abs(nll), 1.0):
             return True, "relative reduction of f below ftol", iteration, history
         optimizer.step()
     return False, f"iteration cap ({options.max_iterations}) reached", options.max_iterations, history
