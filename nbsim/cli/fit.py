@@ -61,7 +61,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", default="lbfgs", help="lbfgs (default) or adam")
     parser.add_argument("--max-iterations", type=int, default=100)
     parser.add_argument("--search-deg", type=float, default=0.3,
-                        help="how far off the starting orientation may be (coarse stage; 0 skips it)")
+                        help="how far off the starting orientation may be (the coarse stage; 0 skips the search "
+                             "on area-averaged pixels)")
     parser.add_argument("--restrain", type=_restraint, action="append", default=[],
                         help="NAME=SIGMA: a Gaussian restraint towards the start (repeatable)")
     parser.add_argument("--adc", type=float, help="ADC offset to subtract (default: the file's, else 40 for SMV)")
