@@ -93,7 +93,7 @@ SMOOTH_SAMPLES_PER_FRINGE = 6
 """Sub-pixel samples per period of the crystal's finest fringes in a search (twice nanoBragg's automatic
 -oversample rule, 3), with at least 2 per side: each pixel is then an average over its area, never one point
 of the lattice factor, whose nodes are exact zeros (a node crossing the only sample of a pixel that holds
-counts is a wall of c·log(λ_true/λ) in the likelihood, a local minimum every few tenths of a pixel)."""
+counts is a wall of c·log(λ_true/λ) in the likelihood: docs/fitting.md, "Pixel sampling")."""
 
 
 def with_oversample(setup: Setup, oversample: int) -> Setup:
