@@ -19,7 +19,7 @@ import sys
 from ..errors import InputFileError, NbsimError
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import parse
-from .fit import _flag_overrides, _names, _starts
+from .fit import _flag_overrides, _names, _restraint, _starts
 from .options import CommandParser, split_model_flags
 
 DESCRIPTION = __doc__.split("\n\n")[0]
@@ -32,13 +32,10 @@ CELL_ANGLE_TOLERANCE_DEG = 2.0
 def _restraints(text: str) -> dict[str, float]:
     restraints = {}
     for item in _names(text):
-        name, _, sigma = item.partition("=")
+        name, sigma = _restraint(item)
         if name not in ("start", "shell", "friedel"):
             raise argparse.ArgumentTypeError(f"restraint {name!r}: choose from start, shell, friedel")
-        try:
-            restraints[name] = float(sigma)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"restraint {item!r} is not NAME=SIGMA") from None
+        restraints[name] = sigma
     return restraints
 
 
