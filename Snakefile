@@ -19,6 +19,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/simulate.smk"
 include: "workflow/rules/collate.smk"
 include: "workflow/rules/fit.smk"
+include: "workflow/rules/merge.smk"
 
 
 report: "workflow/report/workflow.rst"

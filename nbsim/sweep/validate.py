@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import NbsimError, did_you_mean
 from .draws import RANDOM_ORIENTATION, Draw, check_draws
 from .fitting import check_fit
+from .merging import check_merge
 from .plan import (
     CORE_AXES,
     Point,
@@ -182,6 +183,8 @@ def check_config(config: dict, base: Path, builds: PointBuilds | None = None) ->
         _check_detector(sweep["detector"], draws is not None)
     if "fit" in config:
         check_fit(config, base)
+    if "merge" in config:
+        check_merge(config, base)
     axes = [*CORE_AXES, *(axis_name(name) for name in extra), *(["draw"] if draws is not None else [])]
     clash = sorted({a for a in axes if axes.count(a) > 1})
     if clash:

@@ -12,6 +12,7 @@ from nbsim.errors import NbsimError
 from nbsim.modes import Compile
 from nbsim.sweep import batching, plan, validate
 from nbsim.sweep.fitting import FitJob, fit_chunks
+from nbsim.sweep.merging import MERGE_FILES, merge_experiments
 from nbsim.sweep.spec import BatchJob
 from snakemake.exceptions import WorkflowError
 
@@ -69,6 +70,10 @@ FIT = config.get("fit")
 FIT_CHUNKS = (
     {key: dict(fit_chunks(batch, FIT["batch_size"])) for key, batch in PLAN.batches.items()} if FIT else {}
 )
+# merge: (docs/sweeps.md, "Merging a dataset"): each experiment's inputs for nbsim merge.
+MERGE = config.get("merge")
+MERGE_EXPERIMENTS = merge_experiments(PLAN) if MERGE else {}
+DRAWN_KEYS = sorted((config["sweep"].get("draws") or {}).get("values") or {})
 
 
 wildcard_constraints:
@@ -76,6 +81,7 @@ wildcard_constraints:
     batch=r"[A-Za-z0-9._-]+",
     kernel=r"[A-Za-z0-9._-]+",
     chunk=r"f[0-9]+",
+    experiment=r"[A-Za-z0-9._-]+",
 
 
 def batch_of(wildcards):
@@ -276,5 +282,7 @@ def all_outputs():
             f"{RESULTS}/{scenario}/plots/warm_time.png",
             f"{RESULTS}/{scenario}/plots/previews.png",
             *([f"{RESULTS}/{scenario}/tables/fit.csv", f"{RESULTS}/{scenario}/plots/fit_errors.png"] if FIT else []),
+            *(f"{RESULTS}/{scenario}/merge/{experiment}/{name}"
+              for (owner, experiment) in MERGE_EXPERIMENTS if owner == scenario for name in MERGE_FILES),
         ]
     return outputs
