@@ -210,8 +210,8 @@ class Renderer:
                 panel(out=region)
             else:
                 region.copy_(panel())
-            for line in panel.warnings:
-                self._warn_once(f"panel {config.name}: {line}")
+            for line in panel.warnings:  # the panels share `loads`: a kernel's warning is said once
+                self._warn_once(line if line in self.loads.unusable else f"panel {config.name}: {line}")
         return image
 
     def eager_estimate_s(self) -> float:
@@ -281,6 +281,8 @@ class Renderer:
                 block.copy_(render_ordered(rows, self.cols, self.inputs.tensors, options, ordered)[0])
             else:
                 kernel(rows, self.cols, self.inputs.tensors, block)
+        for line in self.loads.unusable:  # a package this machine cannot open: its stage ran just in time
+            self._warn_once(line)
 
     def _unmasked_positions(self, start: int, rows: int) -> np.ndarray:
         """Flat ROI positions (row-major) of the unmasked pixels in `rows` rows from `start`."""

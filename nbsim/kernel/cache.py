@@ -6,6 +6,10 @@ A package's key is the SHA-256 of its description: the build environment (nbsim 
 the digest of every source file a compiled kernel's code comes from, the machine and its instruction
 set) and the stage variant's identity (stage, the options it reads, whether it writes into the image,
 dtype, device). It never holds a count, a shape or a value.
+
+Beside each package, a probe stamp per machine and installation (`probe_environment`) records whether the
+package opened and ran in a probe process there (nbsim.kernel.aot.verify_package): a package that crashes
+PyTorch's loader on one machine is then opened on no other process of that machine.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import functools
 import hashlib
 import json
 import platform
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +46,8 @@ class KernelLoads:
     opened: int = 0
     built: int = 0
     reused: int = 0
+    unusable: list[str] = field(default_factory=list)
+    """A warning line for each package that cannot be used on this machine (its stage ran just in time)."""
 
 
 class KernelCache:
@@ -87,6 +94,28 @@ class KernelCache:
         description = {**self.description(variant, dtype, device), "build_s": round(build_s, 2), "built": built}
         atomic_write_text(self.package(variant, dtype, device).with_suffix(".json"), json.dumps(description, indent=1))
 
+    def probe_stamp(self, package: Path) -> Path:
+        """Where the verdict of `package`'s probe on this machine and installation is kept: beside it, named
+        by a digest of probe_environment(), so that machines sharing a cache folder keep one each."""
+        digest = hashlib.sha256(json.dumps(probe_environment(), sort_keys=True).encode()).hexdigest()[:16]
+        return package.with_name(f"{package.stem}.{digest}.probe.json")
+
+    def verdict(self, package: Path) -> dict | None:
+        """The verdict of `package`'s probe here ("usable", and "failure": why not), or None when no probe
+        on this machine and installation has given one."""
+        try:
+            stamp = json.loads(self.probe_stamp(package).read_text())
+        except (OSError, ValueError):
+            return None
+        return stamp if all(stamp.get(key) == value for key, value in probe_environment().items()) else None
+
+    def record_verdict(self, package: Path, usable: bool, failure: str, probe_s: float) -> dict:
+        """Stamp `package` as usable here or not (with why not, and the probe's seconds); the verdict."""
+        verdict = {**probe_environment(), "usable": usable, "failure": failure, "probe_s": round(probe_s, 2),
+                   "probed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        atomic_write_text(self.probe_stamp(package), json.dumps(verdict, indent=1))
+        return verdict
+
     def descriptions(self) -> list[dict]:
         """The descriptions of every package in the cache (newest first)."""
         descriptions = []
@@ -122,6 +151,13 @@ def build_environment() -> dict[str, str]:
 
     return {"nbsim": __version__, "torch": torch.__version__, "source": source_digest(),
             "machine": platform.machine(), "isa": cpu_flags()}
+
+
+def probe_environment() -> dict[str, str]:
+    """What a probe's verdict on a package holds for: the build environment, the host and Python (a
+    package that opens on one machine crashed PyTorch's loader on others with the same processor
+    extensions, docs/benchmarks.md)."""
+    return {**build_environment(), "host": platform.node(), "python": platform.python_version()}
 
 
 @functools.cache

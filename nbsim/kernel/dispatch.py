@@ -29,6 +29,9 @@ def kernel_callable(stages: tuple[Stage, ...], options: KernelOptions, mode: Mod
     the tile is computed apart and copied in. A tile whose inputs carry gradients is computed under
     `torch.utils.checkpoint`: its backward recomputes the tile's steps instead of holding every tile's
     pixel-step intermediates until the image's backward, so memory stays that of one tile.
+
+    An ahead-of-time stage whose package cannot be used on this machine (nbsim.kernel.aot.verify_package)
+    runs just in time instead, with a warning line in `loads.unusable`.
     """
     writes_out = mode is Mode.AOT
     runners = [_runner(variant, mode, cache, loads) for variant in StageVariant.of_pipeline(stages, options)]
@@ -73,7 +76,7 @@ def _runner(variant: StageVariant, mode: Mode, cache: KernelCache, loads: Kernel
         return lambda leading, tensors: variant.stage.function(*leading, tensors, options=variant.options)
     if mode is Mode.JIT:
         return jit_stage(variant)
-    return AotStage(variant, cache, loads)
+    return AotStage(variant, cache, loads, fallback=jit_stage)
 
 
 def _at_least_two(index: torch.Tensor) -> torch.Tensor:
