@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import gemmi
 import numpy as np
@@ -24,7 +25,8 @@ from nbsim.merge import (
     launch,
     write_mtz,
 )
-from nbsim.merge.reflections import correlation, node_parameters, space_group
+from nbsim.merge.distributed import all_sum
+from nbsim.merge.reflections import correlation, lattice_system_of, node_parameters, space_group
 from nbsim.model.structure_factors import build_grid
 
 CELL = (20.0, 24.0, 28.0, 90.0, 90.0, 90.0)
@@ -118,6 +120,13 @@ def test_restraint_curvature_is_the_hessian_diagonal():
     point = model.log_start + 0.1 * torch.randn(model.size, dtype=torch.float64)
     hessian = torch.autograd.functional.hessian(model.penalty, point)
     assert torch.allclose(torch.diagonal(hessian), model.curvature(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("group, system", [("P 21 21 21", "orthorhombic"), ("P 61", "hexagonal"), ("P 3", "hexagonal"),
+                                           ("R 3", "hexagonal"), ("R 3:R", "rhombohedral"), ("C 1 2 1", "monoclinic"),
+                                           ("P 1 1 21", "triclinic"), ("I 4", "tetragonal"), ("P 2 3", "cubic")])
+def test_shots_refine_the_cell_within_the_space_groups_lattice(group, system):
+    assert lattice_system_of(space_group(group)) == system
 
 
 def test_space_group_the_cell_contradicts():
@@ -235,8 +244,14 @@ def test_cli_merge_writes_the_contract(start_mtz, tmp_path, capsys):
 @pytest.mark.parametrize("case, message", [
     ("cells", "shots of different crystals"),
     ("column", "no column NOPE"),
+    ("no_amplitudes", "no amplitude or intensity column"),
+    ("truth_column", "no column NOPE"),
     ("group", "contradicts space group P 61"),
+    ("shot_group", "contradicts space group P 21 21 21"),
     ("missing", "no such file"),
+    ("report", "give --truth"),
+    ("shot_restraint", "restraint on mosaic, which is not refined"),
+    ("shared", "shares only the cell"),
 ])
 def test_cli_merge_bad_input_is_one_line_and_writes_nothing(start_mtz, tmp_path, capsys, case, message):
     stills = list(start_mtz["stills"])[:2]
@@ -247,11 +262,77 @@ def test_cli_merge_bad_input_is_one_line_and_writes_nothing(start_mtz, tmp_path,
         starts[stills[1]]["cell"] = [30, 36, 42, 90, 90, 90]
     elif case == "column":
         extra = ["--column", "NOPE"]
+    elif case == "no_amplitudes":
+        extra = ["--hkl", str(_phases_only_mtz(tmp_path / "phases.mtz"))]
+    elif case == "truth_column":
+        extra = ["--truth", str(start_mtz["folder"] / "truth.mtz"), "--truth-column", "NOPE"]
     elif case == "group":
         extra = ["--space_group", "P 61"]
+    elif case == "shot_group":  # indexed as monoclinic: a shot of another space group
+        starts[stills[1]]["cell"] = [20, 24, 28, 90, 91, 90]
+    elif case == "report":
+        extra = ["--report", str(tmp_path / "report.html")]
+    elif case == "shot_restraint":
+        extra = ["--restrain", "start=0.5,mosaic=0.1"]
+    elif case == "shared":
+        extra = ["--shared", "N"]
     else:
         shots = [*stills, str(tmp_path / "absent.bin")]
     assert _cli(start_mtz, tmp_path, *extra, starts=starts, shots=shots) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and message in error[0]
-    assert not (tmp_path / "out.mtz").exists() and not (tmp_path / "out.json").exists()
+    assert not any(path.name.startswith("out") or path.name.startswith("report") for path in tmp_path.iterdir())
+
+
+def _phases_only_mtz(path) -> str:
+    """An MTZ whose only column is a phase: no amplitude for the merge to start from."""
+    mtz = gemmi.Mtz(with_base=True)
+    mtz.spacegroup = gemmi.SpaceGroup(GROUP)
+    mtz.set_cell_for_all(gemmi.UnitCell(*CELL))
+    mtz.add_dataset("phases")
+    mtz.add_column("PHI", "P")
+    mtz.set_data(np.array([[1, 2, 3, 45.0]], dtype=np.float32))
+    mtz.write_to_file(str(path))
+    return path
+
+
+def _die_or_sum() -> None:
+    """Worker 1 dies at once; worker 0 waits in an all-reduce for it."""
+    if torch.distributed.get_rank() == 1:
+        os._exit(3)
+    all_sum(torch.ones(1, dtype=torch.float64), "cpu")
+
+
+def test_a_worker_that_dies_ends_every_worker_in_one_line(capfd):
+    with pytest.raises(nbsim.NbsimError) as error:
+        launch(_die_or_sum, (), workers=2, device="cpu")
+    assert "worker 1 died" in str(error.value) and len(str(error.value).splitlines()) == 1
+    assert capfd.readouterr().err == ""  # nothing besides the one line the command prints
+
+
+@pytest.mark.slow
+def test_cli_merge_resumes_from_its_last_cycle(start_mtz, tmp_path, capsys):
+    """Stopped after cycle 1, the same command resumes from the checkpoint and ends with the MTZ and shots of an
+    uninterrupted run; a checkpoint of other inputs is refused in one line; the report plots every cycle."""
+    common = ("--refine", "scale", "--cycles", "2", "--shoebox", "5", "--spots", "40", "--f-iterations", "20",
+              "--search-deg", "0", "--truth", str(start_mtz["folder"] / "truth.mtz"))
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir()
+    resumed.mkdir()
+    assert _cli(start_mtz, straight, *common, "--quiet") == 0
+    assert _cli(start_mtz, resumed, *common, "--quiet", "--stop-after-cycle", "1") == 0
+    assert sorted(path.name for path in resumed.iterdir()) == ["out.mtz.checkpoint", "starts.json"]
+    capsys.readouterr()
+    assert _cli(start_mtz, resumed, *common, "--restrain", "start=1") == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "other inputs" in error[0]
+    assert _cli(start_mtz, resumed, *common, "--report", str(resumed / "report.html")) == 0
+    assert "cycle 1 done: resumed from" in capsys.readouterr().out
+    merged = [gemmi.read_mtz_file(str(folder / "out.mtz")).array for folder in (straight, resumed)]
+    assert np.array_equal(merged[0], merged[1], equal_nan=True)
+    shots = [json.loads((folder / "out.json").read_text())["shots"] for folder in (straight, resumed)]
+    assert shots[0] == shots[1]
+    assert not (resumed / "out.mtz.checkpoint").exists()
+    page = (resumed / "report.html").read_text()
+    assert "data:image/png;base64," in page and page.count("<tr><td>") == 3  # the start and both cycles
+    assert (resumed / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,6 +15,8 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import InputFileError, NbsimError
 from ..io.paths import check_writable, require_file
@@ -29,12 +31,18 @@ crystals: an input error."""
 CELL_ANGLE_TOLERANCE_DEG = 2.0
 
 
+F_RESTRAINTS = ("start", "shell", "friedel")
+
+
 def _restraints(text: str) -> dict[str, float]:
+    from ..fit.parameters import REFINABLE
+
     restraints = {}
     for item in _names(text):
         name, sigma = _restraint(item)
-        if name not in ("start", "shell", "friedel"):
-            raise argparse.ArgumentTypeError(f"restraint {name!r}: choose from start, shell, friedel")
+        if name not in F_RESTRAINTS + REFINABLE:
+            raise argparse.ArgumentTypeError(f"restraint {name!r}: choose from {', '.join(F_RESTRAINTS)} (on |F|) "
+                                             f"or {', '.join(REFINABLE)} (on each shot)")
         restraints[name] = sigma
     return restraints
 
@@ -56,11 +64,27 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--refine", type=_names, default=["orientation", "cell", "N", "scale"],
                         help="what each shot refines (nbsim fit's names; default orientation,cell,N,scale)")
     parser.add_argument("--restrain", type=_restraints, default={},
-                        help="restraints on log|F| as NAME=SIGMA,...: start, shell (towards the shell's mean), "
-                             "friedel (F(+) towards F(-)); sigma relative (0.1: about 10 %%)")
+                        help="restraints as NAME=SIGMA,...: on log|F| start, shell (towards the shell's mean), "
+                             "friedel (F(+) towards F(-)), sigma relative (0.1: about 10 %%); on each shot "
+                             "nbsim fit's names (orientation in degrees, cell in Å, N in cells, ...), towards the "
+                             "shot's model at the start of each shot step")
     parser.add_argument("--cycles", type=int, default=3, help="macro-cycles: shots, then F (default 3)")
+    parser.add_argument("--shared", type=_names, default=[],
+                        help="what is one for every shot: cell (crystals of one form; each cycle's cell is the "
+                             "mean of the shots' refined cells, weighted by their 1/sigma^2)")
+    parser.add_argument("--scale-cycles", type=int, default=1,
+                        help="the first this many cycles refine only each shot's scale, the rest of its model "
+                             "after (default 1)")
     parser.add_argument("--mtz", required=True, help="write the merged |F| here")
     parser.add_argument("--json", help="write every shot's refined model and the cycles here")
+    parser.add_argument("--report", help="write a page (HTML, and a PNG beside it) of CC and CCano by resolution "
+                                         "shell against the cycle here (needs --truth)")
+    parser.add_argument("--checkpoint", help="the state after each cycle, from which a re-run of the same command "
+                                             "resumes (default: OUT.mtz.checkpoint; removed once the outputs are "
+                                             "written)")
+    parser.add_argument("--stop-after-cycle", type=int,
+                        help="stop after this cycle, leaving the checkpoint and writing no outputs (a later run "
+                             "resumes from it)")
     parser.add_argument("--truth", help="a truth (MTZ, sf-mmCIF or P1 text) to report CC by shell against")
     parser.add_argument("--truth-column", help="the --truth column (default: its first amplitude)")
     parser.add_argument("--workers", type=int, default=1,
@@ -134,7 +158,12 @@ def main(argv: list[str]) -> int:
     refine = check_names(options.refine, "refined")
     if "-hkl" in model_flags or "-model" in model_flags:
         raise NbsimError("merge: the starting |F| is --hkl; leave -hkl and -model out of the model's flags")
-    for path in (options.mtz, options.json):
+    if options.report is not None and options.truth is None:
+        raise NbsimError("merge: --report plots CC against a truth: give --truth")
+    if options.stop_after_cycle is not None and options.stop_after_cycle < 1:
+        raise NbsimError(f"merge: --stop-after-cycle must be at least 1 (got {options.stop_after_cycle})")
+    options.checkpoint = options.checkpoint or f"{options.mtz}.checkpoint"
+    for path in (options.mtz, options.json, options.report, options.checkpoint):
         if path is not None:
             check_writable(path)
     shots = list(options.shots)
@@ -183,14 +212,18 @@ def main(argv: list[str]) -> int:
 def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list[str]], cell: tuple[float, ...],
          group: str, config, refine: list[str]) -> int:
     from ..fit.refine import FitOptions
-    from ..merge import MergeJob, MergeOptions, Restraints, launch
+    from ..merge import MergeJob, MergeOptions, Restraints, job_fingerprint, launch
 
     readout_photons = config.response.readout_noise_adu / (config.response.gain_adu_per_photon or 1.0)
+    shot_restraints = {name: sigma for name, sigma in options.restrain.items() if name not in F_RESTRAINTS}
     shot_options = FitOptions(refine=tuple(refine), shoebox_px=options.shoebox, max_spots=options.spots,
                               readout_photons=readout_photons, max_iterations=options.max_iterations,
-                              search_deg=options.search_deg, device=options.device)
-    merge_options = MergeOptions(shots=shot_options, cycles=options.cycles, shells=options.shells,
-                                 max_iterations=options.f_iterations, restraints=Restraints(**options.restrain))
+                              search_deg=options.search_deg, restraints=shot_restraints, device=options.device)
+    F_restraints = Restraints(**{name: sigma for name, sigma in options.restrain.items() if name in F_RESTRAINTS})
+    merge_options = MergeOptions(shots=shot_options, cycles=options.cycles, scale_cycles=options.scale_cycles,
+                                 shared=tuple(options.shared),
+                                 shells=options.shells, max_iterations=options.f_iterations,
+                                 restraints=F_restraints)
     merge_options.check()
     adc = options.adc
     if adc is None and any(flag == "-adc" for argv in argv_per_shot for flag in argv):
@@ -199,15 +232,23 @@ def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list
                    hkl=options.hkl, column=options.column, space_group=group, cell_A_deg=cell,
                    default_F=float(config.structure.default_F), anomalous=options.anomalous, options=merge_options,
                    adc_offset_adu=adc, truth=options.truth, truth_column=options.truth_column)
-    launch(run_worker, (job, options.mtz, options.json, options.quiet), options.workers, options.device)
+    from ..merge.state import read_checkpoint
+
+    read_checkpoint(options.checkpoint, job_fingerprint(job))
+    outputs = Outputs(mtz=options.mtz, json=options.json, report=options.report, checkpoint=options.checkpoint,
+                      stop_after_cycle=options.stop_after_cycle, quiet=options.quiet)
+    launch(run_worker, (job, outputs), options.workers, options.device)
     return 0
 
 
 def _progress_line(record: dict) -> str:
     """One cycle as a line: the likelihood, and CC(|F|, truth) overall and by shell where a truth is given."""
     parts = [f"cycle {record['cycle']}"]
+    if "resumed" in record:
+        parts.append(f"done: resumed from {record['resumed']}")
     if "negative_log_likelihood" in record:
-        parts.append(f"-logL {record['negative_log_likelihood']:.10g}  F iterations {record['f_iterations']}")
+        parts.append(f"-logL {record['negative_log_likelihood']:.10g}  F: {record['em_steps']} EM steps, "
+                     f"{record['f_iterations']} L-BFGS iterations")
     if "cc" in record:
         shells = " ".join(f"{value:.3f}" for value in record["cc_by_shell"])
         parts.append(f"CC {record['cc']:.4f}  by shell (low to high) {shells}")
@@ -218,19 +259,41 @@ def _progress_line(record: dict) -> str:
     return "  ".join(parts)
 
 
-def run_worker(job, mtz: str, json_path: str | None, quiet: bool) -> None:
-    """One worker's merge; the first worker reports the cycles and writes the files once all is done."""
+@dataclass(frozen=True)
+class Outputs:
+    """Where a merge writes (the first worker, once every cycle is done) and keeps its checkpoint."""
+
+    mtz: str
+    json: str | None
+    report: str | None
+    checkpoint: str
+    stop_after_cycle: int | None
+    quiet: bool
+
+
+def run_worker(job, outputs: Outputs) -> None:
+    """One worker's merge; the first worker reports the cycles, writes the checkpoint after each and the
+    outputs once all is done (then removes the checkpoint)."""
     from ..io.atomic import atomic_write_text
     from ..merge import Merge, merge_json, write_mtz
     from ..merge.distributed import rank_and_size
+    from ..merge.report import write_report
 
     merge = Merge(job)
     first = rank_and_size()[0] == 0
-    result = merge.run(None if quiet or not first else lambda record: print(_progress_line(record), flush=True))
+    progress = None if outputs.quiet or not first else lambda record: print(_progress_line(record), flush=True)
+    result = merge.run(progress, checkpoint=outputs.checkpoint, stop_after=outputs.stop_after_cycle)
     if not first:
         return
-    write_mtz(mtz, result.reflections, result.amplitudes, result.sigmas)
-    if json_path is not None:
-        atomic_write_text(json_path, json.dumps(merge_json(result), indent=2) + "\n")
+    if result is None:
+        print(f"stopped after cycle {outputs.stop_after_cycle}; the same command resumes from {outputs.checkpoint}",
+              file=sys.stderr)
+        return
+    write_mtz(outputs.mtz, result.reflections, result.amplitudes, result.sigmas)
+    if outputs.json is not None:
+        atomic_write_text(outputs.json, json.dumps(merge_json(result), indent=2) + "\n")
+    if outputs.report is not None:
+        write_report(outputs.report, result.cycles, f"nbsim merge: {outputs.mtz}")
+    Path(outputs.checkpoint).unlink(missing_ok=True)
     print(f"merged {int(result.measured.sum())} of {result.reflections.size} |F| from {len(result.shots)} shots "
-          f"in {result.seconds:.1f} s: {mtz}", file=sys.stderr)
+          f"in {result.seconds:.1f} s: {outputs.mtz}", file=sys.stderr)

@@ -6,8 +6,8 @@ shoebox pixel, the sums over shots all-reduced over worker processes (`launch`);
 from .distributed import launch
 from .model import Restraints, StructureFactorModel
 from .output import merge_json, write_mtz
-from .refine import Merge, MergeJob, MergeOptions, MergeResult
+from .refine import Merge, MergeJob, MergeOptions, MergeResult, job_fingerprint
 from .reflections import Reflections, asymmetric_unit, space_group
 
 __all__ = ["Merge", "MergeJob", "MergeOptions", "MergeResult", "Reflections", "Restraints", "StructureFactorModel",
-           "asymmetric_unit", "launch", "merge_json", "space_group", "write_mtz"]
+           "asymmetric_unit", "job_fingerprint", "launch", "merge_json", "space_group", "write_mtz"]

@@ -5,6 +5,7 @@ MASTER_PORT; under srun, SLURM_PROCID and SLURM_NTASKS stand for the first two).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -114,6 +115,8 @@ def launch(target: Callable[..., None], args: tuple, workers: int, device: str) 
         return
     import torch.multiprocessing as mp
 
+    # torch logs a line as it ends the other workers after one failed; the failure is reported here, in one line
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
         mp.spawn(_spawned, args=(target, args, workers, _free_port(), backend), nprocs=workers, join=True)
     except mp.ProcessRaisedException as error:

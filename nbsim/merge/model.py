@@ -16,7 +16,8 @@ from ..errors import NbsimError
 from .reflections import Reflections, shells
 
 FLOOR_FRACTION = 1e-3
-"""A starting |F| of zero (or below) begins at this fraction of the starting mean |F|: log 0 has no gradient."""
+"""No |F| goes below this fraction of the starting mean |F| (a start of zero begins there): log 0 has no gradient,
+and the maximum-likelihood |F| of a reflection whose pixels hold no counts is 0."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class StructureFactorModel:
         self.restraints = restraints
         start = np.asarray(start_F, np.float64)
         floor = FLOOR_FRACTION * max(float(np.mean(np.clip(start, 0.0, None))), 1e-12)
+        self.log_floor = math.log(floor)
         self.log_start = torch.log(torch.as_tensor(np.maximum(start, floor)))
         shell = shells(reflections.parameter_d_A(), restraints.shells)
         self.shell = torch.as_tensor(shell)

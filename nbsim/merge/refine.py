@@ -29,6 +29,7 @@ from ..fit.images import read_fit_image
 from ..fit.likelihood import negative_log_likelihood
 from ..fit.model import DiffractionModel
 from ..fit.output import fit_json
+from ..fit.parameters import lattice_system
 from ..fit.refine import FitImage, FitOptions, fit
 from ..io.structure_files import read_reflection_file
 from ..model.structure_factors import HKLGrid, build_grid
@@ -41,15 +42,21 @@ from .reflections import (
     anomalous_differences,
     asymmetric_unit,
     correlation,
+    lattice_system_of,
     node_parameters,
     shells,
     space_group,
     values_of_table,
 )
+from .state import Checkpoint, ShotState, fingerprint, read_checkpoint, rebuilt_setup, shot_values, write_checkpoint
 
 STEP_FACTOR_LIMIT = 1e3
 """The F step moves no |F| by more than this factor (a bound of L-BFGS-B: a line search's trial step would
 otherwise overflow exp(log|F|)); the next cycle starts from where it ended."""
+MEASURED_INFORMATION = 1.0
+"""A parameter counts as measured (written, scored) when its pixels' Fisher information in log|F| is at least
+this: σ(log|F|) ≤ 1, about half a photon of expected signal without background. Below it a reflection is seen
+only by pixels its signal barely reaches."""
 SINGLE_OWNER_TOLERANCE = 1e-6
 """A pixel sees one reflection when its coded renders' spread (variance over mean², see `fisher_diagonal`) is
 below this."""
@@ -67,6 +74,14 @@ class MergeOptions:
     gradient_tolerance: float = 1e-5
     """Stop the F step when the largest |∂NLL/∂v| falls below this (v: log|F| scaled by √ of its curvature)."""
     change_tolerance: float = 1e-13
+    shared: tuple[str, ...] = ()
+    """Quantities of every shot's model that are one for all shots ("cell": crystals of one form)."""
+    scale_cycles: int = 1
+    """The first this many cycles refine only each shot's scale (then everything `shots.refine` names)."""
+    em_iterations: int = 30
+    """At most this many EM steps open each F step (0: L-BFGS alone)."""
+    em_tolerance: float = 1e-4
+    """The EM steps end when none moves a log|F| by more than this."""
     shells: int = 6
     """Resolution shells of the reported correlations."""
 
@@ -78,6 +93,15 @@ class MergeOptions:
             raise NbsimError(f"at least one cycle is needed (got {self.cycles})")
         if self.max_iterations < 1:
             raise NbsimError(f"the F step's iteration cap must be at least 1 (got {self.max_iterations})")
+        unknown = [name for name in self.shared if name != "cell"]
+        if unknown:
+            raise NbsimError(f"merge shares only the cell between shots (got {unknown[0]!r})")
+        if self.shared and "cell" not in self.shots.refine:
+            raise NbsimError("the cell is shared between shots but not refined: add cell to --refine")
+        if self.scale_cycles < 0:
+            raise NbsimError(f"the scale-only cycles must not be fewer than 0 (got {self.scale_cycles})")
+        if self.em_iterations < 0:
+            raise NbsimError(f"the EM steps' cap must not be below 0 (got {self.em_iterations})")
         if self.shells < 1:
             raise NbsimError(f"at least one resolution shell is needed (got {self.shells})")
 
@@ -102,12 +126,15 @@ class MergeJob:
 
 @dataclass
 class Shot:
-    """One shot held by this worker: its frame, its current model, and what the last shot step left (the
-    refined scale, the fitted pixels and their fixed background)."""
+    """One shot held by this worker: its frame, its starting and current model (the current one rebuilt from
+    its values, `state.shot_values`), and what the last shot step left (the refined scale, the fitted pixels
+    and their fixed background)."""
 
     image: FitImage
     argv: tuple[str, ...]
+    start: Setup
     setup: Setup
+    values: dict[str, list[float]] | None = None
     scale: float = 1.0
     rows: np.ndarray | None = None
     cols: np.ndarray | None = None
@@ -138,6 +165,18 @@ def start_reflections(job: MergeJob) -> tuple[Reflections, np.ndarray, HKLGrid]:
     return reflections, start, build_grid(table.reflections, job.default_F)
 
 
+def job_fingerprint(job: MergeJob) -> str:
+    """The digest a checkpoint of this merge carries: the job less what changes only the report or how many
+    cycles run, and the input files' sizes and times."""
+    fields = dataclasses.asdict(job)
+    for name in ("truth", "truth_column"):
+        fields.pop(name)
+    for name in ("cycles", "shells"):
+        fields["options"].pop(name)
+    paths = [job.hkl, *(name.split("#", 1)[0] for name, _ in job.shots)]
+    return fingerprint(fields, paths)
+
+
 def load_shot(name: str, argv: Sequence[str], grid: HKLGrid, adc_offset_adu: float | None) -> Shot:
     """A shot's starting model, resolved, with its frame; a model the merge cannot refine F of is an error."""
     setup = resolve(parse(list(argv))[0])
@@ -150,7 +189,7 @@ def load_shot(name: str, argv: Sequence[str], grid: HKLGrid, adc_offset_adu: flo
         raise NbsimError(f"{name}: merge needs the nearest-node lookup of F (give -nointerpolate)")
     if setup.grid.index_min != grid.index_min or setup.grid.shape != grid.shape:
         raise NbsimError(f"{name}: its -hkl table is not the merge's start")
-    return Shot(image=read_fit_image(name, setup, adc_offset_adu), argv=tuple(argv), setup=setup)
+    return Shot(image=read_fit_image(name, setup, adc_offset_adu), argv=tuple(argv), start=setup, setup=setup)
 
 
 class Merge:
@@ -159,6 +198,9 @@ class Merge:
     def __init__(self, job: MergeJob):
         job.options.check()
         self.job, self.options = job, job.options
+        if self.options.shots.lattice is None:  # each shot's cell within the space group's lattice system
+            shots = dataclasses.replace(self.options.shots, lattice=lattice_system_of(space_group(job.space_group)))
+            self.options = dataclasses.replace(self.options, shots=shots)
         self.device = worker_device(job.options.shots.device)
         self.rank, self.size = rank_and_size()
         self.reflections, start, self.grid = start_reflections(job)
@@ -175,6 +217,7 @@ class Merge:
             self.truth = values_of_table(self.reflections, truth.reflections)
         self.readout = job.options.shots.readout_photons
         self.pixel_model: DiffractionModel | None = None
+        self.pixel_values: list[dict[str, torch.Tensor]] = []
         self.measured = np.ones(self.model.size, dtype=bool)
         """Parameters some single-reflection pixel measures (every one until the first F step says)."""
 
@@ -189,27 +232,70 @@ class Merge:
         return HKLGrid(values=padded[1:-1, 1:-1, 1:-1].copy(), index_min=self.grid.index_min,
                        entries=self.grid.entries)
 
-    def refine_shots(self, cycle: int) -> None:
-        """The shot step: each shot refined with F fixed; its scale, pixels and background kept for the F step."""
-        grid = self.current_grid()
+    def shot_options(self, cycle: int) -> FitOptions:
+        """What the shot step of cycle `cycle` (0 the first) refines: only the scale in the first `scale_cycles`
+        cycles (the rest of each shot's model, fitted to the pixels' intensities, would take up the errors of a
+        start's |F|), then everything asked; the search only in the first cycle that refines the orientation;
+        the restraints on what is refined."""
         options = self.options.shots
-        if cycle > 0:
-            options = dataclasses.replace(options, search_deg=0.0)
+        refine = options.refine if cycle >= self.options.scale_cycles else \
+            tuple(name for name in options.refine if name == "scale")
+        first_orientation = "orientation" in refine and cycle == self.options.scale_cycles
+        restraints = {name: sigma for name, sigma in options.restraints.items() if name in refine}
+        return dataclasses.replace(options, refine=refine, restraints=restraints,
+                                   search_deg=options.search_deg if first_orientation else 0.0)
+
+    def refine_shots(self, cycle: int) -> None:
+        """The shot step: each shot refined with F fixed (`shot_options`) from its model of the last cycle, or,
+        where the shots are restrained, from its start (the restraints are towards the fit's start: so towards
+        the shot's start in every cycle, never a drift); its model, scale, pixels and background kept for the F
+        step."""
+        grid = self.current_grid()
+        options = self.shot_options(cycle)
         for shot in self.shots:
-            setup = dataclasses.replace(shot.setup, grid=grid)
+            setup = dataclasses.replace(shot.start if options.restraints else shot.setup, grid=grid)
             result = fit([dataclasses.replace(shot.image, setup=setup)], options)
             model = result.model
             with torch.no_grad():
                 values = model.natural()[0]
                 photons = model.render(0, values).to(torch.float64)
-            shot.setup = model.refined_setups()[0]
+            refined = model.refined_setups()[0]
+            shot.values = shot_values(shot.start, refined, options.lattice)
+            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
+                                                           options.lattice, refined.oversample), grid=grid)
             shot.scale = float(values["scale"][0])
             shot.rows, shot.cols = result.boxes[0].rows, result.boxes[0].cols
             shot.background = (result.expected[0].detach() - photons).to(self.device)
             document = fit_json(result, [list(shot.argv)])["shots"][0]
             shot.document = {**document, "converged": result.converged, "reason": result.reason,
                              "negative_log_likelihood": result.nll}
+        if "cell" in self.options.shared and "cell" in options.refine:
+            self.share_cell(grid)
         self.pixel_model = None
+
+    def share_cell(self, grid: HKLGrid) -> None:
+        """One cell for every shot (`shared` names "cell": crystals of one form): the mean of the shots' refined
+        cells, each free parameter weighted by 1/σ² of its fit (a plain mean where no fit gave σ)."""
+        lattice = self.options.shots.lattice
+        free = lattice_system(self.job.cell_A_deg, lattice).free
+        sums = torch.zeros(3, len(free), dtype=torch.float64)
+        for shot in self.shots:
+            values = torch.tensor(shot.values["cell"], dtype=torch.float64)
+            sigma = torch.tensor([shot.document["sigma"]["cell"][index] for index in free], dtype=torch.float64)
+            weight = torch.where(torch.isfinite(sigma) & (sigma > 0), 1.0 / sigma.clamp(min=1e-300) ** 2, 0.0)
+            sums += torch.stack([weight * values, weight, values])
+        sums = all_sum(sums, self.device)
+        shared = torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1e-300), sums[2] / self.shot_count)
+        for shot in self.shots:
+            shot.values["cell"] = shared.tolist()
+            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
+                                                           lattice, shot.setup.oversample), grid=grid)
+            cell = [float(v) for v in shot.setup.lattice.cell_parameters()]
+            flags = list(shot.document["flags"])
+            position = flags.index("-cell") + 1
+            flags[position:position + 6] = [f"{v:.10g}" for v in cell]
+            shot.document.update(cell=cell, A_matrix=shot.setup.lattice.reciprocal_per_A.detach().tolist(),
+                                 flags=flags)
 
     def _pixels(self) -> DiffractionModel:
         """This worker's shots at their refined models, with nothing refined: the F step's renderer (float64)."""
@@ -219,55 +305,123 @@ class Merge:
             for index, shot in enumerate(self.shots):
                 model.set_start(index, "scale", [shot.scale])
             self.pixel_model = model
+            self.pixel_values = model.natural()
         return self.pixel_model
 
     def _render(self, index: int, table: torch.Tensor) -> torch.Tensor:
         """Shot `index`'s photons at its pixels with the kernel looking F up in `table`."""
         model = self._pixels()
         model.tables[index] = model.tables[index]._replace(grid=table)
-        return model.render(index, model.natural()[index])
+        return model.render(index, self.pixel_values[index])
 
-    def local_nll(self, log_F: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This worker's negative log-likelihood and its gradient in log|F| (one backward through the table)."""
+    def _counts(self, shot: Shot) -> torch.Tensor:
+        return torch.as_tensor(shot.image.counts[shot.rows, shot.cols], dtype=torch.float64, device=self.device)
+
+    @property
+    def shot_count(self) -> int:
+        """How many shots the merge has, over every worker."""
+        return len(self.job.shots)
+
+    def _global(self, local: Sequence[float] | torch.Tensor) -> torch.Tensor:
+        """A value per shot of this worker's, placed at the shots' places among every worker's (zero elsewhere)."""
+        placed = torch.zeros(self.shot_count, dtype=torch.float64)
+        placed[self.rank::self.size] = torch.as_tensor(local, dtype=torch.float64)
+        return placed
+
+    def local_nll(self, log_F: torch.Tensor, log_scale_change: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This worker's negative log-likelihood and its gradients in log|F| (one backward through the table) and
+        in each shot's log-scale change (`log_scale_change`: every worker's shots, zero when None)."""
         gradient = torch.zeros(self.model.size, dtype=torch.float64)
+        scale_gradient = torch.zeros(self.shot_count, dtype=torch.float64)
         if not self.shots:
-            return torch.zeros((), dtype=torch.float64), gradient
+            return torch.zeros((), dtype=torch.float64), gradient, scale_gradient
+        changes = torch.zeros(self.shot_count, dtype=torch.float64) if log_scale_change is None else log_scale_change
+        own = changes[self.rank::self.size].detach().to(self.device).requires_grad_(True)
         x = log_F.detach().to(self.device).requires_grad_(True)
         table = self.table(x)
         leaf = table.detach().requires_grad_(True)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         table_gradient = torch.zeros_like(leaf)
+        own_gradient = torch.zeros_like(own)
         kind = self.options.shots.likelihood
         for index, shot in enumerate(self.shots):
-            counts = torch.as_tensor(shot.image.counts[shot.rows, shot.cols], dtype=torch.float64, device=self.device)
-            nll = negative_log_likelihood(self._render(index, leaf) + shot.background, counts, self.readout, kind)
-            table_gradient += torch.autograd.grad(nll, leaf)[0]
+            photons = self._render(index, leaf) * torch.exp(own[index])
+            nll = negative_log_likelihood(photons + shot.background, self._counts(shot), self.readout, kind)
+            table_part, own_part = torch.autograd.grad(nll, (leaf, own))
+            table_gradient += table_part
+            own_gradient += own_part
             total = total + nll.detach()
         gradient = torch.autograd.grad(table, x, grad_outputs=table_gradient)[0]
-        return total.cpu(), gradient.cpu()
+        scale_gradient[self.rank::self.size] = own_gradient.cpu()
+        return total.cpu(), gradient.cpu(), scale_gradient
 
-    def nll(self, log_F: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """The negative log-likelihood over every worker's shots and its gradient (all-reduced)."""
-        value, gradient = self.local_nll(log_F)
-        summed = all_sum(torch.cat([value.reshape(1), gradient]), self.device)
-        return float(summed[0]), summed[1:]
+    def nll(self, log_F: torch.Tensor, log_scale_change: torch.Tensor | None = None
+            ) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """The negative log-likelihood over every worker's shots and its gradients in log|F| and in every shot's
+        log-scale change (all-reduced)."""
+        value, gradient, scale_gradient = self.local_nll(log_F, log_scale_change)
+        summed = all_sum(torch.cat([value.reshape(1), gradient, scale_gradient]), self.device)
+        return float(summed[0]), summed[1:1 + self.model.size], summed[1 + self.model.size:]
 
-    def curvature_estimate(self) -> torch.Tensor:
-        """Σ_p (∂λ_p/∂log|F_j|)·2·signal_p/λ_p over every worker's pixels, one backward pass: the Fisher diagonal
-        where a pixel sees one reflection, an overestimate where it sees several (the F step's preconditioner,
-        defined for every parameter a pixel sees)."""
+    def scale_information(self) -> torch.Tensor:
+        """The Fisher information of each shot's log scale, Σ_p signal_p²/λ_p (every worker's shots)."""
+        information = []
+        with torch.no_grad():
+            table = self.table(self.log_F)
+            for index, shot in enumerate(self.shots):
+                photons = self._render(index, table).to(torch.float64)
+                expected = (photons + shot.background + self.readout ** 2).clamp(min=1e-300)
+                information.append(float((photons * photons / expected).sum()))
+        return all_sum(self._global(information), self.device)
+
+    def weighted_signal_gradient(self, log_F: torch.Tensor,
+                                 weight: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """∂/∂log|F| of Σ_p w_p·signal_p over every worker's pixels, the weights w_p = weight(signal_p, λ_p) (λ:
+        the expected count, readout variance included) held fixed: one backward pass a shot, all-reduced."""
         gradient = torch.zeros(self.model.size, dtype=torch.float64)
         if self.shots:
-            x = self.log_F.detach().to(self.device).requires_grad_(True)
+            x = log_F.detach().to(self.device).requires_grad_(True)
             table = self.table(x)
             leaf = table.detach().requires_grad_(True)
             table_gradient = torch.zeros_like(leaf)
             for index, shot in enumerate(self.shots):
                 photons = self._render(index, leaf)
-                weights = (2.0 * photons / (photons + shot.background + self.readout ** 2).clamp(min=1e-300)).detach()
+                expected = (photons + shot.background + self.readout ** 2).clamp(min=1e-300)
+                weights = weight(photons, expected).detach()
                 table_gradient += torch.autograd.grad((photons * weights).sum(), leaf)[0]
             gradient = torch.autograd.grad(table, x, grad_outputs=table_gradient)[0].cpu()
         return all_sum(gradient, self.device)
+
+    def curvature_estimate(self) -> torch.Tensor:
+        """Σ_p (∂λ_p/∂log|F_j|)·2·signal_p/λ_p over every worker's pixels: the Fisher diagonal where a pixel sees
+        one reflection, an overestimate where it sees several (the F step's preconditioner, defined for every
+        parameter a pixel sees)."""
+        return self.weighted_signal_gradient(self.log_F, lambda photons, expected: 2.0 * photons / expected)
+
+    def expectation_maximisation(self) -> int:
+        """EM steps on the intensities |F|² with the shots fixed (Poisson likelihood): under the nearest lookup
+        every pixel's λ is linear in the |F|² of the nodes it sees, λ_p = b_p + Σ_j A_pj·|F_j|², and
+        |F_j|² ← |F_j|²·Σ_p A_pj c_p/λ_p / Σ_p A_pj never lowers the likelihood; where each pixel sees one
+        reflection it is the optimum in one step, from any start. Σ_p A_pj c_p/λ_p / Σ_p A_pj = 1 − g_j/s_j,
+        with g the likelihood's gradient in log|F| and s_j = 2|F_j|²Σ_p A_pj (one backward pass, scaled with
+        |F_j|² after). The restraints are left to the L-BFGS that follows. Returns the steps taken."""
+        if self.options.shots.likelihood != "poisson" or self.options.em_iterations == 0:
+            return 0
+        origin = self.log_F.clone()
+        signal = self.weighted_signal_gradient(origin, lambda photons, expected: torch.ones_like(photons))
+        seen = signal > 0
+        floor = -2.0 * math.log(STEP_FACTOR_LIMIT)
+        for step in range(1, self.options.em_iterations + 1):
+            _, gradient, _ = self.nll(self.log_F)
+            scaled = signal * torch.exp(2.0 * (self.log_F - origin))
+            ratio = torch.where(seen, 1.0 - gradient / torch.where(seen, scaled, 1.0), 1.0)
+            change = 0.5 * torch.log(ratio.clamp(min=math.exp(floor)))
+            change = torch.maximum(self.log_F + change, torch.full_like(change, self.model.log_floor)) - self.log_F
+            self.log_F = self.log_F + change
+            if float(change.abs().max()) <= self.options.em_tolerance:
+                return step
+        return self.options.em_iterations
 
     def fisher_diagonal(self) -> torch.Tensor:
         """The diagonal of the Fisher information of log|F| over every worker's pixels. λ is linear in |F|² of
@@ -291,69 +445,148 @@ class Merge:
                     information.index_add_(0, owner, contribution)
         return all_sum(information, self.device)
 
-    def refine_F(self) -> tuple[float, int]:
-        """The F step: L-BFGS on log|F| (scaled by √ of each parameter's estimated curvature, so that the Hessian
-        is near the identity; a parameter no pixel sees takes the median), every worker in step. Returns the final
-        negative log-likelihood and the iterations."""
-        self.measured = (self.fisher_diagonal() > 0).numpy()
+    def refine_F(self) -> tuple[float, int, int]:
+        """The F step: EM steps (`expectation_maximisation`), then L-BFGS on log|F| with the restraints together
+        with every shot's log scale (the scale and the |F| it multiplies trade off: refined apart, in turns, they
+        would converge slowly), every worker in step. The variables are scaled by √ of each one's estimated
+        curvature, so that the Hessian is near the identity (a parameter no pixel sees takes the median). Returns
+        the final negative log-likelihood, the EM steps and the L-BFGS iterations."""
+        self.measured = (self.fisher_diagonal() >= MEASURED_INFORMATION).numpy()
+        em_steps = self.expectation_maximisation()
         curvature = self.curvature_estimate().clamp(min=0.0) + self.model.curvature()
         known = curvature > 0
         typical = float(curvature[known].median()) if known.any() else 1.0
         scale = torch.sqrt(torch.where(known, curvature, torch.full_like(curvature, typical)))
+        shot_scale = torch.sqrt(self.scale_information().clamp(min=1.0))
+        size = self.model.size
+        joint = self.shot_count if "scale" in self.options.shots.refine else 0
         origin = self.log_F.clone()
 
         def value_and_gradient(point: np.ndarray) -> tuple[float, np.ndarray]:
-            log_F = origin + torch.as_tensor(point) / scale
-            nll, gradient = self.nll(log_F)
+            vector = torch.as_tensor(point)
+            log_F = origin + vector[:size] / scale
+            nll, gradient, scale_gradient = self.nll(log_F, vector[size:] / shot_scale if joint else None)
             x = log_F.clone().requires_grad_(True)
             penalty = self.model.penalty(x)
             gradient = gradient + (torch.autograd.grad(penalty, x)[0] if penalty.requires_grad else 0.0)
-            return nll + float(penalty.detach()), (gradient / scale).numpy()
+            gradients = [gradient / scale, (scale_gradient / shot_scale)[:joint]]
+            return nll + float(penalty.detach()), torch.cat(gradients).numpy()
 
-        reach = (math.log(STEP_FACTOR_LIMIT) * scale).numpy()
+        reach = math.log(STEP_FACTOR_LIMIT) * torch.cat([scale, shot_scale[:joint]])
+        lowest = -reach
+        lowest[:size] = torch.maximum(-reach[:size], (self.model.log_floor - origin).clamp(max=0.0) * scale)
         outcome = scipy.optimize.minimize(
-            value_and_gradient, np.zeros(self.model.size), jac=True, method="L-BFGS-B",
-            bounds=scipy.optimize.Bounds(-reach, reach),
+            value_and_gradient, np.zeros(size + joint), jac=True, method="L-BFGS-B",
+            bounds=scipy.optimize.Bounds(lowest.numpy(), reach.numpy()),
             options={"maxiter": self.options.max_iterations, "gtol": self.options.gradient_tolerance,
                      "ftol": self.options.change_tolerance, "maxcor": 30})
         if not (math.isfinite(outcome.fun) and np.all(np.isfinite(outcome.x))):
             raise NbsimError("the F step's likelihood became NaN or infinite")
-        self.log_F = origin + torch.as_tensor(outcome.x) / scale
-        return self.nll(self.log_F)[0], int(outcome.nit)
+        vector = torch.as_tensor(outcome.x)
+        self.log_F = origin + vector[:size] / scale
+        if joint:
+            self.rescale_shots(torch.exp(vector[size:] / shot_scale)[self.rank::self.size])
+        return self.nll(self.log_F)[0], em_steps, int(outcome.nit)
+
+    def rescale_shots(self, factors: torch.Tensor) -> None:
+        """Multiply this worker's shots' scales (the F step refines them with |F|); their JSON follows."""
+        for shot, factor in zip(self.shots, factors.tolist(), strict=True):
+            shot.scale *= factor
+            document = shot.document
+            document["scale"] = shot.scale
+            flags = list(document["flags"])
+            if "-fluence" in flags:
+                position = flags.index("-fluence") + 1
+                flags[position] = f"{float(flags[position]) * factor:.10g}"
+                document["flags"] = flags
+        self.pixel_model = None
 
     def scores(self) -> dict:
-        """CC(|F|, truth) overall and by resolution shell, and CCano (of |F(+)| − |F(−)|) with `anomalous`, over
-        the measured parameters."""
+        """CC(|F|, truth) overall and by resolution shell, and CCano (of |F(+)| − |F(−)|) overall and by shell
+        with `anomalous`, over the measured parameters; each shell's high-resolution limit (Å)."""
         if self.truth is None:
             return {}
         values = np.where(self.measured, torch.exp(self.log_F).numpy(), np.nan)
         d_A = self.reflections.parameter_d_A()
-        shell = shells(d_A, self.options.shells, d_A[self.measured])
+        count = self.options.shells
+        shell = shells(d_A, count, d_A[self.measured])
+        limits = [float(np.min(d_A[(shell == s) & self.measured], initial=np.inf)) for s in range(count)]
         record = {"cc": correlation(values, self.truth),
-                  "cc_by_shell": [correlation(values[shell == s], self.truth[shell == s])
-                                  for s in range(self.options.shells)]}
+                  "cc_by_shell": [correlation(values[shell == s], self.truth[shell == s]) for s in range(count)],
+                  "shell_d_min_A": [limit if math.isfinite(limit) else math.nan for limit in limits]}
         if self.reflections.anomalous:
-            record["cc_anomalous"] = correlation(anomalous_differences(self.reflections, values),
-                                                 anomalous_differences(self.reflections, self.truth))
+            plus, _ = self.reflections.friedel_pairs()
+            observed = anomalous_differences(self.reflections, values)
+            truth = anomalous_differences(self.reflections, self.truth)
+            record["cc_anomalous"] = correlation(observed, truth)
+            record["cc_anomalous_by_shell"] = [correlation(observed[shell[plus] == s], truth[shell[plus] == s])
+                                               for s in range(count)]
         return record
 
-    def run(self, progress: Callable[[dict], None] | None = None) -> MergeResult:
-        """Every macro-cycle, then the standard errors; `progress(record)` after each cycle (on every worker)."""
+    def save(self, path: str, cycle: int, cycles: list[dict]) -> None:
+        """Write the checkpoint after `cycle` cycles (the first worker writes; every worker's shots)."""
+        states = [ShotState(name=shot.image.name, values=shot.values, oversample=shot.setup.oversample,
+                            scale=shot.scale, rows=np.asarray(shot.rows), cols=np.asarray(shot.cols),
+                            background=shot.background.cpu().numpy(), document=shot.document)
+                  for shot in self.shots]
+        gathered = [state for worker in gather(states) for state in worker]
+        if self.rank == 0:
+            write_checkpoint(path, Checkpoint(fingerprint=job_fingerprint(self.job), cycle=cycle,
+                                              log_F=self.log_F.numpy(), shots=gathered, cycles=cycles))
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Continue from a checkpoint: its log|F|, and this worker's shots' models, pixels and backgrounds."""
+        states = {state.name: state for state in checkpoint.shots}
+        if len(checkpoint.log_F) != self.model.size or any(s.image.name not in states for s in self.shots):
+            raise NbsimError("the checkpoint does not hold this merge's reflections and shots; remove it")
+        self.log_F = torch.as_tensor(checkpoint.log_F, dtype=torch.float64)
+        grid = self.current_grid()
+        for shot in self.shots:
+            state = states[shot.image.name]
+            shot.values, shot.scale, shot.document = state.values, state.scale, state.document
+            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, state.values, self.options.shots.refine,
+                                                           self.options.shots.lattice, state.oversample), grid=grid)
+            shot.rows, shot.cols = state.rows, state.cols
+            shot.background = torch.as_tensor(state.background, dtype=torch.float64, device=self.device)
+        self.pixel_model = None
+
+    def run(self, progress: Callable[[dict], None] | None = None, checkpoint: str | None = None,
+            stop_after: int | None = None) -> MergeResult | None:
+        """Every macro-cycle, then the standard errors; `progress(record)` after each cycle (on every worker).
+        With `checkpoint`, the state is written there after each cycle and a run finds it there resumes from
+        it; `stop_after`: stop (returning None) once that many cycles are done and checkpointed."""
         started = time.perf_counter()
-        cycles = []
-        if progress is not None and self.truth is not None:
-            progress({"cycle": 0, **self.scores()})
-        nll = math.nan
-        for cycle in range(self.options.cycles):
+        cycles: list[dict] = []
+        first_cycle = 0
+        resumed = None if checkpoint is None else read_checkpoint(checkpoint, job_fingerprint(self.job))
+        if resumed is not None:
+            if resumed.cycle > self.options.cycles:
+                raise NbsimError(f"{checkpoint}: the checkpoint is after cycle {resumed.cycle}, beyond the "
+                                 f"{self.options.cycles} cycles asked")
+            self.restore(resumed)
+            cycles, first_cycle = list(resumed.cycles), resumed.cycle
+            if progress is not None:
+                progress({"cycle": first_cycle, "resumed": checkpoint})
+        elif self.truth is not None:
+            cycles.append({"cycle": 0, **self.scores()})
+            if progress is not None:
+                progress(cycles[0])
+        nll = next((r["negative_log_likelihood"] for r in reversed(cycles) if "negative_log_likelihood" in r), math.nan)
+        for cycle in range(first_cycle, self.options.cycles):
             self.refine_shots(cycle)
-            nll, iterations = self.refine_F()
-            record = {"cycle": cycle + 1, "negative_log_likelihood": nll, "f_iterations": iterations,
-                      "seconds": round(time.perf_counter() - started, 3), **self.scores()}
+            nll, em_steps, iterations = self.refine_F()
+            record = {"cycle": cycle + 1, "negative_log_likelihood": nll, "em_steps": em_steps,
+                      "f_iterations": iterations, "seconds": round(time.perf_counter() - started, 3), **self.scores()}
             cycles.append(record)
             if progress is not None:
                 progress(record)
+            if checkpoint is not None:
+                self.save(checkpoint, cycle + 1, cycles)
+            if stop_after is not None and cycle + 1 >= stop_after and cycle + 1 < self.options.cycles:
+                return None
         information = self.fisher_diagonal()
-        measured = (information > 0).numpy()
+        measured = (information >= MEASURED_INFORMATION).numpy()
+        self.measured = measured
         curvature = (information + self.model.curvature()).numpy()
         amplitudes = torch.exp(self.log_F).numpy()
         with np.errstate(divide="ignore"):

@@ -25,6 +25,19 @@ def space_group(name: str) -> Any:
     return found
 
 
+def lattice_system_of(group: Any) -> str:
+    """The lattice system (nbsim.fit's names) whose free cell parameters a space group allows: what each shot's
+    cell is refined within (a monoclinic group other than b-unique, whose free angle nbsim.fit does not take,
+    refines as triclinic)."""
+    system = group.crystal_system_str()
+    if system == "trigonal":
+        return "rhombohedral" if group.ext == "R" else "hexagonal"
+    if system == "monoclinic":
+        axes = group.hm.split()[1:]
+        return "monoclinic" if len(axes) == 3 and axes[0] == axes[2] == "1" else "triclinic"
+    return system
+
+
 def check_cell(cell_A_deg: tuple[float, ...], group: Any, what: str) -> None:
     """A cell its space group's lattice cannot have (a hexagonal group with a ≠ b, ...) is an input error."""
     import gemmi
