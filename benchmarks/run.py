@@ -18,7 +18,8 @@ says which targets each figure meets, and writes everything as JSON. The sweep w
 benchmarks/answers.py, the detector's (`noise_c`, `noise_philox`) in benchmarks/detector_workloads.py,
 `panels_4x2048` (shots per second of a 4-panel detector) in benchmarks/panel_workloads.py,
 `gradients` in benchmarks/gradient_workloads.py, `fit_gradient` and `fit_still` in
-benchmarks/fit_workloads.py.
+benchmarks/fit_workloads.py, `merge_sad` (an SAD experiment merged by `nbsim merge`) in
+benchmarks/merge_workloads.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
 """
 
@@ -46,13 +47,14 @@ from dials_workloads import DIALS_WORKLOADS
 from fit_workloads import FIT_WORKLOADS
 from format_workloads import FORMAT_WORKLOADS
 from gradient_workloads import GRADIENT_WORKLOADS
+from merge_workloads import MERGE_WORKLOADS
 from model_workloads import MODEL_WORKLOADS
 from panel_workloads import PANEL_WORKLOADS
 from sweep_workloads import SWEEP_WORKLOADS
 
 TABLE_WORKLOADS = {**ANSWER_WORKLOADS, **SWEEP_WORKLOADS, **MODEL_WORKLOADS, **FORMAT_WORKLOADS, **DETECTOR_WORKLOADS,
                    **DATASET_WORKLOADS, **PANEL_WORKLOADS, **GRADIENT_WORKLOADS, **DIALS_WORKLOADS,
-                   **FIT_WORKLOADS, **ANOMALOUS_WORKLOADS}
+                   **FIT_WORKLOADS, **ANOMALOUS_WORKLOADS, **MERGE_WORKLOADS}
 """Workloads reported as one line each: (run(quick, folder), verdict(record), row(name, record), target)."""
 
 REPO = Path(__file__).resolve().parent.parent

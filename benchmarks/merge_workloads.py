@@ -1,0 +1,436 @@
+"""The `merge_sad` benchmark workload (run by benchmarks/run.py; docs/merging.md has the figures): an SAD
+experiment merged by `nbsim merge` from a poor start, and the DIALS integration route on the same images where
+DIALS and its script are here.
+
+The stills are config/examples/merge_sad.yaml's dataset (a selenium model with f′ and f″ per energy, a SASE
+spectrum per shot across the Se K edge, random orientations, drawn N and fluence, Poisson noise), `--shots` of
+them, rendered by the dataset machinery (nbsim.sweep: planned and rendered into a batch store as the pipeline's
+`simulate` rule does), the merge's inputs written by nbsim.sweep.merging.write_merge_inputs (the `merge_inputs`
+rule's function: the truth's F(+), F(−) at the shots' mean energy, a starting |F| of correlation 0.5 without
+anomalous differences, each shot's start 0.1° and 0.5 % off), each shot exported as a miniCBF (what `nbsim
+merge` and DIALS both read). Then `nbsim merge` runs as its own process with `--workers`, and its MTZ is scored
+against the truth's MTZ by this module's own reader (`score`: every index mapped to gemmi's asymmetric unit,
+Friedel halves swapped where the mapping inverts them, so an MTZ of DIALS's conventions scores alike): CC of
+the measured |F| (each half of a pair on its own) and CCano*, the correlation of |F(+)| − |F(−)| with the
+truth's, overall and by resolution shell (equal counts in 1/d³); the start is scored the same way on the same
+reflections. Time per shot-refinement and per F-gradient per shot: a probe in this process on a few of the same
+shots, through nbsim.merge.Merge (the library the command runs): the shot step of its first cycle, then one
+value and gradient of the F step's likelihood.
+
+The issue's target: 1,000 stills of 256², the whole refinement on 2 cores in ≤ 30 min, CC ≥ 0.99.
+`--quick`: 20 shots of 128² with 5 spectrum channels and one cycle (a smoke run, not the target's figures).
+
+    python benchmarks/merge_workloads.py merge_sad [--device cpu|cuda] [--shots N] [--quick] [--workers W]
+        [--threads T] [--size PIXELS] [--channels C] [--cycles C] [--probe-shots K] [--no-dials] [--work DIR]
+
+prints the record as JSON on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "config" / "examples" / "merge_sad.yaml"
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+TARGET_SHOTS, TARGET_S, TARGET_CC = 1000, 1800.0, 0.99
+QUICK = {"shots": 20, "size": 128, "channels": 5, "cycles": 1}
+SHELLS = 6
+PROBE_SHOTS = 2
+NOT_DIALS = "benchmarks/dials_route.py"
+
+
+def dataset_config(shots: int, size: int | None, channels: int | None, device: str, compile_setting: str) -> dict:
+    """config/examples/merge_sad.yaml with `shots` draws (and a smaller detector or spectrum), on `device`."""
+    config = yaml.safe_load(CONFIG.read_text())
+    sweep = config["sweep"]
+    sweep["draws"]["count"] = shots
+    if size:
+        sweep["sizes"] = [size]
+    if channels:
+        sweep["draws"]["values"]["spectrum"]["sase"]["channels"] = channels
+    sweep.update(devices=[device], compile=[compile_setting], batch_size=shots)
+    return config
+
+
+def render(config: dict, work: Path, threads: int) -> tuple[list[Path], dict, dict]:
+    """The dataset's shots rendered into one batch store per batch (nbsim.sweep.jobs.run_batch); the records,
+    the experiments (nbsim.sweep.merging.merge_experiments) and the config's merge settings, defaults filled."""
+    from nbsim.modes import Compile
+    from nbsim.sweep import plan, validate
+    from nbsim.sweep.jobs import run_batch
+    from nbsim.sweep.merging import merge_experiments
+    from nbsim.sweep.spec import BatchJob
+
+    config["results"], config["compile_cache"] = str(work), str(work / "compile-cache")
+    points = validate.validate_config(config, SCHEMA, CONFIG.parent)
+    builds = plan.PointBuilds()
+    planned = plan.plan_sweep(points, config["sweep"]["batch_size"])
+    records = []
+    for (scenario, name), batch in planned.batches.items():
+        first = batch.points[0]
+        specs = tuple(plan.point_spec(config, point, CONFIG.parent, {}, builds=builds) for point in batch.points)
+        job = BatchJob(scenario=scenario, batch=name, points=specs, dtype=first.dtype, device=first.device,
+                       compile=Compile.of(first.compile), warmup=0, repeats=0, threads=threads,
+                       compile_cache=config["compile_cache"], every_point=False, detector=True)
+        folder = work / scenario / "batches" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        run_batch(job, folder / "images.zarr", folder / "records.json")
+        records.append(folder / "records.json")
+    return records, merge_experiments(planned), config
+
+
+def export_cbf(records: list[Path], folder: Path) -> dict[str, str]:
+    """Each shot's detector image as a miniCBF (its counts, ADC offset and geometry in the header), by point."""
+    from nbsim.cli.products import experiment_record
+    from nbsim.io.detector_images import write_mini_cbf
+    from nbsim.io.observed import read_observed
+    from nbsim.resolve import resolve
+    from nbsim.sweep.merging import structureless
+    from nbsim.sweep.spec import PointSpec
+    from nbsim.sweep.store import read_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for path in records:
+        for entry in read_json(path)["points"]:
+            spec = PointSpec.from_dict(entry)
+            observed = read_observed(f"{path.parent / 'images.zarr'}#{spec.name}")
+            record = experiment_record(resolve(structureless(spec.config)), spec.config.response.noise_seed, 65535,
+                                       observed.adc_offset_adu)
+            counts = np.rint(observed.counts * observed.gain_adu_per_photon + observed.adc_offset_adu)
+            files[spec.name] = str(folder / f"{spec.name}.cbf")
+            write_mini_cbf(files[spec.name], counts.astype(np.int32), record, datetime.datetime(2026, 1, 1))
+    return files
+
+
+def read_amplitudes(path: str) -> dict[tuple[int, int, int], tuple[float, float]]:
+    """An MTZ's amplitudes in gemmi's reciprocal asymmetric unit: (F(+), F(−)) per index (FP or F for both
+    without a pair), each row's index mapped there and its halves swapped where the mapping is a Friedel one."""
+    import gemmi
+
+    mtz = gemmi.read_mtz_file(path)
+    labels = [column.label for column in mtz.columns]
+    if "F(+)" in labels and "F(-)" in labels:
+        plus, minus = "F(+)", "F(-)"
+    else:
+        plus = minus = next(label for label in ("FP", "F", "F-obs", "FMEAN") if label in labels)
+    data = np.asarray(mtz.array)
+    hkl = data[:, :3].astype(np.int32)
+    f_plus, f_minus = data[:, labels.index(plus)], data[:, labels.index(minus)]
+    asu = gemmi.ReciprocalAsu(mtz.spacegroup)
+    operations = mtz.spacegroup.operations()
+    found = {}
+    for index, row in enumerate(hkl):
+        mapped, isym = asu.to_asu([int(v) for v in row], operations)
+        pair = (float(f_plus[index]), float(f_minus[index]))
+        found[tuple(mapped)] = pair if isym % 2 == 1 else pair[::-1]
+    return found
+
+
+def _pearson(values: np.ndarray, truth: np.ndarray) -> float | None:
+    both = np.isfinite(values) & np.isfinite(truth)
+    if both.sum() < 3 or np.std(values[both]) == 0 or np.std(truth[both]) == 0:
+        return None
+    return float(np.corrcoef(values[both], truth[both])[0, 1])
+
+
+def score(merged_path: str, truth_path: str, shells: int = SHELLS, start_path: str | None = None) -> dict:
+    """CC(|F|, truth) over the measured amplitudes (each half of a pair on its own, a centric reflection once)
+    and CCano* (|F(+)| − |F(−)| against the truth's, over the acentric pairs with both halves measured), overall
+    and by resolution shell (equal counts in 1/d³ over the measured reflections); with `start_path`, the start's
+    CC on the same amplitudes."""
+    import gemmi
+
+    merged, truth = read_amplitudes(merged_path), read_amplitudes(truth_path)
+    start = read_amplitudes(start_path) if start_path else {}
+    mtz = gemmi.read_mtz_file(truth_path)
+    group, cell = mtz.spacegroup, mtz.cell
+    common = [hkl for hkl in merged if hkl in truth and any(math.isfinite(v) for v in merged[hkl])]
+    if not common:
+        return {"measured_reflections": 0, "cc": None, "cc_anomalous": None}
+    miller = np.array(common, np.int32)
+    centric = np.asarray(group.operations().centric_flag_array(miller), bool)
+    d_A = np.asarray(cell.calculate_d_array(miller))
+    ours = np.array([merged[h] for h in common])
+    true = np.array([truth[h] for h in common])
+    began = np.array([start.get(h, (math.nan, math.nan)) for h in common])
+    inverse_cube = 1.0 / d_A ** 3
+    edges = np.quantile(inverse_cube, np.linspace(0, 1, shells + 1))
+    shell = np.clip(np.searchsorted(edges, inverse_cube, side="right") - 1, 0, shells - 1)
+
+    def halves(values: np.ndarray, where: np.ndarray) -> np.ndarray:
+        minus = np.where(centric[where], np.nan, values[where, 1])
+        return np.concatenate([values[where, 0], minus])
+
+    def scores(where: np.ndarray) -> dict:
+        acentric = where & ~centric
+        result = {"reflections": int(where.sum()), "d_max_A": float(d_A[where].max()) if where.any() else None,
+                  "d_min_A": float(d_A[where].min()) if where.any() else None,
+                  "cc": _pearson(halves(ours, where), halves(true, where)),
+                  "cc_anomalous": _pearson(ours[acentric, 0] - ours[acentric, 1],
+                                           true[acentric, 0] - true[acentric, 1]),
+                  "anomalous_pairs": int((acentric & np.isfinite(ours[:, 0]) & np.isfinite(ours[:, 1])).sum())}
+        if start:
+            measured = np.isfinite(halves(ours, where))
+            result["start_cc"] = _pearson(np.where(measured, halves(began, where), np.nan), halves(true, where))
+        return result
+
+    everything = np.ones(len(common), bool)
+    return {**scores(everything), "measured_reflections": len(common),
+            "by_shell": [scores(shell == index) for index in range(shells)]}
+
+
+def probe(manifest: dict, starts: dict, shots: list[str], device: str) -> dict:
+    """Seconds per shot-refinement (the first cycle's shot step, coarse search included) and per F-gradient per
+    shot (one value and gradient of the F step's likelihood), measured on `shots` in this process through
+    nbsim.merge.Merge, the library `nbsim merge` runs, with the merge's default shot options."""
+    import torch
+
+    from nbsim.fit.refine import FitOptions
+    from nbsim.merge import Merge, MergeJob, MergeOptions
+    from nbsim.nanobragg.arguments import parse
+    from nbsim.resolve import advised_sampling_flags
+
+    argv_per_shot = []
+    for shot in shots:
+        argv = [*manifest["flags"], "-hkl", manifest["arguments"][manifest["arguments"].index("--hkl") + 1]]
+        for key, value in starts[shot].items():
+            argv += [f"-{key}", *(str(v) for v in (value if isinstance(value, list) else [value]))]
+        _, extra = advised_sampling_flags(parse(argv)[0].with_options(sampling="advised"))
+        argv_per_shot.append(tuple(argv + extra))
+    job = MergeJob(shots=tuple(zip(shots, argv_per_shot, strict=True)),
+                   hkl=argv_per_shot[0][argv_per_shot[0].index("-hkl") + 1], column=None,
+                   space_group=manifest["space_group"], cell_A_deg=tuple(manifest["cell"]), default_F=0.0,
+                   anomalous=manifest["anomalous"], options=MergeOptions(shots=FitOptions(device=device)))
+    merge = Merge(job)
+    begin = time.perf_counter()
+    merge.refine_shots(0)
+    refine_s = time.perf_counter() - begin
+    merge.nll(merge.log_F)  # a first evaluation builds the F step's renderer
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    begin = time.perf_counter()
+    merge.nll(merge.log_F)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    gradient_s = time.perf_counter() - begin
+    return {"shots": len(shots), "seconds_per_shot_refinement": refine_s / len(shots),
+            "seconds_per_F_gradient_per_shot": gradient_s / len(shots), "threads": torch.get_num_threads()}
+
+
+def dials_column(images: list[str], work: Path, manifest: dict, truth: str) -> dict:
+    """The integration route on the same images, scored as nbsim's merge is; skipped, with the reason, where
+    DIALS or its script is not here."""
+    if shutil.which("dials.index") is None:
+        return {"skipped": "DIALS is not installed (dials.index not on PATH)"}
+    if not (REPO / NOT_DIALS).is_file():
+        return {"skipped": f"{NOT_DIALS} (the DIALS route) is not in this checkout yet"}
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import dials_route
+
+    begin = time.perf_counter()
+    result = dials_route.integrate_and_merge(images, work / "dials", manifest["space_group"], manifest["cell"],
+                                             manifest["anomalous"])
+    result = {**result, "seconds": time.perf_counter() - begin, "shots": len(images)}
+    merged = result.get("mtz")
+    if merged and Path(merged).is_file():
+        result["scores"] = score(merged, truth)
+    return result
+
+
+def measure(shots: int, size: int | None, channels: int | None, device: str, workers: int, worker_threads: int,
+            cycles: int | None, probe_shots: int, dials: bool, work: Path) -> dict:
+    """The merge_sad record (the module's docstring): `shots` stills of the config's detector (or `size`² pixels
+    of the same pixel size) and spectrum (or `channels` channels), merged by `workers` processes of
+    `worker_threads` threads in `cycles` (None: the merge's default)."""
+    import torch
+
+    from nbsim.sweep.merging import write_merge_inputs
+
+    threads = torch.get_num_threads()
+    config = dataset_config(shots, size, channels, device, "off" if shots < 100 else "on")
+    begin = time.perf_counter()
+    records, experiments, config = render(config, work, threads)
+    render_s = time.perf_counter() - begin
+    (scenario, experiment), names = next(iter(experiments.items()))
+    begin = time.perf_counter()
+    files = export_cbf(records, work / "cbf")
+    export_s = time.perf_counter() - begin
+    begin = time.perf_counter()
+    folder = work / scenario / "merge" / experiment
+    manifest = write_merge_inputs(records, names, sorted(config["sweep"]["draws"]["values"]), config["merge"],
+                                  folder, shot_files=files)
+    inputs_s = time.perf_counter() - begin
+    starts = json.loads((folder / "starts.json").read_text())["images"]
+    images = (folder / "shots.txt").read_text().split()
+    merged, merged_json = folder / "merged.mtz", folder / "merged.json"
+    command = [sys.executable, "-m", "nbsim.cli", "merge", *images, *manifest["arguments"], "--mtz", str(merged),
+               "--json", str(merged_json), "--workers", str(workers), "--device", device,
+               *(["--cycles", str(cycles)] if cycles else []), "--", *manifest["flags"]]
+    environment = {**os.environ, "OMP_NUM_THREADS": str(worker_threads), "NBSIM_WORKER": "off"}
+    begin = time.perf_counter()
+    returncode, output = _streamed(command, environment)
+    merge_s = time.perf_counter() - begin
+    pixels = config["sweep"]["sizes"][0]
+    record = {"shots": len(images), "detector": f"{pixels}²", "device": device, "device_name": _device_name(device),
+              "workers": workers, "threads_per_worker": worker_threads, "load_average": list(os.getloadavg()),
+              "render_s": render_s, "export_s": export_s, "inputs_s": inputs_s, "merge_s": merge_s,
+              "merge_command": ["nbsim", "merge", f"<{len(images)} shots>", *command[4 + len(images):]],
+              "energy_eV": manifest["energy_eV"], "start_correlation": manifest["start_correlation"],
+              "perturb": manifest["perturb"], "target": {"shots": TARGET_SHOTS, "seconds": TARGET_S, "cc": TARGET_CC}}
+    if returncode != 0:
+        return {**record, "error": f"nbsim merge exited {returncode}: {(output or ['no output'])[-1]}"}
+    document = json.loads(merged_json.read_text())
+    record.update(cycles=document.get("cycles"), measured_parameters=document.get("measured_parameters"),
+                  parameters=document.get("parameters"), merge_output=output)
+    record["projected_target_s"] = merge_s * TARGET_SHOTS / len(images)
+    record.update(score(str(merged), str(folder / "truth.mtz"), SHELLS, str(folder / "start.mtz")))
+    torch.set_num_threads(worker_threads)  # the probe times one worker's share
+    try:
+        record["probe"] = probe(manifest, starts, images[:probe_shots], device) if probe_shots else {}
+    except Exception as error:  # the merge's library may have changed under the probe: say so, keep the rest
+        record["probe"] = {"error": f"{type(error).__name__}: {error}"}
+    record.update({key: record["probe"].get(key) for key in ("seconds_per_shot_refinement",
+                                                             "seconds_per_F_gradient_per_shot")})
+    record["dials"] = (dials_column(images, work, manifest, str(folder / "truth.mtz")) if dials
+                       else {"skipped": "--no-dials"})
+    return record
+
+
+def _without_nan(value):
+    """The record with NaN (an undefined correlation) as null, so that it is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _without_nan(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_nan(item) for item in value]
+    return value
+
+
+def _streamed(command: list[str], environment: dict[str, str]) -> tuple[int, list[str]]:
+    """Run `command`, its output passed on to stderr line by line (a long merge shows its cycles); its exit
+    status and output lines."""
+    lines = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=environment) as process:
+        for line in process.stdout:
+            print(line, end="", file=sys.stderr, flush=True)
+            lines.append(line.rstrip("\n"))
+    return process.returncode, lines
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    from nbsim.cpu import cpu_name
+
+    return torch.cuda.get_device_name() if device.startswith("cuda") else cpu_name()
+
+
+def _run(quick: bool, folder: Path) -> dict:
+    command = [sys.executable, str(Path(__file__).resolve()), "merge_sad", *(["--quick"] if quick else [])]
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=folder)
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        return {"command": command, "error": (completed.stderr.strip().splitlines() or ["no output"])[-1]}
+    result = json.loads(lines[-1])
+    if "error" in result:
+        return {"command": command, "error": result["error"], "result": result}
+    return {"command": ["python", "benchmarks/merge_workloads.py", "merge_sad"], "result": result}
+
+
+def verdict(record: dict) -> str:
+    if "error" in record:
+        return "failed: " + record["error"]
+    result = record["result"]
+    misses = []
+    if result["shots"] < TARGET_SHOTS:
+        misses.append(f"{result['shots']} shots, not {TARGET_SHOTS}")
+    if result["merge_s"] > TARGET_S:
+        misses.append(f"{result['merge_s']:.0f} s")
+    if result["cc"] is None or result["cc"] < TARGET_CC:
+        misses.append(f"CC {result['cc']}")
+    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+
+
+def row(name: str, record: dict) -> str:
+    if "error" in record:
+        return f"| {name} | failed: {record['error']} |"
+    r = record["result"]
+
+    def figure(value: float | None, digits: int = 3) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    dials = r["dials"].get("skipped") or f"CCano* {figure((r['dials'].get('scores') or {}).get('cc_anomalous'))}"
+
+    return (f"| {name} | {r['shots']} stills of {r['detector']}, {r['workers']} workers: merge {r['merge_s']:.0f} s "
+            f"(linear in the shots, {r['projected_target_s']:.0f} s for {TARGET_SHOTS}); per shot-refinement "
+            f"{figure(r.get('seconds_per_shot_refinement'), 2)} s, per F-gradient per shot "
+            f"{figure(r.get('seconds_per_F_gradient_per_shot'), 4)} s; CC {figure(r['cc'])} (start "
+            f"{figure(r.get('start_cc'))}), CCano* {figure(r['cc_anomalous'])} over {r['measured_reflections']} "
+            f"reflections; DIALS: {dials} |")
+
+
+MERGE_WORKLOADS = {
+    "merge_sad": (lambda quick, folder: _run(quick, folder), verdict, row,
+                  f"{TARGET_SHOTS} stills of 256² on 2 cores in <= {TARGET_S / 60:.0f} min, CC >= {TARGET_CC}"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", choices=list(MERGE_WORKLOADS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20 shots of 128², 5 channels, 1 cycle")
+    parser.add_argument("--shots", type=int, help=f"stills (default {TARGET_SHOTS}; --quick: {QUICK['shots']})")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="nbsim merge --workers")
+    parser.add_argument("--size", type=int, help=f"detector pixels per side (default 256; --quick: {QUICK['size']})")
+    parser.add_argument("--channels", type=int,
+                        help=f"spectrum channels (default the config's 20; --quick: {QUICK['channels']})")
+    parser.add_argument("--threads", type=int, help="CPU threads of each merge worker (default: the cores over the "
+                                                    "workers)")
+    parser.add_argument("--cycles", type=int, help="nbsim merge --cycles (default: the merge's)")
+    parser.add_argument("--probe-shots", type=int, default=PROBE_SHOTS, help="shots the timing probe refines")
+    parser.add_argument("--no-dials", action="store_true", help="leave the DIALS route out")
+    parser.add_argument("--work", type=Path, help="keep the files here (default: a temporary folder)")
+    options = parser.parse_args(argv)
+    shots = options.shots or (QUICK["shots"] if options.quick else TARGET_SHOTS)
+    if any(value is not None and value < 1 for value in (shots, options.workers, options.threads, options.size,
+                                                         options.channels, options.cycles)):
+        parser.error("--shots, --workers, --threads, --size, --channels and --cycles must be at least 1")
+
+    def run(work: Path) -> dict:
+        threads = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
+        size = options.size or (QUICK["size"] if options.quick else None)
+        channels = options.channels or (QUICK["channels"] if options.quick else None)
+        cycles = options.cycles or (QUICK["cycles"] if options.quick else None)
+        return measure(shots, size, channels, options.device, options.workers, threads, cycles,
+                       min(options.probe_shots, shots), not options.no_dials, work)
+
+    if options.work is not None:
+        options.work.mkdir(parents=True, exist_ok=True)
+        record = run(options.work.resolve())
+    else:
+        with tempfile.TemporaryDirectory(prefix="nbsim-merge-sad-") as work:
+            record = run(Path(work))
+    print(json.dumps(_without_nan(record)))
+    return 0 if "error" not in record else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
