@@ -35,7 +35,7 @@ def own_cache_env(folder: Path) -> dict[str, str]:
 def private_compile_cache(tmp_path_factory):
     """Compiled kernels go to a folder of the test session, shared by its pytest-xdist workers (the cache's
     locks let one build a kernel while the others wait for it), unless NBSIM_CACHE_DIR says otherwise; no
-    background kernel builds."""
+    background kernel builds and no probe processes."""
     if not os.environ.get("NBSIM_CACHE_DIR"):
         basetemp = tmp_path_factory.getbasetemp()
         session_root = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
@@ -43,6 +43,9 @@ def private_compile_cache(tmp_path_factory):
     # Kernels built behind a test's back would compete with the suite for the CPU (tests that check the
     # background build turn it on themselves).
     os.environ.setdefault("NBSIM_BACKGROUND_BUILD", "off")
+    # Probing each package in a child process costs a Python and torch start (3-6 s) per package; the suite
+    # opens dozens. tests/test_package_probe.py turns the probe back on and checks it.
+    os.environ.setdefault("NBSIM_VERIFY_PACKAGES", "off")
     yield Path(os.environ["NBSIM_CACHE_DIR"])
 
 
