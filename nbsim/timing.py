@@ -59,6 +59,9 @@ class BenchResult:
     c_times_s: list[float] = field(default_factory=list)
     speedup: float | None = None
     correlation: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    """The renderer's one-line warnings (e.g. a package this machine could not open, its stage run just in
+    time: `mode` then names what was asked for, not what ran)."""
 
 
 def peak_rss_mb() -> float:
@@ -122,7 +125,8 @@ def timed_render(config: SimulationConfig, device: torch.device, dtype: torch.dt
         threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
-        gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+        gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        warnings=list(renderer.warnings))
     return TimedRender(setup, image, result)
 
 

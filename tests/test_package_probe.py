@@ -4,6 +4,7 @@ stage runs just in time, with a warning; a good one is probed once per machine a
 
 from __future__ import annotations
 
+import json
 import platform
 import shutil
 import subprocess
@@ -101,8 +102,9 @@ def _assert_close(image: np.ndarray | torch.Tensor, reference: torch.Tensor) -> 
 def test_a_package_that_crashes_the_loader_falls_back_with_a_warning_and_is_probed_once(tmp_path, monkeypatch,
                                                                                          capsys):
     """The probe process dies of SIGSEGV, not the render: the stage runs just in time, the image is right,
-    the renderer and the command line say why, the stamp spares the next render a probe, and the resident
-    worker's pre-opening skips the package (opening it here would end this test process)."""
+    the renderer, the command line and `nbsim bench` (its JSON too) say why, the stamp spares the next render
+    a probe, and the resident worker's pre-opening skips the package (opening it here would end this test
+    process)."""
     setup, variant = _setup_and_variant()
     cache = KernelCache(tmp_path / "cache")
     package = _crashing_package(cache, variant, tmp_path)
@@ -127,6 +129,10 @@ def test_a_package_that_crashes_the_loader_falls_back_with_a_warning_and_is_prob
     assert f"WARNING: {warning}" in capsys.readouterr().out.splitlines()
     _assert_close(np.fromfile(tmp_path / "image.bin", np.float32).reshape(setup.shape), reference)
     assert probed == [package] and fallbacks == [variant, variant]
+    assert main(["bench", "--dtype", "float32", "--repeats", "1", "--warmup", "0", "--json", "bench.json",
+                 "--", *ARGS]) == 0
+    assert f"WARNING: {warning}" in capsys.readouterr().out.splitlines()
+    assert json.loads((tmp_path / "bench.json").read_text())["warnings"] == [warning]
 
     open_cached_packages(cache, CPU)
     assert not cache.open_packages

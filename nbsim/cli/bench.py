@@ -72,6 +72,8 @@ def main(argv: list[str]) -> int:
           f"warm median {result.warm_median_s:.4f} s (min {result.warm_min_s:.4f}, max {result.warm_max_s:.4f}) "
           f"over {result.repeats} runs, {result.pixels} pixels x {result.steps} steps, "
           f"peak RSS {result.peak_rss_mb:.0f} MB")
+    for line in result.warnings:
+        print(f"WARNING: {line}")
     if options.c_binary:
         c_image, c_times = run_c_reference(options.c_binary, nanobragg_args, options.warmup, options.repeats)
         result.c_times_s = c_times

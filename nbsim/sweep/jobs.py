@@ -186,6 +186,8 @@ def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
                                                    output_dtype, job.detector)
         timed_s = time.perf_counter() - begin
         result.compile_cache = loads[kernel]["cache"]
+        for line in result.warnings:
+            log.warning("%s: %s", point.name, line)
         entry = {**point.to_dict(), "index": index, "status": "ok", "timing": asdict(result), "timed_s": timed_s,
                  "device_name": result.gpu or result.cpu, "images": sorted(images),
                  "structure_factors": table_provenance(point.config.structure),
