@@ -90,6 +90,24 @@ def _in_folder(folder: Path, call):
         os.chdir(before)
 
 
+class DialsError(RuntimeError):
+    """A DIALS program (or DIALS's Python) failed; the message is one line."""
+
+
+def run_program(program: str, arguments: list[str], folder: Path, log: str | None = None) -> float:
+    """Run one DIALS program (or `cctbx.python`) in `folder`, its output kept in folder/LOG (default
+    PROGRAM.out); returns its seconds. A failure is a `DialsError` naming the program, the log and the log's
+    last line."""
+    started = time.perf_counter()
+    done = subprocess.run([program, *arguments], cwd=folder, capture_output=True, text=True)
+    log_path = folder / (log or f"{program}.out")
+    log_path.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
+        raise DialsError(f"{program} failed (log: {log_path}): {last}")
+    return time.perf_counter() - started
+
+
 def run_chain(folder: Path, space_group: str) -> dict[str, float]:
     """The DIALS programs one after another in `folder`; returns each one's seconds."""
     frames = sorted(p.name for p in folder.glob("frame_*.cbf"))
@@ -97,11 +115,7 @@ def run_chain(folder: Path, space_group: str) -> dict[str, float]:
     for program, *arguments in CHAIN:
         expanded = frames if arguments == ["{frames}"] else [
             a.format(space_group=space_group.replace(" ", "")) for a in arguments]
-        started = time.perf_counter()
-        done = subprocess.run([program, *expanded], cwd=folder, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"{program} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
-        seconds[program] = time.perf_counter() - started
+        seconds[program] = run_program(program, expanded, folder)
     return seconds
 
 
