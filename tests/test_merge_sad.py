@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ from nbsim.errors import NbsimError
 from nbsim.sweep.merging import scrambled, shared_flags
 from nbsim.sweep.validate import validate_config
 
-from .conftest import REPO_ROOT
+from .conftest import REPO_ROOT, own_cache_env, snakemake_command
 
 SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 EXAMPLE = REPO_ROOT / "config" / "examples" / "merge_sad.yaml"
@@ -62,6 +63,27 @@ def test_a_bad_merge_section_is_one_line(change, message):
     with pytest.raises(NbsimError) as error:
         validate_config(config, SCHEMA, EXAMPLE.parent)
     assert str(error.value) == message
+
+
+@pytest.mark.slow
+def test_the_pipeline_writes_each_experiments_merge_inputs_after_its_shots(tmp_path):
+    """A dry run of the example, shrunk: one merge_inputs job, after the batch, writing the files nbsim merge
+    reads (its function is run by the benchmark below)."""
+    config = _example()
+    config.update(results="results", compile_cache="results/compile-cache")
+    config["scenarios"]["sad"]["args"] = config["scenarios"]["sad"]["args"].replace(
+        "model_se.pdb", str(EXAMPLE.parent / "model_se.pdb"))
+    config["sweep"].update(sizes=[64], compile=["off"], batch_size=2)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([*snakemake_command(tmp_path), "--cores", "2", "--dry-run"], capture_output=True,
+                            text=True, timeout=300, env=own_cache_env(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = result.stdout + result.stderr
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", shown, re.M))
+    assert jobs["simulate"] == "1" and jobs["merge_inputs"] == "1"
+    folder = "results/sad/merge/n64-float32-cpu-compile_off"
+    assert all(f"{folder}/{name}" in shown for name in
+               ("truth.mtz", "start.mtz", "starts.json", "shots.txt", "flags.txt", "merge.json"))
 
 
 def test_the_scorer_maps_friedel_mates_into_the_asymmetric_unit(tmp_path):
