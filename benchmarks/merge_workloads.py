@@ -15,8 +15,9 @@ measured |F| (each half of a pair on its own, as the merge refines them) and CCa
 same way on the same reflections (`start_cc`). Time per shot-refinement and per F-gradient per shot: a probe in
 this process, one worker's threads, on a few of the same shots, through nbsim.merge.Merge (the library the
 command runs): the shot step of its first cycle (coarse search included), then one value and gradient of the F
-step's likelihood. `projected_target_s` is the merge's wall time scaled linearly to 1,000 shots (the same
-iterations assumed).
+step's likelihood. `merge_cpu_s` is the CPU time of the merge's processes (the steadier figure on a shared
+machine: a merge of W workers on W free cores takes about merge_cpu_s / W); `projected_target_s` and
+`projected_target_cpu_s` scale the wall and CPU time linearly to 1,000 shots (the same iterations assumed).
 
 The DIALS column: benchmarks/dials_route.py's `integrate_and_merge` on the same miniCBF files, its merged MTZ and
 nbsim's both scored by that script's `score_against_truth` (which tries the indexings the lattice allows),
@@ -293,13 +294,14 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
                "--json", str(merged_json), "--workers", str(workers), "--device", device,
                *(["--cycles", str(cycles)] if cycles else []), "--", *manifest["flags"]]
     environment = {**os.environ, "OMP_NUM_THREADS": str(worker_threads), "NBSIM_WORKER": "off"}
-    begin = time.perf_counter()
+    begin, cpu_begin = time.perf_counter(), _children_cpu_s()
     returncode, output = _streamed(command, environment)
-    merge_s = time.perf_counter() - begin
+    merge_s, merge_cpu_s = time.perf_counter() - begin, _children_cpu_s() - cpu_begin
     pixels = config["sweep"]["sizes"][0]
     record = {"shots": len(images), "detector": f"{pixels}²", "device": device, "device_name": _device_name(device),
               "workers": workers, "threads_per_worker": worker_threads, "load_average": list(os.getloadavg()),
               "render_s": render_s, "export_s": export_s, "inputs_s": inputs_s, "merge_s": merge_s,
+              "merge_cpu_s": merge_cpu_s,
               "merge_command": ["nbsim", "merge", f"<{len(images)} shots>", *command[4 + len(images):]],
               "energy_eV": manifest["energy_eV"], "start_correlation": manifest["start_correlation"],
               "perturb": manifest["perturb"], "target": {"shots": TARGET_SHOTS, "seconds": TARGET_S, "cc": TARGET_CC}}
@@ -309,6 +311,7 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
     record.update(cycles=document.get("cycles"), measured_parameters=document.get("measured_parameters"),
                   parameters=document.get("parameters"), merge_output=output)
     record["projected_target_s"] = merge_s * TARGET_SHOTS / len(images)
+    record["projected_target_cpu_s"] = merge_cpu_s * TARGET_SHOTS / len(images)
     record.update(score(str(merged), str(folder / "truth.mtz"), SHELLS, str(folder / "start.mtz")))
     torch.set_num_threads(worker_threads)  # the probe times one worker's share
     try:
@@ -320,6 +323,14 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
     record["dials"] = (dials_column(images, work, manifest, str(folder / "truth.mtz"), str(merged)) if dials
                        else {"skipped": "--no-dials"})
     return record
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user and system) of this process's finished children and theirs: a merge's workers included."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _without_nan(value):
@@ -397,8 +408,9 @@ def row(name: str, record: dict) -> str:
         f"CCano* {figure(r['dials']['scores']['cc_anomalous'])} (nbsim's by the same scorer "
         f"{figure(r['dials']['nbsim_scored_alike']['cc_anomalous'])})")
 
-    return (f"| {name} | {r['shots']} stills of {r['detector']}, {r['workers']} workers: merge {r['merge_s']:.0f} s "
-            f"(linear in the shots, {r['projected_target_s']:.0f} s for {TARGET_SHOTS}); per shot-refinement "
+    return (f"| {name} | {r['shots']} stills of {r['detector']}, {r['workers']} workers: merge {r['merge_s']:.0f} s, "
+            f"{r['merge_cpu_s']:.0f} CPU-s (linear in the shots, {r['projected_target_cpu_s']:.0f} CPU-s for "
+            f"{TARGET_SHOTS}); per shot-refinement "
             f"{figure(r.get('seconds_per_shot_refinement'), 2)} s, per F-gradient per shot "
             f"{figure(r.get('seconds_per_F_gradient_per_shot'), 4)} s; CC {figure(r['cc'])} (start "
             f"{figure(r.get('start_cc'))}), CCano* {figure(r['cc_anomalous'])} over {r['measured_reflections']} "

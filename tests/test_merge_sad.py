@@ -134,8 +134,8 @@ def test_the_merge_sad_benchmark_at_a_tiny_size(tmp_path):
     record = json.loads(completed.stdout.strip().splitlines()[-1])
     assert record["shots"] == 2 and record["detector"] == "96²" and record["workers"] == 1
     assert record["dials"] == {"skipped": "--no-dials"}
-    for key in ("render_s", "inputs_s", "merge_s", "seconds_per_shot_refinement", "seconds_per_F_gradient_per_shot",
-                "projected_target_s"):
+    for key in ("render_s", "inputs_s", "merge_s", "merge_cpu_s", "seconds_per_shot_refinement",
+                "seconds_per_F_gradient_per_shot", "projected_target_s", "projected_target_cpu_s"):
         assert record[key] > 0, key
     assert "--workers" in record["merge_command"] and "--anomalous" in record["merge_command"]
     assert 12616 < record["energy_eV"] < 12706  # the two spectra's weighted means, across the Se K edge
