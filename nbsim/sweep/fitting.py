@@ -106,8 +106,9 @@ class FitJob:
         return dataclass_from_dict(cls, data)
 
 
-def _generator(seed: int, owner: str, key: str) -> np.random.Generator:
-    """The counter-based generator of one perturbation key of one shot (or of the scenario, when shared)."""
+def keyed_generator(seed: int, owner: str, key: str) -> np.random.Generator:
+    """The counter-based generator of one key (a perturbation, the noise) of one owner (a shot, or the scenario
+    when shared): numpy's Philox keyed by a SeedSequence of the seed and the two names."""
     sequence = np.random.SeedSequence(int(seed), spawn_key=(zlib.crc32(owner.encode()), zlib.crc32(key.encode())))
     return np.random.Generator(np.random.Philox(sequence))
 
@@ -159,7 +160,7 @@ def perturbed_start(spec: PointSpec, truth: Setup, settings: Mapping[str, Any], 
 
     def generator(key: str) -> np.random.Generator:
         owner = scenario if PERTURBATIONS[key] in settings["shared"] else f"{scenario}/{spec.name}"
-        return _generator(settings["seed"], owner, key)
+        return keyed_generator(settings["seed"], owner, key)
 
     cell = list(base.lattice.cell_parameters())
     system = lattice_system(tuple(cell), settings["lattice"])
@@ -218,7 +219,7 @@ def observed_counts(spec: PointSpec, truth: Setup, store: Path, job: FitJob) -> 
     else:
         from ..detector import detector_image, layout_of
 
-        noise = _generator(job.settings["seed"], f"{job.scenario}/{spec.name}", "noise")
+        noise = keyed_generator(job.settings["seed"], f"{job.scenario}/{spec.name}", "noise")
         noise_seed = int(noise.integers(1, 2**31 - 1))
         response = dataclasses.replace(spec.config.response, poisson=True, generator="philox", noise_seed=noise_seed)
         image = read_observed(f"{store}#{spec.name}", shape=tuple(truth.shape))

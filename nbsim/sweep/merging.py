@@ -42,15 +42,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import NbsimError
-from .fitting import _generator, perturbed_start, start_values
+from ..model.anomalous import HC_EV_A
+from .fitting import keyed_generator, perturbed_start, start_values
 from .plan import Point, SweepPlan, scenario_args
 from .spec import PointSpec
 
 if TYPE_CHECKING:
     from ..resolve import Setup
 
-HC_EV_A = 12398.419843320026
-"""h·c in eV·Å (nbsim.model.anomalous.HC_EV_A; repeated here, where planning must not import torch)."""
 STRUCTURE_FLAGS = ("-model", "-hkl", "-column", "-anomalous", "-fp_fdp", "-energy_bins")
 """The structure-factor flags left out of the merge's shared flags: `nbsim merge --hkl` gives its table."""
 START_FLAGS = ("-misset", "-N")
@@ -252,7 +251,7 @@ def write_merge_inputs(records: Sequence[Path], names: Sequence[str], drawn: Seq
     anomalous = bool(np.any(np.abs(plus - minus) > ANOMALOUS_TOLERANCE * np.maximum(plus, minus)))
     means, mean_F = asymmetric_unit(table, group, cell, False, path)
     reflections, truth_F = (pairs, values) if anomalous else (means, mean_F)
-    generator = _generator(settings["seed"], f"merge/{scenario}/{experiment}", "start_F")
+    generator = keyed_generator(settings["seed"], f"merge/{scenario}/{experiment}", "start_F")
     start_F = scrambled(mean_F, settings["start"]["correlation"], generator)
     spectra = folder / "spectra"
     spectra.mkdir(parents=True, exist_ok=True)
