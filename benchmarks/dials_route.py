@@ -376,6 +376,7 @@ def _render_still(nbsim, folder: Path, index: int, truth_mtz: Path | str, cell: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (module docstring): the record as JSON on stdout; bad input one line, exit status 2."""
     parser = argparse.ArgumentParser(prog="dials_route.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("images", nargs="*", type=Path, help="stills DIALS imports (miniCBF, NXmx)")
     parser.add_argument("--space_group", required=True, help="e.g. P43212 or 'P 61'")
