@@ -21,11 +21,13 @@ dtype, device and compile setting is one experiment). For each, in `results/<sce
 * `shots.txt` (one shot a line, `<batch store>#<point>`), `flags.txt` (the shared model's nanoBragg flags:
   the scenario's, its size and flag axes, `-nointerpolate`, without the structure-factor flags the merge's
   `--hkl` replaces) and `merge.json` (the energy, space group, cell, counts, the start's correlation and the
-  merge's arguments), so that
+  merge's arguments), so that, from the working folder of the run (the files' paths are relative to it as the
+  config's `results` is),
 
       nbsim merge $(cat shots.txt) $(jq -r '.arguments | join(" ")' merge.json) --mtz merged.mtz -- $(cat flags.txt)
 
-  runs the merge, scored against the truth (`--truth truth.mtz` is among the arguments).
+  (each file with its folder) runs the merge, scored against the truth (`--truth truth.mtz` is among the
+  arguments).
 
 The planning part (`merge_experiments`, `check_merge`) is torch-free: the Snakefile imports it.
 """
