@@ -392,7 +392,7 @@ def verdict(record: dict) -> str:
     if result["merge_s"] > TARGET_S:
         misses.append(f"{result['merge_s']:.0f} s")
     if result["cc"] is None or result["cc"] < TARGET_CC:
-        misses.append(f"CC {result['cc']}")
+        misses.append("CC undefined" if result["cc"] is None else f"CC {result['cc']:.3f}")
     return "met" if not misses else "missed (" + "; ".join(misses) + ")"
 
 
