@@ -7,7 +7,7 @@ so a worker the docs start serves only these commands), as a clone whose venv is
 `snakemake` or `pytest` on PATH, so a block that names one bare fails as it would for a reader. An HTML comment on
 the line before the block marks one that is not run as it stands: `<!-- needs: DIALS -->` runs only where
 DIALS is installed, `<!-- not run: REASON -->` never (REASON says what it needs, and the text around the
-block says where to get it)."""
+block says where to get it). A block that repeats another's script word for word runs once."""
 
 from __future__ import annotations
 
@@ -62,8 +62,19 @@ def command_blocks() -> list[Block]:
     return blocks
 
 
+def distinct(blocks: list[Block]) -> list[Block]:
+    """The blocks with a script no earlier block has (the README repeats a page's commands: run them once)."""
+    seen: set[str] = set()
+    kept = []
+    for block in blocks:
+        if block.script not in seen:
+            seen.add(block.script)
+            kept.append(block)
+    return kept
+
+
 BLOCKS = command_blocks()
-RUN = [block for block in BLOCKS if block.marker is None or block.marker[0] == "needs"]
+RUN = distinct([block for block in BLOCKS if block.marker is None or block.marker[0] == "needs"])
 
 
 def test_every_block_is_run_or_says_why_not():
