@@ -23,6 +23,8 @@ from nbsim.model.geometry import build_geometry
 from nbsim.nanobragg.arguments import parse
 from nbsim.rng import Ran1
 
+from .conftest import REPO_ROOT
+
 
 def to_dials(vector) -> list[float]:
     """nanoBragg's lab vector in DIALS's frame: (z, y, -x), the header's DIALS_ORIGIN mapping."""
@@ -153,7 +155,7 @@ def test_bad_experiment_lists_are_one_line(tmp_path):
         assert "\n" not in str(raised.value) and name in str(raised.value)
 
 
-SERIES = ["-cell", "40", "50", "60", "90", "90", "90", "-default_F", "100", "-N", "10", "-lambda", "1.0",
+SERIES = ["-cell", "40", "50", "60", "90", "90", "90", "-default_F", "100", "-N", "10", "-lambda", "1",
           "-distance", "80", "-detpixels", "256", "-pixel", "0.2", "-oversample", "1", "-misset", "10", "20", "30",
           "-osc", "1", "-phisteps", "5", "-seed", "3", "-flux", "1e19", "-nopgm", "-compile", "off"]
 DIALS_COMMANDS = [
@@ -162,6 +164,22 @@ DIALS_COMMANDS = [
     ["dials.index", "imported.expt", "strong.refl", "unit_cell=40,50,60,90,90,90", "space_group=P222",
      "detector.fix=all", "beam.fix=all"],
 ]
+
+
+def test_the_documented_series_commands_are_the_tests():
+    """docs/formats.md shows the commands the next test runs (it runs them there, not twice): the same
+    nbsim flags (the test adds -compile off) and the same DIALS commands."""
+    text = (REPO_ROOT / "docs" / "formats.md").read_text()
+    marker = text.index("<!-- not run: tests/test_dials_experiments.py runs these commands")
+    start = text.index("```sh\n", marker) + len("```sh\n")
+    block = text[start:text.index("```", start)].replace("\\\n", " ")
+    lines = [line.split() for line in block.splitlines()]
+    [render] = [words for words in lines if words and words[0] == ".venv/bin/nbsim"]
+    compile_flag = SERIES.index("-compile")
+    assert render[1:render.index("-phi")] + render[render.index("-phi") + 2:render.index("-cbffile")] == \
+        SERIES[:compile_flag] + SERIES[compile_flag + 2:]
+    for command in DIALS_COMMANDS:
+        assert command in lines
 
 
 @pytest.mark.slow
