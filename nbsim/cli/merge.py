@@ -68,10 +68,15 @@ def argument_parser() -> argparse.ArgumentParser:
                              "friedel (F(+) towards F(-)), sigma relative (0.1: about 10 %%); on each shot "
                              "nbsim fit's names (orientation in degrees, cell in Å, N in cells, ...), towards the "
                              "shot's model at the start of each shot step")
-    parser.add_argument("--cycles", type=int, default=3, help="macro-cycles: shots, then F (default 3)")
-    parser.add_argument("--shared", type=_names, default=[],
-                        help="what is one for every shot: cell (crystals of one form; each cycle's cell is the "
-                             "mean of the shots' refined cells, weighted by their 1/sigma^2)")
+    parser.add_argument("--cycles", type=int, default=5,
+                        help="at most this many macro-cycles: shots, then F (default 5)")
+    parser.add_argument("--convergence", type=float, default=0.01,
+                        help="stop once a cycle changes the log|F| measured before and after it by less than "
+                             "this, root mean square (default 0.01, about 1 %%; 0: run every cycle)")
+    parser.add_argument("--shared", type=_names,
+                        help="what is one for every shot: cell (the default where the cell is refined: crystals of "
+                             "one form; each cycle's cell is the mean of the shots' refined cells, weighted by their "
+                             "1/sigma^2); '' for none")
     parser.add_argument("--scale-cycles", type=int, default=1,
                         help="the first this many cycles refine only each shot's scale, the rest of its model "
                              "after (default 1)")
@@ -92,8 +97,10 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shells", type=int, default=6, help="resolution shells of the reported CC")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
     parser.add_argument("--spots", type=int, default=200, help="most spots per shot")
-    parser.add_argument("--search-deg", type=float, default=0.3,
-                        help="how far off the starting orientations may be (first cycle's coarse stage)")
+    parser.add_argument("--search-deg", type=float, default=0.0,
+                        help="how far off the starting orientations may be: a search in the first cycle that "
+                             "refines the orientation (default 0, none: it matches intensities, which a poor "
+                             "starting |F| gets wrong)")
     parser.add_argument("--max-iterations", type=int, default=100, help="per shot refinement's iteration cap")
     parser.add_argument("--f-iterations", type=int, default=200, help="the F step's iteration cap")
     parser.add_argument("--adc", type=float, help="ADC offset to subtract (default: the file's, else 40 for SMV)")
@@ -206,7 +213,8 @@ def main(argv: list[str]) -> int:
     read_reflection_file(options.hkl, options.column)
     if options.truth is not None:
         read_reflection_file(options.truth, options.truth_column)
-    return _run(options, shots, argv_per_shot, cells[0], group.hm, configs[0], refine)
+    mean_cell = tuple(float(sum(values) / len(values)) for values in zip(*cells, strict=True))
+    return _run(options, shots, argv_per_shot, mean_cell, group.hm, configs[0], refine)
 
 
 def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list[str]], cell: tuple[float, ...],
@@ -221,7 +229,9 @@ def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list
                               search_deg=options.search_deg, restraints=shot_restraints, device=options.device)
     F_restraints = Restraints(**{name: sigma for name, sigma in options.restrain.items() if name in F_RESTRAINTS})
     merge_options = MergeOptions(shots=shot_options, cycles=options.cycles, scale_cycles=options.scale_cycles,
-                                 shared=tuple(options.shared),
+                                 convergence=options.convergence,
+                                 shared=tuple(options.shared if options.shared is not None else
+                                              [name for name in ("cell",) if name in refine]),
                                  shells=options.shells, max_iterations=options.f_iterations,
                                  restraints=F_restraints)
     merge_options.check()
@@ -248,7 +258,8 @@ def _progress_line(record: dict) -> str:
         parts.append(f"done: resumed from {record['resumed']}")
     if "negative_log_likelihood" in record:
         parts.append(f"-logL {record['negative_log_likelihood']:.10g}  F: {record['em_steps']} EM steps, "
-                     f"{record['f_iterations']} L-BFGS iterations")
+                     f"{record['f_iterations']} L-BFGS iterations, rms change of log|F| "
+                     f"{record['rms_change_log_F']:.4f}")
     if "cc" in record:
         shells = " ".join(f"{value:.3f}" for value in record["cc_by_shell"])
         parts.append(f"CC {record['cc']:.4f}  by shell (low to high) {shells}")
@@ -289,7 +300,7 @@ def run_worker(job, outputs: Outputs) -> None:
         print(f"stopped after cycle {outputs.stop_after_cycle}; the same command resumes from {outputs.checkpoint}",
               file=sys.stderr)
         return
-    write_mtz(outputs.mtz, result.reflections, result.amplitudes, result.sigmas)
+    write_mtz(outputs.mtz, result.reflections, result.amplitudes, result.sigmas, cell_A_deg=result.cell_A_deg)
     if outputs.json is not None:
         atomic_write_text(outputs.json, json.dumps(merge_json(result), indent=2) + "\n")
     if outputs.report is not None:

@@ -12,8 +12,9 @@ from .reflections import Reflections
 
 
 def write_mtz(path: str, reflections: Reflections, amplitudes: np.ndarray, sigmas: np.ndarray,
-              title: str = "nbsim merge") -> None:
-    """The reflections some pixel measured, as an MTZ (unmeasured halves of a pair are missing: NaN)."""
+              title: str = "nbsim merge", cell_A_deg: tuple[float, ...] | None = None) -> None:
+    """The reflections some pixel measured, as an MTZ (unmeasured halves of a pair are missing: NaN), with
+    `cell_A_deg` (default: the reflections')."""
     import gemmi
 
     plus, minus = reflections.plus, reflections.minus
@@ -25,7 +26,7 @@ def write_mtz(path: str, reflections: Reflections, amplitudes: np.ndarray, sigma
     mtz = gemmi.Mtz(with_base=True)
     mtz.title = title
     mtz.spacegroup = reflections.group
-    mtz.set_cell_for_all(gemmi.UnitCell(*reflections.cell_A_deg))
+    mtz.set_cell_for_all(gemmi.UnitCell(*(cell_A_deg or reflections.cell_A_deg)))
     mtz.add_dataset("nbsim")
     data = [reflections.miller[keep].astype(np.float64)]
     for label, kind, parameters in columns:
@@ -40,7 +41,7 @@ def merge_json(result: MergeResult) -> dict:
     """Every shot's refined model (as `nbsim fit --json` writes a shot), the cycles, and the merged set's size."""
     reflections = result.reflections
     return {"shots": result.shots, "cycles": result.cycles, "space_group": reflections.group.hm,
-            "cell": list(reflections.cell_A_deg), "anomalous": reflections.anomalous,
+            "cell": list(result.cell_A_deg), "anomalous": reflections.anomalous,
             "reflections": int(len(reflections.miller)), "measured_parameters": int(result.measured.sum()),
             "parameters": int(reflections.size), "negative_log_likelihood": result.nll,
             "seconds": round(result.seconds, 3),

@@ -1,10 +1,13 @@
 """Ensemble refinement of structure factors over many stills, by modelling every shoebox pixel.
 
-Macro-cycles: each shot's model is refined with F fixed (`nbsim.fit.fit`, shot by shot, which also places
-the shoeboxes and fits their background planes), then log|F| with every shot fixed, by L-BFGS on the Poisson
-negative log-likelihood summed over every shot's pixels (the gradient by autograd, through the kernel's table
-lookup) plus the restraints. Each worker holds its shots; the F step's value and gradient are summed over
-the workers by all-reduce, and every worker runs the same L-BFGS on the same sums, in step.
+Macro-cycles (docs/merging.md, "The refinement"): each shot's model is refined with F fixed (`nbsim.fit.fit`,
+shot by shot, which also places the shoeboxes and fits their background planes; the first `scale_cycles`
+cycles refine only the scale, and the cell may be one for every shot), then log|F|: EM steps on |F|², then
+L-BFGS on log|F| with every shot's log scale, on the Poisson negative log-likelihood summed over every shot's
+pixels (the gradients by autograd, through the kernel's table lookup) plus the restraints. Each worker holds
+its shots; the F step's value and gradients are summed over the workers by all-reduce, and every worker runs
+the same steps on the same sums, in step. After each cycle the state can be checkpointed (`state.py`) and a
+run resumed from it.
 
 Standard errors of |F|: the diagonal of the Fisher information (the expected Gauss–Newton Hessian) of
 log|F| at the optimum, the restraints' curvature added, with each pixel attributed to the one reflection its
@@ -68,7 +71,7 @@ class MergeOptions:
     optimiser and the restraints."""
 
     shots: FitOptions = field(default_factory=FitOptions)
-    cycles: int = 3
+    cycles: int = 5
     restraints: Restraints = field(default_factory=Restraints)
     max_iterations: int = 200
     gradient_tolerance: float = 1e-5
@@ -76,6 +79,9 @@ class MergeOptions:
     change_tolerance: float = 1e-13
     shared: tuple[str, ...] = ()
     """Quantities of every shot's model that are one for all shots ("cell": crystals of one form)."""
+    convergence: float = 0.01
+    """Stop once a cycle (past the scale-only ones) changes the log|F| measured before and after it by less than
+    this, root mean square (0: run every cycle)."""
     scale_cycles: int = 1
     """The first this many cycles refine only each shot's scale (then everything `shots.refine` names)."""
     em_iterations: int = 30
@@ -98,6 +104,8 @@ class MergeOptions:
             raise NbsimError(f"merge shares only the cell between shots (got {unknown[0]!r})")
         if self.shared and "cell" not in self.shots.refine:
             raise NbsimError("the cell is shared between shots but not refined: add cell to --refine")
+        if not self.convergence >= 0:
+            raise NbsimError(f"the convergence threshold must not be below 0 (got {self.convergence})")
         if self.scale_cycles < 0:
             raise NbsimError(f"the scale-only cycles must not be fewer than 0 (got {self.scale_cycles})")
         if self.em_iterations < 0:
@@ -155,6 +163,8 @@ class MergeResult:
     cycles: list[dict]
     nll: float
     seconds: float
+    cell_A_deg: tuple[float, ...]
+    """The mean of the shots' refined cells (the job's where no shot was refined)."""
 
 
 def start_reflections(job: MergeJob) -> tuple[Reflections, np.ndarray, HKLGrid]:
@@ -171,7 +181,7 @@ def job_fingerprint(job: MergeJob) -> str:
     fields = dataclasses.asdict(job)
     for name in ("truth", "truth_column"):
         fields.pop(name)
-    for name in ("cycles", "shells"):
+    for name in ("cycles", "convergence", "shells"):
         fields["options"].pop(name)
     paths = [job.hkl, *(name.split("#", 1)[0] for name, _ in job.shots)]
     return fingerprint(fields, paths)
@@ -301,7 +311,7 @@ class Merge:
         """This worker's shots at their refined models, with nothing refined: the F step's renderer (float64)."""
         if self.pixel_model is None and self.shots:
             model = DiffractionModel([shot.setup for shot in self.shots], [(s.rows, s.cols) for s in self.shots],
-                                     (), device=self.device, dtype=torch.float64)
+                                     (), device=self.device, dtype=torch.float64, compile=False)
             for index, shot in enumerate(self.shots):
                 model.set_start(index, "scale", [shot.scale])
             self.pixel_model = model
@@ -550,6 +560,13 @@ class Merge:
             shot.background = torch.as_tensor(state.background, dtype=torch.float64, device=self.device)
         self.pixel_model = None
 
+    def converged(self, cycles: list[dict]) -> bool:
+        """Whether the last cycle, one past the scale-only cycles, changed the log|F| measured before and after
+        it by less than `convergence` (root mean square): the merge stops there."""
+        last = cycles[-1] if cycles else {}
+        return last.get("cycle", 0) > self.options.scale_cycles and \
+            last.get("rms_change_log_F", math.inf) <= self.options.convergence
+
     def run(self, progress: Callable[[dict], None] | None = None, checkpoint: str | None = None,
             stop_after: int | None = None) -> MergeResult | None:
         """Every macro-cycle, then the standard errors; `progress(record)` after each cycle (on every worker).
@@ -573,16 +590,23 @@ class Merge:
                 progress(cycles[0])
         nll = next((r["negative_log_likelihood"] for r in reversed(cycles) if "negative_log_likelihood" in r), math.nan)
         for cycle in range(first_cycle, self.options.cycles):
+            if self.converged(cycles):
+                break
+            before, measured_before = self.log_F.clone(), self.measured.copy()
             self.refine_shots(cycle)
             nll, em_steps, iterations = self.refine_F()
+            change = (self.log_F - before)[torch.as_tensor(self.measured & measured_before)]
             record = {"cycle": cycle + 1, "negative_log_likelihood": nll, "em_steps": em_steps,
-                      "f_iterations": iterations, "seconds": round(time.perf_counter() - started, 3), **self.scores()}
+                      "f_iterations": iterations,
+                      "rms_change_log_F": float(torch.sqrt(torch.mean(change ** 2))) if len(change) else 0.0,
+                      "seconds": round(time.perf_counter() - started, 3), **self.scores()}
             cycles.append(record)
             if progress is not None:
                 progress(record)
             if checkpoint is not None:
                 self.save(checkpoint, cycle + 1, cycles)
-            if stop_after is not None and cycle + 1 >= stop_after and cycle + 1 < self.options.cycles:
+            if stop_after is not None and cycle + 1 >= stop_after and cycle + 1 < self.options.cycles \
+                    and not self.converged(cycles):
                 return None
         information = self.fisher_diagonal()
         measured = (information >= MEASURED_INFORMATION).numpy()
@@ -594,5 +618,8 @@ class Merge:
         documents = [document for worker in gather([s.document for s in self.shots]) for document in worker]
         order = {name: index for index, (name, _) in enumerate(self.job.shots)}
         documents.sort(key=lambda document: order[document["image"]])
+        cell = tuple(float(v) for v in np.mean([d["cell"] for d in documents], axis=0)) if documents \
+            else self.job.cell_A_deg
         return MergeResult(reflections=self.reflections, amplitudes=amplitudes, sigmas=sigmas, measured=measured,
-                           shots=documents, cycles=cycles, nll=nll, seconds=time.perf_counter() - started)
+                           shots=documents, cycles=cycles, nll=nll, seconds=time.perf_counter() - started,
+                           cell_A_deg=cell)

@@ -61,8 +61,9 @@ def rebuilt_setup(start: Setup, values: dict[str, list[float]], refined: Sequenc
     """The start's set-up with `values` in place (as `nbsim.fit` builds a refined one), sampled with
     `oversample` sub-pixels a side. Without its structure-factor table: the merge puts the current one in."""
     bare = dataclasses.replace(start, grid=None, channel_grids=None)
-    model = DiffractionModel([bare], [(np.zeros(0), np.zeros(0))], [q for q in SETUP_QUANTITIES if q in refined],
-                             lattice=lattice)
+    one_pixel = (np.zeros(1, np.int64), np.zeros(1, np.int64))
+    model = DiffractionModel([bare], [one_pixel], [q for q in SETUP_QUANTITIES if q in refined], lattice=lattice,
+                             compile=False)
     tensors = {name: torch.tensor(value, dtype=torch.float64) for name, value in values.items()}
     with torch.no_grad():
         setup = model.image_setup(0, tensors)
