@@ -360,8 +360,10 @@ def test_cli_merge_resumes_from_its_last_cycle(start_mtz, tmp_path, capsys):
     assert "cycle 1  done: resumed from" in capsys.readouterr().out
     merged = [gemmi.read_mtz_file(str(folder / "out.mtz")).array for folder in (straight, resumed)]
     assert np.array_equal(merged[0], merged[1], equal_nan=True)
-    shots = [json.loads((folder / "out.json").read_text())["shots"] for folder in (straight, resumed)]
-    assert shots[0] == shots[1]
+    documents = [json.loads((folder / "out.json").read_text()) for folder in (straight, resumed)]
+    assert documents[0]["shots"] == documents[1]["shots"]
+    assert [{k: v for k, v in c.items() if k != "seconds"} for c in documents[0]["cycles"]] == \
+        [{k: v for k, v in c.items() if k != "seconds"} for c in documents[1]["cycles"]]
     assert not (resumed / "out.mtz.checkpoint").exists()
     page = (resumed / "report.html").read_text()
     assert "data:image/png;base64," in page and page.count("<tr><td>") == 3  # the start and both cycles

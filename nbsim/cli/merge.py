@@ -67,7 +67,7 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="restraints as NAME=SIGMA,...: on log|F| start, shell (towards the shell's mean), "
                              "friedel (F(+) towards F(-)), sigma relative (0.1: about 10 %%); on each shot "
                              "nbsim fit's names (orientation in degrees, cell in Å, N in cells, ...), towards the "
-                             "shot's model at the start of each shot step")
+                             "shot's start")
     parser.add_argument("--cycles", type=int, default=5,
                         help="at most this many macro-cycles: shots, then F (default 5)")
     parser.add_argument("--convergence", type=float, default=0.01,

@@ -542,14 +542,17 @@ class Merge:
         gathered = [state for worker in gather(states) for state in worker]
         if self.rank == 0:
             write_checkpoint(path, Checkpoint(fingerprint=job_fingerprint(self.job), cycle=cycle,
-                                              log_F=self.log_F.numpy(), shots=gathered, cycles=cycles))
+                                              log_F=self.log_F.numpy(), measured=self.measured, shots=gathered,
+                                              cycles=cycles))
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Continue from a checkpoint: its log|F|, and this worker's shots' models, pixels and backgrounds."""
         states = {state.name: state for state in checkpoint.shots}
-        if len(checkpoint.log_F) != self.model.size or any(s.image.name not in states for s in self.shots):
+        if len(checkpoint.log_F) != self.model.size or len(checkpoint.measured) != self.model.size or \
+                any(s.image.name not in states for s in self.shots):
             raise NbsimError("the checkpoint does not hold this merge's reflections and shots; remove it")
         self.log_F = torch.as_tensor(checkpoint.log_F, dtype=torch.float64)
+        self.measured = checkpoint.measured
         grid = self.current_grid()
         for shot in self.shots:
             state = states[shot.image.name]

@@ -5,9 +5,10 @@ orientation as the rotation vector from its starting orientation) and its set-up
 start (`rebuilt_setup`), in every cycle: the checkpoint holds exactly what the run continues from, so a run
 resumed from it goes on as the uninterrupted run would have.
 
-The checkpoint (one .npz file, written atomically after each cycle; no pickles): the cycle it ends, log|F|,
-every shot's values, sampling, scale, fitted pixels, fixed background and refined model's JSON, the cycles'
-records, and the fingerprint of the inputs (`fingerprint`): resuming with other inputs is an error.
+The checkpoint (one .npz file, written atomically after each cycle; no pickles): the cycle it ends, log|F| and
+which of them are measured, every shot's values, sampling, scale, fitted pixels, fixed background and refined
+model's JSON, the cycles' records, and the fingerprint of the inputs (`fingerprint`): resuming with other
+inputs is an error.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Checkpoint:
     fingerprint: str
     cycle: int
     log_F: np.ndarray
+    measured: np.ndarray
     shots: list[ShotState]
     cycles: list[dict]
 
@@ -118,7 +120,8 @@ def write_checkpoint(path: str, checkpoint: Checkpoint) -> None:
             "cycles": checkpoint.cycles,
             "shots": [{"name": s.name, "values": s.values, "oversample": s.oversample, "scale": s.scale,
                        "document": s.document} for s in checkpoint.shots]}
-    arrays = {"meta": np.array(json.dumps(meta)), "log_F": np.asarray(checkpoint.log_F, np.float64)}
+    arrays = {"meta": np.array(json.dumps(meta)), "log_F": np.asarray(checkpoint.log_F, np.float64),
+              "measured": np.asarray(checkpoint.measured, bool)}
     for index, shot in enumerate(checkpoint.shots):
         arrays[f"rows{index}"] = np.asarray(shot.rows, np.int64)
         arrays[f"cols{index}"] = np.asarray(shot.cols, np.int64)
@@ -136,7 +139,7 @@ def read_checkpoint(path: str, expected_fingerprint: str) -> Checkpoint | None:
     try:
         with np.load(path, allow_pickle=False) as archive:
             meta = json.loads(str(archive["meta"]))
-            log_F = archive["log_F"].copy()
+            log_F, measured = archive["log_F"].copy(), archive["measured"].copy()
             shots = [ShotState(name=entry["name"], values=entry["values"], oversample=int(entry["oversample"]),
                                scale=float(entry["scale"]), rows=archive[f"rows{index}"].copy(),
                                cols=archive[f"cols{index}"].copy(), background=archive[f"background{index}"].copy(),
@@ -146,6 +149,6 @@ def read_checkpoint(path: str, expected_fingerprint: str) -> Checkpoint | None:
         raise NbsimError(f"{path}: not a merge checkpoint ({error}); remove it to start afresh") from None
     if meta.get("version") != CHECKPOINT_VERSION or meta.get("fingerprint") != expected_fingerprint:
         raise NbsimError(f"{path}: a checkpoint of a merge with other inputs; remove it to start afresh")
-    return Checkpoint(fingerprint=meta["fingerprint"], cycle=int(meta["cycle"]), log_F=log_F, shots=shots,
-                      cycles=meta["cycles"])
+    return Checkpoint(fingerprint=meta["fingerprint"], cycle=int(meta["cycle"]), log_F=log_F, measured=measured,
+                      shots=shots, cycles=meta["cycles"])
 
