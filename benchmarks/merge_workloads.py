@@ -55,6 +55,8 @@ SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 TARGET_SHOTS, TARGET_S, TARGET_CC = 1000, 1800.0, 0.99
 QUICK = {"shots": 20, "size": 128, "channels": 5, "cycles": 1}
 SHELLS = 6
+STRONG_SIGMAS = 5.0
+"""`cc_strong` takes the merged amplitudes of at least this many of their sigmas."""
 PROBE_SHOTS = 2
 DIALS_ROUTE = "benchmarks/dials_route.py"
 
@@ -123,9 +125,10 @@ def export_cbf(records: list[Path], folder: Path) -> dict[str, str]:
     return files
 
 
-def read_amplitudes(path: str) -> dict[tuple[int, int, int], tuple[float, float]]:
-    """An MTZ's amplitudes in gemmi's reciprocal asymmetric unit: (F(+), F(−)) per index (FP or F for both
-    without a pair), each row's index mapped there and its halves swapped where the mapping is a Friedel one."""
+def read_amplitudes(path: str) -> dict[tuple[int, int, int], tuple[float, float, float, float]]:
+    """An MTZ's amplitudes in gemmi's reciprocal asymmetric unit: (F(+), F(−), σ(F(+)), σ(F(−))) per index (FP
+    or F and its sigma for both halves without a pair; NaN sigmas where the file has none), each row's index
+    mapped there and its halves swapped where the mapping is a Friedel one."""
     import gemmi
 
     mtz = gemmi.read_mtz_file(path)
@@ -135,15 +138,20 @@ def read_amplitudes(path: str) -> dict[tuple[int, int, int], tuple[float, float]
     else:
         plus = minus = next(label for label in ("FP", "F", "F-obs", "FMEAN") if label in labels)
     data = np.asarray(mtz.array)
-    hkl = data[:, :3].astype(np.int32)
-    f_plus, f_minus = data[:, labels.index(plus)], data[:, labels.index(minus)]
+
+    def column(label: str) -> np.ndarray:
+        return data[:, labels.index(label)] if label in labels else np.full(len(data), np.nan)
+
+    sigma = {"FP": "SIGFP", "F": "SIGF", "F-obs": "SIGF-obs", "FMEAN": "SIGFMEAN"}
+    values = np.column_stack([column(plus), column(minus), column(sigma.get(plus, f"SIG{plus}")),
+                              column(sigma.get(minus, f"SIG{minus}"))])
     asu = gemmi.ReciprocalAsu(mtz.spacegroup)
     operations = mtz.spacegroup.operations()
     found = {}
-    for index, row in enumerate(hkl):
+    for row, (f_plus, f_minus, sigma_plus, sigma_minus) in zip(data[:, :3].astype(np.int32), values, strict=True):
         mapped, isym = asu.to_asu([int(v) for v in row], operations)
-        pair = (float(f_plus[index]), float(f_minus[index]))
-        found[tuple(mapped)] = pair if isym % 2 == 1 else pair[::-1]
+        found[tuple(mapped)] = tuple(map(float, (f_plus, f_minus, sigma_plus, sigma_minus) if isym % 2 == 1
+                                         else (f_minus, f_plus, sigma_minus, sigma_plus)))
     return found
 
 
@@ -155,10 +163,11 @@ def _pearson(values: np.ndarray, truth: np.ndarray) -> float | None:
 
 
 def score(merged_path: str, truth_path: str, shells: int = SHELLS, start_path: str | None = None) -> dict:
-    """CC(|F|, truth) over the measured amplitudes (each half of a pair on its own, a centric reflection once)
-    and CCano* (|F(+)| − |F(−)| against the truth's, over the acentric pairs with both halves measured), overall
-    and by resolution shell (equal counts in 1/d³ over the measured reflections); with `start_path`, the start's
-    CC on the same amplitudes."""
+    """CC(|F|, truth) over the measured amplitudes (each half of a pair on its own, a centric reflection once),
+    `cc_strong` over those with |F| ≥ STRONG_SIGMAS σ(F) (`strong` of them), and CCano* (|F(+)| − |F(−)|
+    against the truth's, over the acentric pairs with both halves measured), overall and by resolution shell
+    (equal counts in 1/d³ over the measured reflections); with `start_path`, the start's CC on the same
+    amplitudes."""
     import gemmi
 
     merged, truth = read_amplitudes(merged_path), read_amplitudes(truth_path)
@@ -173,7 +182,7 @@ def score(merged_path: str, truth_path: str, shells: int = SHELLS, start_path: s
     d_A = np.asarray(cell.calculate_d_array(miller))
     ours = np.array([merged[h] for h in common])
     true = np.array([truth[h] for h in common])
-    began = np.array([start.get(h, (math.nan, math.nan)) for h in common])
+    began = np.array([start.get(h, (math.nan,) * 4) for h in common])
     inverse_cube = 1.0 / d_A ** 3
     edges = np.quantile(inverse_cube, np.linspace(0, 1, shells + 1))
     shell = np.clip(np.searchsorted(edges, inverse_cube, side="right") - 1, 0, shells - 1)
@@ -190,6 +199,10 @@ def score(merged_path: str, truth_path: str, shells: int = SHELLS, start_path: s
                   "cc_anomalous": _pearson(ours[acentric, 0] - ours[acentric, 1],
                                            true[acentric, 0] - true[acentric, 1]),
                   "anomalous_pairs": int((acentric & np.isfinite(ours[:, 0]) & np.isfinite(ours[:, 1])).sum())}
+        amplitudes, sigmas = halves(ours, where), np.concatenate([ours[where, 2], ours[where, 3]])
+        strong = amplitudes >= STRONG_SIGMAS * sigmas
+        result.update(cc_strong=_pearson(np.where(strong, amplitudes, np.nan), halves(true, where)),
+                      strong=int(strong.sum()))
         if start:
             measured = np.isfinite(halves(ours, where))
             result["start_cc"] = _pearson(np.where(measured, halves(began, where), np.nan), halves(true, where))

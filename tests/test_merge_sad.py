@@ -113,12 +113,13 @@ def test_the_scorer_maps_friedel_mates_into_the_asymmetric_unit(tmp_path):
     assert scores["anomalous_pairs"] == 5
 
 
-def _halves(path: str) -> dict[tuple[int, int, int], tuple[float, float]]:
+def _halves(path: str) -> dict[tuple[int, int, int], tuple[float, float, float, float]]:
+    """F(+), F(-), SIGF(+), SIGF(-) (FP, FP, SIGFP, SIGFP) by index, as written."""
     mtz = gemmi.read_mtz_file(path)
     labels = [column.label for column in mtz.columns]
+    names = ("F(+)", "F(-)", "SIGF(+)", "SIGF(-)") if "F(+)" in labels else ("FP", "FP", "SIGFP", "SIGFP")
     data = np.asarray(mtz.array)
-    first, second = (labels.index("F(+)"), labels.index("F(-)")) if "F(+)" in labels else (labels.index("FP"),) * 2
-    return {tuple(int(v) for v in row[:3]): (float(row[first]), float(row[second])) for row in data}
+    return {tuple(int(v) for v in row[:3]): tuple(float(row[labels.index(name)]) for name in names) for row in data}
 
 
 @pytest.mark.slow
@@ -164,12 +165,17 @@ def test_the_merge_sad_benchmark_at_a_tiny_size(tmp_path):
     merged, truth, began = (_halves(str(folder / name)) for name in ("merged.mtz", "truth.mtz", "start.mtz"))
     indices = [h for h in merged if any(math.isfinite(v) for v in merged[h])]
     centric = dict(zip(indices, group.centric_flag_array(np.array(indices, np.int32)), strict=True))
-    ours, true, start_F = [], [], []
+    ours, true, start_F, strong = [], [], [], []
     for h in indices:
         for half in (0,) if centric[h] else (0, 1):
             if math.isfinite(merged[h][half]):
                 ours.append(merged[h][half]), true.append(truth[h][half]), start_F.append(began[h][half])
+                strong.append(merged[h][half] >= merge_workloads.STRONG_SIGMAS * merged[h][half + 2])
     assert record["cc"] == pytest.approx(float(np.corrcoef(ours, true)[0, 1]), abs=1e-9)
+    assert record["strong"] == sum(strong)
+    if sum(strong) >= 3:
+        assert record["cc_strong"] == pytest.approx(
+            float(np.corrcoef(np.array(ours)[strong], np.array(true)[strong])[0, 1]), abs=1e-9)
     assert record["start_cc"] == pytest.approx(float(np.corrcoef(start_F, true)[0, 1]), abs=1e-9)
     assert 0.2 < record["start_cc"] < 0.8 and record["cc"] < 1 - 1e-6
     pairs = [h for h in indices if not centric[h] and all(math.isfinite(v) for v in merged[h])]
