@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,7 +59,9 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="shoeboxes around predicted spots only (default: the image's strong spots too)")
     parser.add_argument("--background", default="plane", help="plane (per shoebox, fixed), flat (refined), none")
     parser.add_argument("--likelihood", default="poisson", help="poisson (default) or gaussian (diffBragg's)")
-    parser.add_argument("--optimizer", default="lbfgs", help="lbfgs (default) or adam")
+    parser.add_argument("--optimizer", default="auto",
+                        help="auto (default: fisher where it applies, else lbfgs), fisher (Fisher scoring, one block "
+                             "per image: crystal-only refinements with nothing shared), lbfgs or adam")
     parser.add_argument("--max-iterations", type=int, default=100)
     parser.add_argument("--search-deg", type=float, default=0.3,
                         help="how far off the starting orientation may be (the coarse stage; 0 skips the search "
@@ -69,8 +72,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", help="write the result here (the JSON contract of docs/fitting.md)")
     parser.add_argument("--flags", help="write the refined model's nanoBragg flags here, one line per image")
     parser.add_argument("--plot", help="write observed, model and residual shoeboxes as a PNG")
-    parser.add_argument("--compile", default="off", choices=["on", "off"],
-                        help="render the fitted pixels through torch.compile (pays a compile per structure once)")
+    parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                        help="the fit's compiled kernel: auto (default: when cached, or when building it first pays), "
+                             "on (built first if needed), off (eager)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -167,9 +171,10 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
          model_flags: list[str]) -> int:
     import torch
 
+    from ..fit.compiled import start_background_build
     from ..fit.images import read_fit_image
     from ..fit.output import fit_json, residual_picture
-    from ..fit.refine import FitOptions, fit
+    from ..fit.refine import FitOptions, fit, fit_kernel_variants
     from ..resolve import resolve
 
     adc = options.adc
@@ -187,7 +192,7 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         shoebox_px=options.shoebox, max_spots=options.spots, observed_spots=not options.no_observed_spots,
         background=options.background, likelihood=options.likelihood, readout_photons=readout_photons,
         optimizer=options.optimizer, max_iterations=options.max_iterations, search_deg=options.search_deg,
-        restraints=dict(options.restrain), device=options.device, compile=options.compile == "on",
+        restraints=dict(options.restrain), device=options.device, compile=options.compile,
         dtype=torch.float64 if options.dtype == "float64" else torch.float32)
     show = not options.quiet and sys.stderr.isatty()
 
@@ -195,6 +200,11 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         print(f"{stage} {iteration:4d}  -logL {nll:.8g}  max|grad| {gradient:.3g}  {seconds:.1f} s", file=sys.stderr)
 
     result = fit(fit_images, fit_options, progress if show else None)
+    if options.compile == "auto" and os.environ.get("NBSIM_BACKGROUND_BUILD", "on") != "off":
+        variants = fit_kernel_variants([image.setup for image in fit_images], fit_options.refine, fit_options)
+        if start_background_build(variants):
+            print("nbsim fit: building the fit's compiled kernel in the background for later fits "
+                  "(python -m nbsim.fit.compiled; NBSIM_BACKGROUND_BUILD=off to stop this)", file=sys.stderr)
     document = fit_json(result, argv_per_image)
     if options.json:
         atomic_write_text(options.json, json.dumps(document, indent=2) + "\n")

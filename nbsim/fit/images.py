@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..io.observed import read_observed
 from ..resolve import Setup
-from .refine import FitImage
+from .objective import FitImage
 
 
 def read_fit_image(name: str, setup: Setup, adc_offset_adu: float | None = None) -> FitImage:

@@ -25,6 +25,7 @@ from ..kernel.physics import prepare_pixels, sum_steps
 from ..model.beam import build_sources
 from ..model.crystal import Lattice, oriented_cells
 from ..model.geometry import build_geometry
+from ..modes import Compile
 from ..resolve import OversampleAdvice, Setup, oversample_advice, requested_oversample, sampling_distance_m
 from ..vectors import cross, dot
 from .parameters import (
@@ -41,6 +42,7 @@ from .parameters import (
     starting_rotation,
     to_natural,
 )
+from .scattering import ScatteringPixels, fixed_frame_fittable, scattering_pixels
 
 
 def pixel_photons(rows: torch.Tensor, cols: torch.Tensor, tensors: KernelTensors,
@@ -148,13 +150,19 @@ class DiffractionModel(nn.Module):
     to render. `refine`: names from `parameters.REFINABLE`; `shared`: those refined once for every image.
     `lattice`: a lattice-system name, else each image's is read off its starting cell.
     The parameter `internal` holds the dimensionless coordinates (zero at the start); `natural()` gives the
-    quantities in their units. `forward()` returns one (pixels,) tensor of photons per image. `compile`:
-    render through torch.compile (compiled_pixel_photons) instead of eagerly.
+    quantities in their units. `forward()` returns one (pixels,) tensor of photons per image, every image's
+    pixels in one kernel call where it can (`scattering`).
+
+    `compile`: where only the crystal is refined (nbsim.fit.scattering), "auto" renders every image's pixels
+    with the fit's compiled kernel (nbsim.fit.compiled) when the cache holds it, "on" builds it first when it
+    does not; "off", and every other refinement, render eagerly through autograd ("on": through
+    torch.compile, compiled_pixel_photons). Both give the same photons and gradients.
     """
 
     def __init__(self, setups: Sequence[Setup], pixels: Sequence[tuple[np.ndarray, np.ndarray]],
                  refine: Sequence[str] = (), shared: Sequence[str] = (), lattice: str | None = None,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64, compile: bool = False):
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
+                 compile: Compile | bool | str = Compile.AUTO):
         super().__init__()
         if len(setups) != len(pixels):
             raise NbsimError(f"{len(setups)} set-ups but {len(pixels)} pixel lists")
@@ -165,7 +173,7 @@ class DiffractionModel(nn.Module):
         self.setups = list(setups)
         self.device = torch.device(device)
         self.dtype = dtype
-        self.compile = compile
+        self.compile = Compile.of(compile)
         self.refine = [name for name in REFINABLE if name in refine]
         self.shared = [name for name in self.refine if name in shared]
         self.systems = [lattice_system(setup.lattice.cell_parameters(), lattice) for setup in setups]
@@ -178,6 +186,11 @@ class DiffractionModel(nn.Module):
         self.tables: list[TableTensors] = [table_tensors(setup, self.device, dtype) for setup in setups]
         self.rows = [torch.as_tensor(np.asarray(r), dtype=dtype, device=self.device) for r, _ in pixels]
         self.cols = [torch.as_tensor(np.asarray(c), dtype=dtype, device=self.device).view(-1, 1) for _, c in pixels]
+        self.scattering: ScatteringPixels | None = None
+        """Every image's pixels on the fit's compiled kernel (None: rendered image by image through autograd)."""
+        if fixed_frame_fittable(self.setups, self.refine):
+            self.scattering = scattering_pixels(self.setups, self.rows, self.cols, self.tables, self.device, dtype,
+                                                self.compile)
 
     def _layout(self) -> list[Slot]:
         slots, offset = [], 0
@@ -246,8 +259,10 @@ class DiffractionModel(nn.Module):
 
     def render(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
         """Photons at the image's selected pixels (pixels,), scale applied."""
+        if self.scattering is not None and not self.tables[image].grid.requires_grad:
+            return self._scattered([image], [values])[0]
         inputs = kernel_inputs(self.image_setup(image, values), self.device, self.dtype, table=self.tables[image])
-        if self.compile:
+        if self.compile is Compile.ON:
             photons = compiled_pixel_photons(inputs.options)(self.rows[image], self.cols[image], inputs.tensors)
         else:
             photons = pixel_photons(self.rows[image], self.cols[image], inputs.tensors, inputs.options)
@@ -257,8 +272,49 @@ class DiffractionModel(nn.Module):
     def forward(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Photons at every image's selected pixels, one (pixels,) tensor each, at `internal` (default: the
         module's parameter)."""
-        values = self.natural(internal)
-        return [self.render(image, values[image]) for image in range(len(self.setups))]
+        return self.photons(self.natural(internal))
+
+    def photons(self, values: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Photons at every image's selected pixels for every image's values (natural())."""
+        images = range(len(self.setups))
+        if self.scattering is not None and not any(table.grid.requires_grad for table in self.tables):
+            return self._scattered(list(images), values)
+        return [self.render(image, values[image]) for image in images]
+
+    def _scattered(self, images: list[int], values: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Photons at the pixels of `images` (values: each one's), all from one kernel call per group."""
+        real = [self.real_vectors(image, v) for image, v in zip(images, values, strict=True)]
+        photons = self.scattering.render(images, real, [v["N"] for v in values], self.tables)
+        return [photons_at * v["scale"][0].to(device=self.device, dtype=self.dtype)
+                for photons_at, v in zip(photons, values, strict=True)]
+
+    def kernel_parameters(self, values: Sequence[dict[str, torch.Tensor]], images: Sequence[int]) -> torch.Tensor:
+        """(len(images), 13): each image's real cell vectors R (9, rows a, b, c), N (3) and scale, from its values
+        (differentiable): what the photons of a model on `scattering` depend on."""
+        return torch.stack([torch.cat([self.real_vectors(image, values[image]).reshape(9), values[image]["N"],
+                                       values[image]["scale"]]) for image in images])
+
+    def photon_derivatives(self, values: Sequence[dict[str, torch.Tensor]],
+                           images: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per image of `images`, the photons at its pixels (P,) and their derivatives in kernel_parameters
+        (P, 13), by the fit's kernel (a model on `scattering` only; no autograd graph)."""
+        with torch.no_grad():
+            rows = {image: row for row, image in enumerate(images)}
+            parameters = self.kernel_parameters(values, images).to(device=self.device, dtype=self.dtype)
+            found = {}
+            for number, chosen, table in self.scattering.calls(images, self.tables):
+                kernel = self.scattering.kernel_for(number, chosen, table)
+                at = [rows[image] for image in chosen]
+                total, by_n, by_real = kernel(parameters[at, :9], parameters[at, 9:12], True)
+                counts = [self.scattering.shots[image].count for image in chosen]
+                pieces = zip(chosen, *(torch.split(x, counts, dim=-1) for x in (total, by_n, by_real)), strict=True)
+                for image, image_total, image_n, image_real in pieces:
+                    shot, scale = self.scattering.shots[image], parameters[rows[image], 12]
+                    unscaled = shot.factor * (shot.background + image_total)
+                    derivatives = torch.cat([(shot.factor * scale * image_real).T, (shot.factor * scale * image_n).T,
+                                             unscaled.unsqueeze(-1)], dim=1)
+                    found[image] = (unscaled * scale, derivatives)
+        return [found[image] for image in images]
 
     def refined_setups(self) -> list[Setup]:
         """Each image's set-up at the current values, detached: the start of a further fit, or what

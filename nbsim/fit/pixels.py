@@ -24,15 +24,15 @@ spot."""
 class Shoeboxes:
     """Fitted pixels of one image: rows, cols (P,) and the shoebox each belongs to (P,); `centres` (B, 2)
     the boxes' centre pixels (row, col); `background` (P,) photons of the flat background (zero unless
-    "flat"); `plane` the (P, P) operator that turns the residual counts − model into each box's background
-    plane, fitted to the box's border pixels (None unless "plane")."""
+    "flat"); `plane` the map from the residual counts − model to each box's background plane, fitted to the
+    box's border pixels (BackgroundPlanes; None unless "plane")."""
 
     rows: np.ndarray
     cols: np.ndarray
     box: np.ndarray
     centres: np.ndarray
     background: np.ndarray
-    plane: torch.Tensor | None = None
+    plane: BackgroundPlanes | None = None
 
     @property
     def count(self) -> int:
@@ -125,34 +125,64 @@ def shoeboxes(predicted: np.ndarray, observed: np.ndarray, usable: np.ndarray, s
                      plane=plane)
 
 
-def plane_operator(rows: np.ndarray, cols: np.ndarray, box: np.ndarray, boxes: int) -> torch.Tensor:
-    """The sparse (P, P) map from residuals (counts − model) to background photons: per box, the
-    least-squares plane through its border pixels' residuals, evaluated at every pixel of the box. The
-    model is subtracted before the plane is fitted, so a spot's own tails never count as background; a
-    box with fewer than three border pixels gets their mean, one with none gets no background."""
-    entries_row, entries_col, entries_value = [], [], []
-    for index in range(boxes):
-        members = np.flatnonzero(box == index)
-        if not len(members):
-            continue
-        r, c = rows[members], cols[members]
-        border = (r == r.min()) | (r == r.max()) | (c == c.min()) | (c == c.max())
-        edge = members[border]
-        if not len(edge):
-            continue
-        design_edge = np.stack([np.ones(len(edge)), rows[edge] - r.mean(), cols[edge] - c.mean()], axis=1)
-        design_all = np.stack([np.ones(len(members)), r - r.mean(), c - c.mean()], axis=1)
-        if len(edge) < 3 or np.linalg.matrix_rank(design_edge) < 3:
-            design_edge, design_all = design_edge[:, :1], design_all[:, :1]
-        weights = design_all @ np.linalg.pinv(design_edge)
-        grid_rows, grid_cols = np.meshgrid(members, edge, indexing="ij")
-        entries_row.append(grid_rows.ravel())
-        entries_col.append(grid_cols.ravel())
-        entries_value.append(weights.ravel())
-    size = len(rows)
-    if not entries_row:
-        return torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
-                                       (size, size), check_invariants=True).coalesce()
-    indices = torch.as_tensor(np.stack([np.concatenate(entries_row), np.concatenate(entries_col)]))
-    return torch.sparse_coo_tensor(indices, torch.as_tensor(np.concatenate(entries_value)), (size, size),
-                                   check_invariants=True).coalesce()
+@dataclass(frozen=True)
+class BackgroundPlanes:
+    """Each box's least-squares plane through its border pixels, as a map from residuals (counts − model, (P,))
+    to background photons at every pixel (P,): a box's coefficients are Σ over its border pixels e of
+    weights[e]·residual[e] ((DᵀD)⁻¹dₑ, d = (1, row, col) about the box's centre), and a pixel's plane is
+    design[pixel]·(its box's coefficients). The model is subtracted before the plane is fitted, so a spot's
+    own tails never count as background; a box with fewer than three border pixels (or all on a line) gets
+    their mean, one with none gets no background."""
+
+    edge: torch.Tensor
+    edge_box: torch.Tensor
+    weights: torch.Tensor
+    box: torch.Tensor
+    design: torch.Tensor
+    boxes: int
+
+    def __call__(self, residual: torch.Tensor) -> torch.Tensor:
+        coefficients = torch.zeros((self.boxes, 3), dtype=residual.dtype, device=residual.device)
+        coefficients.index_add_(0, self.edge_box, self.weights * residual[self.edge].unsqueeze(-1))
+        return (self.design * coefficients[self.box]).sum(dim=-1)
+
+    def to(self, device: str | torch.device) -> BackgroundPlanes:
+        """The same planes with their tensors on `device`."""
+        return BackgroundPlanes(*(t.to(device) for t in (self.edge, self.edge_box, self.weights, self.box,
+                                                          self.design)), self.boxes)
+
+
+def plane_operator(rows: np.ndarray, cols: np.ndarray, box: np.ndarray, boxes: int) -> BackgroundPlanes:
+    """The BackgroundPlanes of boxes `box` (P,) of the pixels (rows, cols), all boxes at once."""
+    counts = np.bincount(box, minlength=boxes)
+    present = counts > 0
+    low_row, high_row = np.full(boxes, np.iinfo(np.int64).max), np.full(boxes, np.iinfo(np.int64).min)
+    low_col, high_col = low_row.copy(), high_row.copy()
+    np.minimum.at(low_row, box, rows)
+    np.maximum.at(high_row, box, rows)
+    np.minimum.at(low_col, box, cols)
+    np.maximum.at(high_col, box, cols)
+    safe_counts = np.where(present, counts, 1)
+    centre_row = np.bincount(box, weights=rows, minlength=boxes) / safe_counts
+    centre_col = np.bincount(box, weights=cols, minlength=boxes) / safe_counts
+    design = np.stack([np.ones(len(rows)), rows - centre_row[box], cols - centre_col[box]], axis=1)
+    border = ((rows == low_row[box]) | (rows == high_row[box]) | (cols == low_col[box]) | (cols == high_col[box]))
+    edge = np.flatnonzero(border)
+    edge_box = box[edge]
+    edge_design = design[edge]
+    normal = np.zeros((boxes, 3, 3))
+    np.add.at(normal, edge_box, edge_design[:, :, None] * edge_design[:, None, :])
+    edges_per_box = np.bincount(edge_box, minlength=boxes)
+    full = (edges_per_box >= 3) & (np.linalg.matrix_rank(normal) == 3)
+    inverse = np.zeros_like(normal)
+    inverse[full] = np.linalg.inv(normal[full])
+    weights = np.einsum("eij,ej->ei", inverse[edge_box], edge_design)
+    mean_only = ~full[edge_box]
+    weights[mean_only] = 0.0
+    weights[mean_only, 0] = 1.0 / edges_per_box[edge_box[mean_only]]
+    design[~full[box], 1:] = 0.0
+
+    def tensor(values: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(values))
+
+    return BackgroundPlanes(tensor(edge), tensor(edge_box), tensor(weights), tensor(box), tensor(design), boxes)

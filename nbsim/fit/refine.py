@@ -10,88 +10,35 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.optimize
 import torch
 
+from ..devices import dtype_name
 from ..errors import NbsimError
+from ..modes import Compile
 from ..render import Renderer
 from ..resolve import Setup
-from .likelihood import LIKELIHOODS, negative_log_likelihood
+from .compiled import Variant, kernels_ready
 from .model import DiffractionModel, observed_oversample, smooth_oversample, with_oversample
+from .newton import minimise_fisher
+from .objective import FitImage, FitOptions, Objective, relative_change_stop
 from .pixels import Shoeboxes, shoeboxes
+from .scattering import CRYSTAL_QUANTITIES, fixed_frame_fittable
 
-OPTIMIZERS = ("lbfgs", "adam")
 PLANE_ROUNDS = 3
 """How many times the background planes are refitted to the residuals and the model refined again."""
 PLANE_TOLERANCE_PHOTONS = 0.01
 """A refit that moves no plane by more than this many photons at any pixel ends the rounds."""
-BACKGROUNDS = ("plane", "flat", "none")
+SEARCH_TOLERANCE = 0.05
+"""A search stage stops once −log L is within this of its minimum as far as the optimiser can tell (an
+iteration's gain, or Fisher scoring's predicted gain, below it): the search only has to end in the final
+stage's basin, 0.05 in −log L is at most 0.32 standard errors of any parameter (√(2·0.05)), and the nearest-
+node lookup of F makes the likelihood of broad search-stage spots rough at about that level."""
 SAMPLING_ROUNDS = 3
 """How many times the fit starts again when the refined crystal changes the sub-pixels its image needs."""
-
-
-@dataclass(frozen=True)
-class FitImage:
-    """One observed image and its starting model: counts in photons (slow, fast), and which pixels can be
-    used (unmasked, below the overload)."""
-
-    name: str
-    setup: Setup
-    counts: np.ndarray
-    usable: np.ndarray
-
-
-@dataclass(frozen=True)
-class FitOptions:
-    """How to fit: what is refined and shared, the pixels, the likelihood, the optimiser and its stops."""
-
-    refine: tuple[str, ...] = ("orientation", "cell", "N", "scale")
-    shared: tuple[str, ...] = ()
-    lattice: str | None = None
-    shoebox_px: int = 9
-    max_spots: int = 200
-    observed_spots: bool = True
-    background: str = "plane"
-    likelihood: str = "poisson"
-    readout_photons: float = 0.0
-    optimizer: str = "lbfgs"
-    max_iterations: int = 100
-    gradient_tolerance: float = 1e-4
-    """Stop when the largest |∂NLL/∂x| falls below this (x: the dimensionless coordinates)."""
-    change_tolerance: float = 1e-12
-    """Stop when an iteration changes the NLL by less than this fraction of its size (never below the dtype's
-    rounding: `relative_change_stop`)."""
-    restraints: dict[str, float] = field(default_factory=dict)
-    """Gaussian restraints towards the start: name → σ in the quantity's units (degrees for orientation)."""
-    search_deg: float = 0.3
-    """How far off the starting orientation may be: sets the coarse stage's broadening (0: no coarse stage)."""
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float64
-    compile: bool = False
-    """Render the fitted pixels through torch.compile (a compile per kernel structure; see docs/fitting.md)."""
-
-    def check(self) -> None:
-        """Raise a one-line NbsimError for an option out of range."""
-        if self.likelihood not in LIKELIHOODS:
-            raise NbsimError(f"likelihood must be one of {', '.join(LIKELIHOODS)} (got {self.likelihood!r})")
-        if self.optimizer not in OPTIMIZERS:
-            raise NbsimError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (got {self.optimizer!r})")
-        if self.background not in BACKGROUNDS:
-            raise NbsimError(f"background must be one of {', '.join(BACKGROUNDS)} (got {self.background!r})")
-        if self.max_iterations < 1:
-            raise NbsimError(f"the iteration cap must be at least 1 (got {self.max_iterations})")
-        if self.max_spots < 1:
-            raise NbsimError(f"max spots must be at least 1 (got {self.max_spots})")
-        if self.readout_photons < 0 or not math.isfinite(self.readout_photons):
-            raise NbsimError(f"readout noise must be a finite number not below 0 (got {self.readout_photons:g})")
-        for name, sigma in self.restraints.items():
-            if not sigma > 0:
-                raise NbsimError(f"restraint sigma of {name} must be above 0 (got {sigma:g})")
-            if name not in self.refine:
-                raise NbsimError(f"restraint on {name}, which is not refined")
 
 
 @dataclass
@@ -115,73 +62,6 @@ class FitResult:
     def pixels(self) -> int:
         """Fitted pixels over every image."""
         return sum(b.count for b in self.boxes)
-
-
-class Objective:
-    """The negative log-likelihood of every image (plus restraints) as a function of the model's internal
-    coordinates. Each shoebox's background plane is held fixed while the model is refined: first the plane
-    through its border's counts, then, after `refresh_planes`, through its border's residuals (counts less
-    the model), so a spot's own tails do not count as background (alternated to a fixed point by `fit`)."""
-
-    def __init__(self, model: DiffractionModel, images: Sequence[FitImage], boxes: Sequence[Shoeboxes],
-                 options: FitOptions):
-        self.model = model
-        self.options = options
-        self.counts = [torch.as_tensor(image.counts[b.rows, b.cols], dtype=torch.float64, device=model.device)
-                       for image, b in zip(images, boxes, strict=True)]
-        self.flat = [torch.as_tensor(b.background, dtype=torch.float64, device=model.device) for b in boxes]
-        self.planes_operators = [None if b.plane is None else b.plane.to(model.device) for b in boxes]
-        self.planes = [self._planes(image, torch.zeros_like(counts)) for image, counts in enumerate(self.counts)]
-
-    def _planes(self, image: int, photons: torch.Tensor) -> torch.Tensor:
-        """Each box's plane through its border's counts less `photons` (not below zero)."""
-        operator = self.planes_operators[image]
-        if operator is None:
-            return torch.zeros_like(self.counts[image])
-        residual = (self.counts[image] - photons).unsqueeze(-1)
-        return torch.clamp(torch.sparse.mm(operator, residual).squeeze(-1), min=0.0)
-
-    def refresh_planes(self) -> float:
-        """Refit the planes to the residuals of the current model; the largest change, in photons."""
-        with torch.no_grad():
-            values = self.model.natural()
-            change = 0.0
-            for image in range(len(self.counts)):
-                photons = self.model.render(image, values[image]).to(torch.float64)
-                planes = self._planes(image, photons)
-                change = max(change, float((planes - self.planes[image]).abs().max())) if len(planes) else change
-                self.planes[image] = planes
-        return change
-
-    def expected(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Expected photons at each image's pixels: the model plus the background (the fixed planes and the
-        refined flat level)."""
-        values = self.model.natural(internal)
-        return [self.model.render(image, image_values).to(torch.float64) + self.planes[image]
-                + self.flat[image] * image_values["background"][0] for image, image_values in enumerate(values)]
-
-    def __call__(self, internal: torch.Tensor | None = None) -> torch.Tensor:
-        return self.of_expected(self.expected(internal), internal)
-
-    def of_expected(self, expected: list[torch.Tensor], internal: torch.Tensor | None = None) -> torch.Tensor:
-        """The objective from each image's expected photons (at `internal`, for the restraints)."""
-        total = sum(negative_log_likelihood(photons, counts, self.options.readout_photons, self.options.likelihood)
-                    for photons, counts in zip(expected, self.counts, strict=True))
-        return total + self.restraint(internal)
-
-    def restraint(self, internal: torch.Tensor | None) -> torch.Tensor:
-        """½ Σ ((value − start)/σ)² over the restrained quantities of every image."""
-        total = torch.zeros((), dtype=torch.float64)
-        if not self.options.restraints:
-            return total
-        values = self.model.natural(internal)
-        for image, start in enumerate(self.model.starts):
-            for name, sigma in self.options.restraints.items():
-                change = values[image][name] - start[name]
-                if name == "orientation":
-                    change = torch.rad2deg(change)
-                total = total + 0.5 * torch.square(change / sigma).sum()
-        return total
 
 
 def predicted_image(setup: Setup) -> np.ndarray:
@@ -218,24 +98,38 @@ def starting_scales(objective: Objective) -> None:
                 model.set_start(image, "scale", model.starts[image]["scale"] * signal / total)
 
 
+HESSIAN_STEP = 1e-2
+"""The step (in the dimensionless coordinates: a hundredth of a typical step) of the central differences of
+gradients that give the Hessian where the model has no second derivatives (its compiled kernel)."""
+
+
 def hessian(objective: Objective, internal: torch.Tensor) -> torch.Tensor:
-    """The Hessian of the objective in the internal coordinates, by autograd. Quantities of different images
-    do not interact, so one Hessian-vector product serves the k-th quantity of every image at once; shared
-    quantities take one each."""
+    """The Hessian of the objective in the internal coordinates: by autograd (Hessian-vector products), or,
+    where the model renders through the fit's compiled kernel (first derivatives only), by central
+    differences of its gradients. Quantities of different images do not interact, so one product (one
+    pair of gradients) serves the k-th quantity of every image at once; shared quantities take one each."""
     model = objective.model
     size = model.size
     x = internal.detach().clone().requires_grad_(True)
-    gradient = torch.autograd.grad(objective(x), x, create_graph=True)[0]
+    if model.scattering is not None:
+        def gradient_at(point: torch.Tensor) -> torch.Tensor:
+            point = point.detach().requires_grad_(True)
+            return torch.autograd.grad(objective(point), point)[0].detach()
+
+        def product(vector: torch.Tensor) -> torch.Tensor:
+            step = HESSIAN_STEP * vector
+            return (gradient_at(x + step) - gradient_at(x - step)) / (2.0 * HESSIAN_STEP)
+    else:
+        gradient = torch.autograd.grad(objective(x), x, create_graph=True)[0]
+
+        def product(vector: torch.Tensor) -> torch.Tensor:
+            return torch.autograd.grad(gradient @ vector, x, retain_graph=True)[0].detach()
     per_image: list[list[int]] = [[] for _ in model.setups]
     shared: list[int] = []
     for slot in model.slots:
         indices = list(range(slot.start, slot.stop))
         (shared if slot.image is None else per_image[slot.image]).extend(indices)
     result = torch.zeros(size, size, dtype=torch.float64)
-
-    def product(vector: torch.Tensor) -> torch.Tensor:
-        return torch.autograd.grad(gradient @ vector, x, retain_graph=True)[0].detach()
-
     for column in shared:
         vector = torch.zeros(size, dtype=torch.float64)
         vector[column] = 1.0
@@ -314,6 +208,9 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         refine.append("background")
     setups = [image.setup for image in images]
     boxes = choose_pixels(images, setups, options)
+    if Compile.of(options.compile) is Compile.AUTO:
+        kernels_ready(fit_kernel_variants(setups, refine, options),
+                      sum(b.count * setup.steps for b, setup in zip(boxes, setups, strict=True)))
 
     def report(stage: str) -> Callable[[int, float, float, float], None] | None:
         return None if progress is None else (lambda *values: progress(stage, *values))
@@ -366,7 +263,7 @@ def smooth_stage(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Seq
         if n_cells else list(setups)
     smooth = [with_oversample(setup, smooth_oversample(each)) for setup, each in zip(setups, cut, strict=True)]
     objective = stage_objective(images, smooth, boxes, refine, options, n_cells)
-    _, _, iterations, _ = minimise(objective, options, progress, started)
+    _, _, iterations, _ = minimise(objective, options, progress, started, SEARCH_TOLERANCE)
     refined = objective.model.refined_setups()
     if n_cells:
         refined = [dataclasses.replace(each, n_cells=setup.n_cells)
@@ -389,24 +286,39 @@ def refine_with_planes(objective: Objective, options: FitOptions,
     return converged, reason, iterations, history
 
 
-def relative_change_stop(options: FitOptions) -> float:
-    """The relative change of the likelihood that ends a fit: the one asked, but never below the rounding of
-    the dtype the model renders in (in float32 the likelihood's last digits are rounding, and a line search
-    asked to resolve them fails at the optimum)."""
-    return max(options.change_tolerance, torch.finfo(options.dtype).eps)
+def fit_kernel_variants(setups: Sequence[Setup], refine: Sequence[str], options: FitOptions) -> list[Variant]:
+    """The compiled kernels (nbsim.fit.compiled) a fit of these set-ups renders with, where it can (none where
+    it refines more than the crystal, or its crystals are not the kernel's)."""
+    if not fixed_frame_fittable(setups, refine):
+        return []
+    device = torch.device(options.device).type
+    return [Variant(setups[0].lookup, gradients, dtype_name(options.dtype), device) for gradients in (False, True)]
+
+
+def fisher_applies(model: DiffractionModel) -> bool:
+    """Can Fisher scoring (nbsim.fit.newton) refine this model: its pixels on fixed scattering vectors (the
+    crystal refined only) and nothing shared between its images (a Hessian of one block per image)?"""
+    return model.scattering is not None and not model.shared
 
 
 def minimise(objective: Objective, options: FitOptions,
              progress: Callable[[int, float, float, float], None] | None,
-             started: float) -> tuple[bool, str, int, list[float]]:
+             started: float, change_floor: float = 0.0) -> tuple[bool, str, int, list[float]]:
     """Run the optimiser on the model's internal coordinates: (converged, reason, iterations, NLL history).
-    L-BFGS is SciPy's L-BFGS-B (the optimiser diffBragg uses) on the value and gradient autograd gives;
-    Adam is torch's, stopped by the same tests."""
+    Fisher scoring (nbsim.fit.newton) where it applies and `options.optimizer` allows; L-BFGS is SciPy's
+    L-BFGS-B (the optimiser diffBragg uses) on the value and gradient autograd gives; Adam is torch's, stopped
+    by the same tests. `change_floor`: a change of the objective small enough to stop at, whatever its size
+    (a search stage's SEARCH_TOLERANCE)."""
     model = objective.model
     if not model.size:
         return True, "nothing to refine", 0, [float(objective().detach())]
     if options.optimizer == "adam":
         return _adam(objective, options, progress, started)
+    if options.optimizer == "fisher" and not fisher_applies(model):
+        raise NbsimError("the fisher optimizer needs images that share nothing and a refinement of the crystal "
+                         f"only ({', '.join(CRYSTAL_QUANTITIES)}): use lbfgs")
+    if options.optimizer in ("auto", "fisher") and fisher_applies(model):
+        return minimise_fisher(objective, options, progress, started, change_floor)
     history: list[float] = []
     latest: dict[str, float] = {}
 
@@ -425,11 +337,15 @@ def minimise(objective: Objective, options: FitOptions,
             progress(len(history), latest["value"], latest["gradient"], time.perf_counter() - started)
 
     start = model.internal.detach().numpy().copy()
+    ftol = relative_change_stop(options)
+    if change_floor > 0:
+        with torch.no_grad():
+            ftol = max(ftol, change_floor / max(abs(float(objective())), 1.0))
     try:
         outcome = scipy.optimize.minimize(
             value_and_gradient, start, jac=True, method="L-BFGS-B", callback=after_iteration,
-            options={"maxiter": options.max_iterations, "gtol": options.gradient_tolerance,
-                     "ftol": relative_change_stop(options), "maxcor": 20})
+            options={"maxiter": options.max_iterations, "gtol": options.gradient_tolerance, "ftol": ftol,
+                     "maxcor": 20})
     except FloatingPointError:
         return False, f"the likelihood became NaN or infinite at iteration {len(history) + 1}", len(history), history
     with torch.no_grad():

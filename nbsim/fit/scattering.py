@@ -1,0 +1,228 @@
+"""The fitted pixels of many shots as scattering vectors, for fits that refine the crystal only.
+
+With the detector and the beam fixed, a pixel's sub-pixel positions, sources, polarization, solid angle
+and capture never change; only the crystal does. `ScatteringPixels` computes once, per shot, each pixel's
+scattering vectors q (per sub-pixel and source), step weights and per-pixel factor, and each shot's
+orientation matrices C_o (phi steps × mosaic domains), and lays the pixels of every shot end to end, so
+that one compiled kernel call (nbsim.fit.compiled) renders every shot's pixels from the shots' real cell
+vectors R and N, and gives the derivatives autograd needs to carry on to the refined quantities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..devices import dtype_name
+from ..kernel.inputs import TableTensors, kernel_inputs
+from ..kernel.physics import pixel_frame, prepare_pixels
+from ..model.crystal import Lattice, oriented_cells
+from ..modes import Compile
+from ..resolve import Setup
+from .compiled import LOOKUPS, CrystalKernel, Variant, crystal_kernel
+
+CRYSTAL_QUANTITIES = ("orientation", "cell", "N", "scale", "background")
+"""What a fit may refine for its pixels' scattering vectors to stay fixed."""
+
+
+def fixed_frame_fittable(setups: Sequence[Setup], refine: Sequence[str]) -> bool:
+    """Can these set-ups' fitted pixels be rendered from fixed scattering vectors: only the crystal refined,
+    a square crystal (the kernel's lattice factor), one structure-factor table looked up at the nearest node
+    (or none), every shot with the same lookup."""
+    if not set(refine) <= set(CRYSTAL_QUANTITIES) or not setups:
+        return False
+    lookups = {setup.lookup for setup in setups}
+    return (len(lookups) == 1 and lookups <= set(LOOKUPS)
+            and all(setup.config.crystal.shape == "square" and not setup.channel_grids for setup in setups))
+
+
+def identity_orientations(setup: Setup) -> torch.Tensor:
+    """The set-up's orientation matrices C_o (O, 3, 3): oriented_cells is linear in the real cell vectors R,
+    and its cells for R are R·C_o (C_o: its cells for R = 1)."""
+    identity = torch.eye(3, dtype=torch.float64)
+    lattice = Lattice(real_A=identity, reciprocal_per_A=identity, volume_A3=torch.ones((), dtype=torch.float64),
+                      misset_rad=None)
+    return oriented_cells(lattice, setup.phi, setup.geometry.spindle, setup.mosaic).detach()
+
+
+@dataclass
+class ShotPixels:
+    """One shot's fixed inputs on the model's device and dtype: q (3, K, P) Å⁻¹ for its K sub-pixel × source
+    steps, step weights (K, P), the per-pixel factor (P), the constant background intensity, its
+    orientation matrices C_o (O, 3, 3) and its default_F."""
+
+    q: torch.Tensor
+    weight: torch.Tensor
+    factor: torch.Tensor
+    background: torch.Tensor
+    orientations: torch.Tensor
+    default_F: float
+
+    @property
+    def count(self) -> int:
+        """The shot's pixels."""
+        return self.q.shape[-1]
+
+
+def shot_pixels(setup: Setup, rows: torch.Tensor, cols: torch.Tensor, table: TableTensors,
+                device: torch.device, dtype: torch.dtype) -> ShotPixels:
+    """A shot's fixed inputs for its pixels (rows (P,), cols (P, 1)) as the set-up renders them."""
+    with torch.no_grad():
+        inputs = kernel_inputs(setup, device, dtype, table=table)
+        tensors, options = inputs.tensors, inputs.options
+        frame = pixel_frame(rows, cols, tensors, options)
+        factor = prepare_pixels(rows, cols, tensors, options).factor.reshape(-1)
+        inverse_path = frame.inverse_path[:, 0, :]
+        incident = setup.sources.incident.detach().to(device=device, dtype=dtype)
+        inverse_wavelength = tensors.inv_wavelength
+        q = torch.stack([((position[:, 0, :] * inverse_path).T.unsqueeze(1) - incident[:, axis].view(1, -1, 1))
+                         * inverse_wavelength.view(1, -1, 1)
+                         for axis, position in enumerate((frame.x, frame.y, frame.z))])
+        weight = tensors.source_weight.view(1, -1, 1).expand(q.shape[1], -1, q.shape[3])
+        if frame.valid is not None:
+            weight = weight * frame.valid[:, 0].permute(1, 2, 0).to(dtype)
+        pixels = q.shape[-1]
+        return ShotPixels(q=q.reshape(3, -1, pixels).contiguous(), weight=weight.reshape(-1, pixels).contiguous(),
+                          factor=factor.contiguous(), background=tensors.scalars.background,
+                          orientations=identity_orientations(setup).to(device=device, dtype=dtype),
+                          default_F=float(setup.config.structure.default_F))
+
+
+class CrystalSums(torch.autograd.Function):
+    """Σ w·F²·F_latt² at the pixels of a call's shots (P,) from each shot's R (shots, 9) and N (shots, 3), with
+    the kernel's derivatives as its backward (first derivatives only: a fit on this path takes its Hessian
+    by differences of gradients). `kernel(real, n_cells, derivatives)` runs the kernel; `counts`: each
+    shot's pixels, in order."""
+
+    @staticmethod
+    def forward(ctx, real: torch.Tensor, n_cells: torch.Tensor, kernel: Callable, counts: list[int]) -> torch.Tensor:
+        if not (real.requires_grad or n_cells.requires_grad):
+            return kernel(real, n_cells, False)[0]
+        total, by_n, by_real = kernel(real, n_cells, True)
+        ctx.save_for_backward(by_real, by_n)
+        ctx.counts = counts
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_total: torch.Tensor):
+        by_real, by_n = ctx.saved_tensors
+        return per_shot(by_real * grad_total, ctx.counts), per_shot(by_n * grad_total, ctx.counts), None, None
+
+
+def per_shot(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """(C, P) per-pixel values summed over each shot's pixels: (shots, C)."""
+    return torch.stack([part.sum(dim=-1) for part in torch.split(values, counts, dim=-1)])
+
+
+def per_pixel(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """(shots, C) per-shot values repeated over each shot's pixels: (C, P), contiguous."""
+    repeats = torch.as_tensor(counts, device=values.device)
+    return torch.repeat_interleave(values, repeats, dim=0).T.contiguous()
+
+
+class ScatteringPixels:
+    """Every shot's fitted pixels end to end, rendered by the fit's kernel from the shots' R and N.
+
+    `groups` lists shots rendered in one kernel call (same steps per pixel, orientations, table and default_F;
+    with the eager kernel, one shot a call); a shot's pixels are `spans[shot]` of its group's arrays."""
+
+    def __init__(self, setups: Sequence[Setup], rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor],
+                 tables: Sequence[TableTensors], device: torch.device, dtype: torch.dtype,
+                 value: CrystalKernel, gradient: CrystalKernel):
+        self.value, self.gradient = value, gradient
+        self.device, self.dtype = device, dtype
+        shots = [shot_pixels(setup, r, c, table, device, dtype)
+                 for setup, r, c, table in zip(setups, rows, cols, tables, strict=True)]
+        self.shots = shots
+        keys: dict[tuple, list[int]] = {}
+        for index, shot in enumerate(shots):
+            key = (shot.q.shape[1], shot.orientations.shape[0], id(tables[index].grid), shot.default_F)
+            keys.setdefault(key if value.compiled else (index,), []).append(index)
+        self.groups = list(keys.values())
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.fixed: list[tuple[torch.Tensor, ...]] = []
+        for members in self.groups:
+            start = 0
+            for shot in members:
+                self.spans[shot] = (start, start + shots[shot].count)
+                start += shots[shot].count
+            owner = torch.cat([torch.full((shots[shot].count,), local, dtype=torch.int64, device=device)
+                               for local, shot in enumerate(members)])
+            self.fixed.append((torch.cat([shots[s].q for s in members], dim=-1),
+                               torch.cat([shots[s].weight for s in members], dim=-1), owner,
+                               torch.stack([shots[s].orientations for s in members])))
+
+    @property
+    def compiled(self) -> bool:
+        """Does a compiled kernel render the pixels (else crystal_sums eagerly, shot by shot)?"""
+        return self.value.compiled
+
+    def calls(self, shots: Sequence[int], tables: Sequence[TableTensors]) -> list[tuple[int, list[int], TableTensors]]:
+        """The kernel calls that render `shots` with the tables the model holds now (a caller may have replaced
+        one): (group, its shots among them, table)."""
+        wanted = set(shots)
+        calls = []
+        for number, members in enumerate(self.groups):
+            chosen = [shot for shot in members if shot in wanted]
+            if not chosen:
+                continue
+            if all(tables[shot].grid is tables[chosen[0]].grid for shot in chosen):
+                calls.append((number, chosen, tables[chosen[0]]))
+            else:
+                calls += [(number, [shot], tables[shot]) for shot in chosen]
+        return calls
+
+    def kernel_for(self, number: int, chosen: list[int], table: TableTensors) -> Callable:
+        """kernel(real (shots, 9), n_cells (shots, 3), derivatives) → crystal_sums's outputs at the pixels of
+        `chosen` (shots of group `number`, in its order)."""
+        q, weight, owner, orientations = self.fixed[number]
+        members = self.groups[number]
+        counts = [self.shots[shot].count for shot in chosen]
+        if len(chosen) < len(members):
+            pieces = [self.spans[shot] for shot in chosen]
+            q = torch.cat([q[..., a:b] for a, b in pieces], dim=-1)
+            weight = torch.cat([weight[..., a:b] for a, b in pieces], dim=-1)
+            owner = torch.cat([torch.full((count,), local, dtype=torch.int64, device=self.device)
+                               for local, count in enumerate(counts)])
+            orientations = torch.stack([orientations[members.index(shot)] for shot in chosen])
+        grid = (table.grid, table.grid_min, table.grid_max, table.grid_extent,
+                torch.tensor(self.shots[chosen[0]].default_F, dtype=self.dtype, device=self.device))
+
+        def kernel(real: torch.Tensor, n_cells: torch.Tensor, derivatives: bool) -> tuple[torch.Tensor, ...]:
+            with torch.no_grad():
+                pixel_real, pixel_n = per_pixel(real.detach(), counts), per_pixel(n_cells.detach(), counts)
+                run = self.gradient if derivatives else self.value
+                return run(q, weight, owner, pixel_real, pixel_n, orientations, *grid)
+
+        return kernel
+
+    def render(self, shots: Sequence[int], real: Sequence[torch.Tensor], n_cells: Sequence[torch.Tensor],
+               tables: Sequence[TableTensors]) -> list[torch.Tensor]:
+        """Photons (before the shot's scale) at the pixels of each of `shots`, given each one's R (3, 3) and
+        N (3), differentiable in both."""
+        given = {shot: (r, n) for shot, r, n in zip(shots, real, n_cells, strict=True)}
+        photons: dict[int, torch.Tensor] = {}
+        for number, chosen, table in self.calls(shots, tables):
+            counts = [self.shots[shot].count for shot in chosen]
+            stacked_real = torch.stack([given[shot][0].reshape(9) for shot in chosen]).to(self.device, self.dtype)
+            stacked_n = torch.stack([given[shot][1].reshape(3) for shot in chosen]).to(self.device, self.dtype)
+            total = CrystalSums.apply(stacked_real, stacked_n, self.kernel_for(number, chosen, table), counts)
+            for shot, part in zip(chosen, torch.split(total, counts), strict=True):
+                photons[shot] = self.shots[shot].factor * (self.shots[shot].background + part)
+        return [photons[shot] for shot in shots]
+
+
+def scattering_pixels(setups: Sequence[Setup], rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor],
+                      tables: Sequence[TableTensors], device: torch.device, dtype: torch.dtype,
+                      compile: Compile) -> ScatteringPixels:
+    """The set-ups' pixels on the fit's kernel: compiled where `compile` and the cache allow
+    (nbsim.fit.compiled.crystal_kernel), else eager."""
+    lookup = setups[0].lookup
+    value, gradient = (crystal_kernel(Variant(lookup, gradients, dtype_name(dtype), device.type), compile)
+                       for gradients in (False, True))
+    if value.compiled != gradient.compiled:
+        value, gradient = CrystalKernel(value.variant), CrystalKernel(gradient.variant)
+    return ScatteringPixels(setups, rows, cols, tables, device, dtype, value, gradient)
