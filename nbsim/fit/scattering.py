@@ -98,6 +98,7 @@ class CrystalSums(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, real: torch.Tensor, n_cells: torch.Tensor, kernel: Callable, counts: list[int]) -> torch.Tensor:
+        """The sums (P,), keeping the kernel's derivatives for backward when an input needs a gradient."""
         if not (real.requires_grad or n_cells.requires_grad):
             return kernel(real, n_cells, False)[0]
         total, by_n, by_real = kernel(real, n_cells, True)
@@ -108,6 +109,7 @@ class CrystalSums(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_total: torch.Tensor):
+        """The gradients in each shot's R and N: the kept derivatives weighted by grad_total, summed per shot."""
         by_real, by_n = ctx.saved_tensors
         return per_shot(by_real * grad_total, ctx.counts), per_shot(by_n * grad_total, ctx.counts), None, None
 
