@@ -254,8 +254,8 @@ def probe(manifest: dict, starts: dict, shots: list[str], device: str) -> dict:
 def dials_column(images: list[str], work: Path, manifest: dict, truth: str, merged: str) -> dict:
     """The integration route on the same images (benchmarks/dials_route.py's `integrate_and_merge`), scored by
     that script's `score_against_truth` (which also tries the indexings the lattice allows), with nbsim's merge
-    scored by the same function beside it (`nbsim_scored_alike`); skipped, with the reason, where DIALS or the
-    script is not here, and an error line where the route fails."""
+    scored by the same function beside it (`nbsim_scored_alike`, where the merge wrote one); skipped, with the
+    reason, where DIALS or the script is not here, and an error line where the route fails."""
     if shutil.which("dials.index") is None:
         return {"skipped": "DIALS is not installed (dials.index not on PATH)"}
     if not (REPO / DIALS_ROUTE).is_file():
@@ -273,7 +273,8 @@ def dials_column(images: list[str], work: Path, manifest: dict, truth: str, merg
         return {"error": str(error), "wall_s": time.perf_counter() - begin}
     result = {**result, "wall_s": time.perf_counter() - begin, "shots": len(images)}
     result["scores"] = dials_route.score_against_truth(result["mtz"], truth, SHELLS)
-    result["nbsim_scored_alike"] = dials_route.score_against_truth(merged, truth, SHELLS)
+    if Path(merged).is_file():
+        result["nbsim_scored_alike"] = dials_route.score_against_truth(merged, truth, SHELLS)
     return result
 
 
@@ -318,14 +319,15 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
               "merge_command": ["nbsim", "merge", f"<{len(images)} shots>", *command[4 + len(images):]],
               "energy_eV": manifest["energy_eV"], "start_correlation": manifest["start_correlation"],
               "perturb": manifest["perturb"], "target": {"shots": TARGET_SHOTS, "seconds": TARGET_S, "cc": TARGET_CC}}
-    if returncode != 0:
-        return {**record, "error": f"nbsim merge exited {returncode}: {(output or ['no output'])[-1]}"}
-    document = json.loads(merged_json.read_text())
-    record.update(cycles=document.get("cycles"), measured_parameters=document.get("measured_parameters"),
-                  parameters=document.get("parameters"), merge_output=output)
-    record["projected_target_s"] = merge_s * TARGET_SHOTS / len(images)
-    record["projected_target_cpu_s"] = merge_cpu_s * TARGET_SHOTS / len(images)
-    record.update(score(str(merged), str(folder / "truth.mtz"), SHELLS, str(folder / "start.mtz")))
+    record.update(merge_output=output, projected_target_s=merge_s * TARGET_SHOTS / len(images),
+                  projected_target_cpu_s=merge_cpu_s * TARGET_SHOTS / len(images))
+    if returncode != 0:  # the timings below still measure something: the record says the merge failed
+        record["error"] = f"nbsim merge exited {returncode}: {(output or ['no output'])[-1]}"
+    else:
+        document = json.loads(merged_json.read_text())
+        record.update(cycles=document.get("cycles"), measured_parameters=document.get("measured_parameters"),
+                      parameters=document.get("parameters"))
+        record.update(score(str(merged), str(folder / "truth.mtz"), SHELLS, str(folder / "start.mtz")))
     torch.set_num_threads(worker_threads)  # the probe times one worker's share
     try:
         record["probe"] = probe(manifest, starts, images[:probe_shots], device) if probe_shots else {}
@@ -387,9 +389,10 @@ def _run(quick: bool, folder: Path) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "merge_sad", *(["--quick"] if quick else [])]
     completed = subprocess.run(command, capture_output=True, text=True, cwd=folder)
     lines = completed.stdout.strip().splitlines()
-    if completed.returncode != 0 or not lines:
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
         return {"command": command, "error": (completed.stderr.strip().splitlines() or ["no output"])[-1]}
-    result = json.loads(lines[-1])
     if "error" in result:
         return {"command": command, "error": result["error"], "result": result}
     return {"command": ["python", "benchmarks/merge_workloads.py", "merge_sad"], "result": result}
