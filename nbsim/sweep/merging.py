@@ -50,6 +50,7 @@ from .plan import Point, SweepPlan, scenario_args
 from .spec import PointSpec
 
 if TYPE_CHECKING:
+    from ..config import SimulationConfig
     from ..resolve import Setup
 
 STRUCTURE_FLAGS = ("-model", "-hkl", "-column", "-anomalous", "-fp_fdp", "-energy_bins")
@@ -109,7 +110,8 @@ def structure_space_group(path: str, model: bool) -> str | None:
 
 
 def space_group_of(name: str, what: str) -> Any:
-    """The gemmi space group of a name or number; an unknown one is an input error naming `what`."""
+    """The gemmi space group of a name or number; an unknown one is an input error naming `what` (as
+    nbsim.merge.reflections.space_group, which planning cannot import: nbsim.merge imports torch)."""
     import gemmi
 
     found = gemmi.find_spacegroup_by_number(int(name)) if name.strip().isdigit() else \
@@ -156,7 +158,7 @@ def shared_flags(argv: Sequence[str], drawn: Sequence[str]) -> list[str]:
         "-nointerpolate"]
 
 
-def structureless(config):
+def structureless(config: SimulationConfig) -> SimulationConfig:
     """A configuration's crystal, beam and detector without its structure factors (what a start needs, in a
     fraction of the set-up time of a model's anomalous tables)."""
     return config.with_options(model_file=None, hkl_file=None, anomalous=False, default_F=1.0)
