@@ -91,24 +91,26 @@ def crystal_sums(q: torch.Tensor, weight: torch.Tensor, shot: torch.Tensor, real
                  grid_extent: torch.Tensor, default_F: torch.Tensor, *, lookup: str,
                  gradients: bool) -> tuple[torch.Tensor, ...]:
     """Σ_{o, k} w·F²·F_latt² per pixel (a square crystal), and with `gradients` its derivatives in the pixel's
-    real cell vectors R (9: ∂/∂R[v, j] at 3v + j) and in N (3).
+    shot's real cell vectors R (9, P: ∂/∂R[v, j] at 3v + j) and N (3, P).
 
     q (3, K, P): scattering vectors (Å⁻¹) of each pixel's K sub-pixel × source steps; weight (K, P): each
     step's weight (the source's, zero where -dmin cuts it); shot (P,) int64: the shot each pixel belongs
-    to; real (9, P) and n_cells (3, P): that shot's R (rows a, b, c) and N; cells (shots, O, 3, 3): each
-    shot's orientations C_o with h = R·C_o·q; grid, grid_min, grid_max, grid_extent, default_F: the
+    to; real (shots, 9) and n_cells (shots, 3): each shot's R (rows a, b, c) and N; cells (shots, O, 3, 3):
+    each shot's orientations C_o, h = R·C_o·q; grid, grid_min, grid_max, grid_extent, default_F: the
     structure-factor table as nbsim.kernel.inputs holds it (one table, `lookup` "nearest"; "default" reads
     default_F only)."""
     if not torch.compiler.is_compiling() and cells.shape[0] == 1:  # eager, one shot: no per-pixel copies
-        orientations = cells[0].unsqueeze(-1).unsqueeze(-1)
+        orientations, real, n_cells = cells[0].unsqueeze(-1).unsqueeze(-1), real[0], n_cells[0]
     else:
         orientations = cells[shot].permute(1, 2, 3, 0).unsqueeze(3)
+        real, n_cells = real[shot].T, n_cells[shot].T
     rotated = [orientations[:, k, 0] * q[0] + orientations[:, k, 1] * q[1] + orientations[:, k, 2] * q[2]
                for k in range(3)]
     indices = [real[3 * v] * rotated[0] + real[3 * v + 1] * rotated[1] + real[3 * v + 2] * rotated[2]
                for v in range(3)]
     nodes = [torch.ceil(index - 0.5) for index in indices]
-    parts = [lattice_factor_parts(index - node, n) for index, node, n in zip(indices, nodes, n_cells, strict=True)]
+    parts = [lattice_factor_parts(index - node, n_cells[v]) for v, (index, node) in enumerate(zip(indices, nodes,
+                                                                                                 strict=True))]
     squares = [part[0] * part[0] for part in parts]
     if lookup == "default":
         f_squared = default_F * default_F
@@ -152,7 +154,7 @@ def example_inputs(dtype: torch.dtype, device: torch.device, pixels: int = EXAMP
 
     table = math.prod(EXAMPLE_EXTENT)
     return [ones(3, steps, pixels), ones(steps, pixels),
-            torch.arange(pixels, device=device) % shots, ones(9, pixels), ones(3, pixels),
+            torch.arange(pixels, device=device) % shots, ones(shots, 9), ones(shots, 3),
             ones(shots, sizes["orientations"], 3, 3), ones(table),
             torch.zeros(3, dtype=dtype, device=device),
             torch.tensor([e - 3 for e in EXAMPLE_EXTENT], dtype=dtype, device=device),
@@ -163,7 +165,7 @@ def _dynamic_shapes() -> tuple:
     pixels = torch.export.Dim("pixels", min=2, max=MAX_COUNT)
     steps, orientations, shots, table = (torch.export.Dim(name, min=1, max=MAX_COUNT)
                                          for name in ("substeps", "orientations", "shots", "table"))
-    return ({1: steps, 2: pixels}, {0: steps, 1: pixels}, {0: pixels}, {1: pixels}, {1: pixels},
+    return ({1: steps, 2: pixels}, {0: steps, 1: pixels}, {0: pixels}, {0: shots}, {0: shots},
             {0: shots, 1: orientations}, {0: table}, None, None, None, None)
 
 
@@ -324,8 +326,8 @@ class CrystalKernel:
             return self.variant.function()(*inputs)
         pixels = inputs[0].shape[-1]
         if pixels < 2:
-            inputs = tuple(_twice(x) if i < 5 else x for i, x in enumerate(inputs))
-        outputs = self._runner(list(inputs))
+            inputs = tuple(_twice(x) if i < 3 else x for i, x in enumerate(inputs))
+        outputs = self._runner([x.contiguous() for x in inputs])  # a package reads its inputs as contiguous
         return tuple(output[..., :pixels] for output in outputs)
 
 

@@ -129,6 +129,35 @@ def smooth_oversample(setup: Setup) -> int:
     return max(2, needed, setup.oversample)
 
 
+def shared_tables(setups: Sequence[Setup], device: torch.device, dtype: torch.dtype) -> list[TableTensors]:
+    """Each set-up's structure-factor table on the device, one tensor for set-ups whose tables are equal (the
+    images of a fit read one HKL file or model: one copy, and their pixels rendered in one kernel call)."""
+    tables: list[TableTensors] = []
+    seen: list[tuple[Setup, TableTensors]] = []
+    for setup in setups:
+        same = next((table for other, table in seen if _same_table(setup, other)), None)
+        if same is None:
+            same = table_tensors(setup, device, dtype)
+            seen.append((setup, same))
+        tables.append(same)
+    return tables
+
+
+def _same_table(setup: Setup, other: Setup) -> bool:
+    """Do two set-ups look |F| up in equal tables (one grid, the same range, values and default_F, and as many
+    sources, each of which a table's offsets name)?"""
+    if setup.channel_grids or other.channel_grids or (setup.grid is None) != (other.grid is None):
+        return False
+    if (setup.config.structure.default_F != other.config.structure.default_F
+            or setup.sources.count != other.sources.count):
+        return False
+    if setup.grid is None or setup.grid is other.grid:
+        return True
+    first, second = setup.grid, other.grid
+    return (tuple(first.index_min) == tuple(other.grid.index_min) and first.values.shape == second.values.shape
+            and np.array_equal(first.values, second.values))
+
+
 def check_fittable(setup: Setup, refine: Sequence[str]) -> None:
     """What a fit cannot do with this set-up, as one-line errors."""
     config = setup.config
@@ -183,7 +212,7 @@ class DiffractionModel(nn.Module):
                                 for cell, setup in zip(self.start_cells, setups, strict=True)]
         self.slots = self._layout()
         self.internal = nn.Parameter(torch.zeros(self.size, dtype=torch.float64))
-        self.tables: list[TableTensors] = [table_tensors(setup, self.device, dtype) for setup in setups]
+        self.tables: list[TableTensors] = shared_tables(setups, self.device, dtype)
         self.rows = [torch.as_tensor(np.asarray(r), dtype=dtype, device=self.device) for r, _ in pixels]
         self.cols = [torch.as_tensor(np.asarray(c), dtype=dtype, device=self.device).view(-1, 1) for _, c in pixels]
         self.scattering: ScatteringPixels | None = None
@@ -297,7 +326,7 @@ class DiffractionModel(nn.Module):
     def photon_derivatives(self, values: Sequence[dict[str, torch.Tensor]],
                            images: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image of `images`, the photons at its pixels (P,) and their derivatives in kernel_parameters
-        (P, 13), by the fit's kernel (a model on `scattering` only; no autograd graph)."""
+        (13, P), by the fit's kernel (a model on `scattering` only; no autograd graph)."""
         with torch.no_grad():
             rows = {image: row for row, image in enumerate(images)}
             parameters = self.kernel_parameters(values, images).to(device=self.device, dtype=self.dtype)
@@ -311,8 +340,9 @@ class DiffractionModel(nn.Module):
                 for image, image_total, image_n, image_real in pieces:
                     shot, scale = self.scattering.shots[image], parameters[rows[image], 12]
                     unscaled = shot.factor * (shot.background + image_total)
-                    derivatives = torch.cat([(shot.factor * scale * image_real).T, (shot.factor * scale * image_n).T,
-                                             unscaled.unsqueeze(-1)], dim=1)
+                    scaled_factor = shot.factor * scale
+                    derivatives = torch.cat([image_real * scaled_factor, image_n * scaled_factor,
+                                             unscaled.unsqueeze(0)])
                     found[image] = (unscaled * scale, derivatives)
         return [found[image] for image in images]
 

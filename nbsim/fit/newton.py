@@ -67,10 +67,10 @@ def evaluate(objective: Objective, internal: torch.Tensor, coordinates: list[tor
     expected, columns = [], []
     for row, (image, (photons, derivatives)) in enumerate(zip(images, found, strict=True)):
         change = (parameters[row] - parameters[row].detach()).to(derivatives.dtype)
-        linear = (photons + derivatives @ change).to(torch.float64)
+        linear = (photons + change @ derivatives).to(torch.float64)
         background = objective.flat[image] * values[image]["background"][0]
         expected.append(linear + objective.planes[image] + background)
-        columns.append(torch.cat([derivatives.to(torch.float64), objective.flat[image].unsqueeze(-1)], dim=1))
+        columns.append(torch.cat([derivatives.to(torch.float64), objective.flat[image].unsqueeze(0)]))
     terms = objective.image_terms(expected, x, images)
     gradient = torch.autograd.grad(terms.sum(), x, retain_graph=True)[0]
     backgrounds = torch.stack([values[image]["background"][0] for image in images]).unsqueeze(-1)
@@ -80,7 +80,7 @@ def evaluate(objective: Objective, internal: torch.Tensor, coordinates: list[tor
     for row, image in enumerate(images):
         positions = coordinates[image]
         weights = fisher_weights(expected[row].detach(), options.readout_photons, options.likelihood)
-        information = columns[row].T @ (weights.unsqueeze(-1) * columns[row])
+        information = (columns[row] * weights) @ columns[row].T
         chain = jacobian[:, positions]
         block = chain.T @ information @ chain
         if restrained is not None:

@@ -23,7 +23,7 @@ from ..render import Renderer
 from ..resolve import Setup
 from .compiled import Variant, kernels_ready
 from .model import DiffractionModel, observed_oversample, smooth_oversample, with_oversample
-from .newton import minimise_fisher
+from .newton import evaluate, image_coordinates, minimise_fisher
 from .objective import FitImage, FitOptions, Objective, relative_change_stop
 from .pixels import Shoeboxes, shoeboxes
 from .scattering import CRYSTAL_QUANTITIES, fixed_frame_fittable
@@ -104,12 +104,21 @@ gradients that give the Hessian where the model has no second derivatives (its c
 
 
 def hessian(objective: Objective, internal: torch.Tensor) -> torch.Tensor:
-    """The Hessian of the objective in the internal coordinates: by autograd (Hessian-vector products), or,
-    where the model renders through the fit's compiled kernel (first derivatives only), by central
-    differences of its gradients. Quantities of different images do not interact, so one product (one
-    pair of gradients) serves the k-th quantity of every image at once; shared quantities take one each."""
+    """The Hessian of the objective in the internal coordinates: by autograd (Hessian-vector products); where
+    the model renders on fixed scattering vectors (first derivatives only), the Fisher information of each
+    image's block (the expected Hessian: `fisher_applies`, nbsim.fit.newton.evaluate), or, with quantities
+    shared there, central differences of gradients. Quantities of different images do not interact, so one
+    product (one pair of gradients) serves the k-th quantity of every image at once; shared quantities take
+    one each."""
     model = objective.model
     size = model.size
+    if fisher_applies(model):
+        coordinates = image_coordinates(objective)
+        blocks = evaluate(objective, internal, coordinates, list(range(len(coordinates)))).blocks
+        result = torch.zeros(size, size, dtype=torch.float64)
+        for positions, block in zip(coordinates, blocks, strict=True):
+            result[positions.unsqueeze(-1), positions] = block
+        return result
     x = internal.detach().clone().requires_grad_(True)
     if model.scattering is not None:
         def gradient_at(point: torch.Tensor) -> torch.Tensor:
@@ -216,6 +225,7 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         return None if progress is None else (lambda *values: progress(stage, *values))
 
     total_iterations = 0
+    starting_n = [[float(n) for n in setup.n_cells] for setup in setups]
     if options.search_deg > 0:
         coarse = [name for name in refine if name not in ("N", "mosaic")]
         stages = ([("coarse", coarse)] if coarse else []) + ([("smooth", refine)] if refine != coarse else [])
@@ -229,9 +239,13 @@ def fit(images: Sequence[FitImage], options: FitOptions,
                 boxes = choose_pixels(images, setups, options)
             n_cells = None
     history: list[float] = []
+    n_starts = None
     for _ in range(SAMPLING_ROUNDS):
         setups = [with_oversample(setup, observed_oversample(setup)) for setup in setups]
-        objective = stage_objective(images, setups, boxes, refine, options)
+        if n_starts is None and options.search_deg > 0 and "N" in refine:
+            n_starts = searched_or_starting_n(images, setups, boxes, refine, options, starting_n)
+        objective = stage_objective(images, setups, boxes, refine, options, n_starts)
+        n_starts = []
         converged, reason, iterations, more = refine_with_planes(objective, options, report("fit"), started)
         total_iterations += iterations
         history += more
@@ -269,6 +283,21 @@ def smooth_stage(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Seq
         refined = [dataclasses.replace(each, n_cells=setup.n_cells)
                    for each, setup in zip(refined, setups, strict=True)]
     return [with_oversample(each, setup.oversample) for each, setup in zip(refined, setups, strict=True)], iterations
+
+
+def searched_or_starting_n(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Sequence[Shoeboxes],
+                           refine: Sequence[str], options: FitOptions,
+                           starting_n: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Per image, N to start the final stage from: the search's (in `setups`) or the one the fit started
+    with, whichever explains the image better at its own sampling. Averaging every pixel over its area
+    broadens the spots, so the search's N can be far off (N 16-19 for a true 10), in a basin of its own."""
+    searched = stage_objective(images, setups, boxes, refine, options)
+    started = stage_objective(images, setups, boxes, refine, options, starting_n)
+    with torch.no_grad():
+        searched_terms = searched.image_terms(searched.expected()).tolist()
+        started_terms = started.image_terms(started.expected()).tolist()
+    return [list(first) if later < sooner else [float(n) for n in setup.n_cells]
+            for first, setup, sooner, later in zip(starting_n, setups, searched_terms, started_terms, strict=True)]
 
 
 def refine_with_planes(objective: Objective, options: FitOptions,

@@ -24,6 +24,12 @@ from ..resolve import Setup
 from .compiled import LOOKUPS, CrystalKernel, Variant, crystal_kernel
 
 CRYSTAL_QUANTITIES = ("orientation", "cell", "N", "scale", "background")
+CHUNK_STEPS = 1 << 15
+"""Pixel-steps per call of the compiled kernel on the CPU: the per-step values Inductor keeps between its
+loops then stay in the cache (the derivative kernel took 26 ns a step in calls of 1,024 pixels × 40 steps,
+112 ns in calls of 64,000 pixels × 40)."""
+EAGER_CHUNK_STEPS = 1 << 20
+"""Pixel-steps per call of crystal_sums run eagerly: bounds the memory its per-step tensors take."""
 """What a fit may refine for its pixels' scattering vectors to stay fixed."""
 
 
@@ -64,6 +70,15 @@ class ShotPixels:
     def count(self) -> int:
         """The shot's pixels."""
         return self.q.shape[-1]
+
+    def chunks(self, pixels: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The shot's q and weights in contiguous runs of at most `pixels` pixels (kept once made)."""
+        kept = self.__dict__.setdefault("_chunks", {})
+        if pixels not in kept:
+            kept[pixels] = [(self.q[..., start:start + pixels].contiguous(),
+                             self.weight[..., start:start + pixels].contiguous())
+                            for start in range(0, self.count, pixels)]
+        return kept[pixels]
 
 
 def shot_pixels(setup: Setup, rows: torch.Tensor, cols: torch.Tensor, table: TableTensors,
@@ -119,17 +134,12 @@ def per_shot(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
     return torch.stack([part.sum(dim=-1) for part in torch.split(values, counts, dim=-1)])
 
 
-def per_pixel(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """(shots, C) per-shot values repeated over each shot's pixels: (C, P), contiguous."""
-    repeats = torch.as_tensor(counts, device=values.device)
-    return torch.repeat_interleave(values, repeats, dim=0).T.contiguous()
-
-
 class ScatteringPixels:
     """Every shot's fitted pixels end to end, rendered by the fit's kernel from the shots' R and N.
 
-    `groups` lists shots rendered in one kernel call (same steps per pixel, orientations, table and default_F;
-    with the eager kernel, one shot a call); a shot's pixels are `spans[shot]` of its group's arrays."""
+    `groups` lists shots a compiled kernel off the CPU renders in one call (same steps per pixel,
+    orientations, table and default_F; a shot's pixels are `spans[shot]` of the group's arrays); on the CPU,
+    and eagerly, each shot's pixels go in runs of a bounded number of pixel-steps (`kernel_for`)."""
 
     def __init__(self, setups: Sequence[Setup], rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor],
                  tables: Sequence[TableTensors], device: torch.device, dtype: torch.dtype,
@@ -142,20 +152,26 @@ class ScatteringPixels:
         keys: dict[tuple, list[int]] = {}
         for index, shot in enumerate(shots):
             key = (shot.q.shape[1], shot.orientations.shape[0], id(tables[index].grid), shot.default_F)
-            keys.setdefault(key if value.compiled else (index,), []).append(index)
+            keys.setdefault(key, []).append(index)
         self.groups = list(keys.values())
         self.spans: dict[int, tuple[int, int]] = {}
-        self.fixed: list[tuple[torch.Tensor, ...]] = []
         for members in self.groups:
             start = 0
             for shot in members:
                 self.spans[shot] = (start, start + shots[shot].count)
                 start += shots[shot].count
+        self._groups_inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def _group_inputs(self, number: int) -> tuple[torch.Tensor, ...]:
+        """A group's shots end to end: q, weights, each pixel's shot in the group, and the shots' C_o."""
+        if number not in self._groups_inputs:
+            members, shots, device = self.groups[number], self.shots, self.device
             owner = torch.cat([torch.full((shots[shot].count,), local, dtype=torch.int64, device=device)
                                for local, shot in enumerate(members)])
-            self.fixed.append((torch.cat([shots[s].q for s in members], dim=-1),
-                               torch.cat([shots[s].weight for s in members], dim=-1), owner,
-                               torch.stack([shots[s].orientations for s in members])))
+            self._groups_inputs[number] = (torch.cat([shots[s].q for s in members], dim=-1),
+                                           torch.cat([shots[s].weight for s in members], dim=-1), owner,
+                                           torch.stack([shots[s].orientations for s in members]))
+        return self._groups_inputs[number]
 
     @property
     def compiled(self) -> bool:
@@ -179,27 +195,53 @@ class ScatteringPixels:
 
     def kernel_for(self, number: int, chosen: list[int], table: TableTensors) -> Callable:
         """kernel(real (shots, 9), n_cells (shots, 3), derivatives) → crystal_sums's outputs at the pixels of
-        `chosen` (shots of group `number`, in its order)."""
-        q, weight, owner, orientations = self.fixed[number]
+        `chosen` (shots of group `number`, in its order): the compiled kernel on the CPU in runs of about
+        CHUNK_STEPS pixel-steps of one shot each, elsewhere one call for the group's shots."""
+        grid = (table.grid, table.grid_min, table.grid_max, table.grid_extent,
+                torch.tensor(self.shots[chosen[0]].default_F, dtype=self.dtype, device=self.device))
+        if not self.compiled or self.device.type == "cpu":
+            return self._chunked(chosen, grid, CHUNK_STEPS if self.compiled else EAGER_CHUNK_STEPS)
+        q, weight, owner, orientations = self._group_inputs(number)
         members = self.groups[number]
-        counts = [self.shots[shot].count for shot in chosen]
         if len(chosen) < len(members):
             pieces = [self.spans[shot] for shot in chosen]
             q = torch.cat([q[..., a:b] for a, b in pieces], dim=-1)
             weight = torch.cat([weight[..., a:b] for a, b in pieces], dim=-1)
-            owner = torch.cat([torch.full((count,), local, dtype=torch.int64, device=self.device)
-                               for local, count in enumerate(counts)])
+            owner = torch.cat([torch.full((b - a,), local, dtype=torch.int64, device=self.device)
+                               for local, (a, b) in enumerate(pieces)])
             orientations = torch.stack([orientations[members.index(shot)] for shot in chosen])
-        grid = (table.grid, table.grid_min, table.grid_max, table.grid_extent,
-                torch.tensor(self.shots[chosen[0]].default_F, dtype=self.dtype, device=self.device))
 
         def kernel(real: torch.Tensor, n_cells: torch.Tensor, derivatives: bool) -> tuple[torch.Tensor, ...]:
             with torch.no_grad():
-                pixel_real, pixel_n = per_pixel(real.detach(), counts), per_pixel(n_cells.detach(), counts)
                 run = self.gradient if derivatives else self.value
-                return run(q, weight, owner, pixel_real, pixel_n, orientations, *grid)
+                return run(q, weight, owner, real.detach(), n_cells.detach(), orientations, *grid)
 
         return kernel
+
+    def _chunked(self, chosen: list[int], grid: tuple, steps: int) -> Callable:
+        """kernel_for in runs of about `steps` pixel-steps of one shot each: the compiled kernel's per-step values
+        then stay in the cache; the eager kernel's per-step tensors stay small."""
+        def kernel(real: torch.Tensor, n_cells: torch.Tensor, derivatives: bool) -> tuple[torch.Tensor, ...]:
+            run = self.gradient if derivatives else self.value
+            parts = []
+            with torch.no_grad():
+                for local, shot in enumerate(chosen):
+                    fixed = self.shots[shot]
+                    pixels = max(2, steps // (fixed.q.shape[1] * fixed.orientations.shape[0]))
+                    inputs = (real[local:local + 1].detach(), n_cells[local:local + 1].detach(),
+                              fixed.orientations.unsqueeze(0))
+                    for q, weight in fixed.chunks(pixels):
+                        parts.append(run(q, weight, self._owner(q.shape[-1]), *inputs, *grid))
+            return tuple(torch.cat(outputs, dim=-1) for outputs in zip(*parts, strict=True))
+
+        return kernel
+
+    def _owner(self, pixels: int) -> torch.Tensor:
+        """Zeros (pixels,): the shot index of a one-shot call."""
+        kept = self.__dict__.setdefault("_owners", {})
+        if pixels not in kept:
+            kept[pixels] = torch.zeros(pixels, dtype=torch.int64, device=self.device)
+        return kept[pixels]
 
     def render(self, shots: Sequence[int], real: Sequence[torch.Tensor], n_cells: Sequence[torch.Tensor],
                tables: Sequence[TableTensors]) -> list[torch.Tensor]:
