@@ -149,8 +149,9 @@ def main(argv: list[str]) -> int:
     unknown = [name for name in starts if name not in images]
     if unknown:
         raise InputFileError(options.starts, f"names an image not given: {unknown[0]}")
-    for image in images:
-        require_file(image.split("#", 1)[0])
+    from ..io.observed import require_observed
+
+    require_observed(images)
     argv_per_image = [model_flags + _flag_overrides(starts.get(image, {}), options.starts or "")
                       for image in images]
     configs = [parse(list(argv))[0] for argv in argv_per_image]

@@ -178,8 +178,9 @@ def main(argv: list[str]) -> int:
         raise NbsimError("merge: give at least one shot")
     if len(set(shots)) != len(shots):
         raise NbsimError("merge: a shot is named twice")
-    for shot in shots:
-        require_file(shot.split("#", 1)[0])
+    from ..io.observed import require_observed
+
+    require_observed(shots)
     for path in (options.hkl, options.truth):
         if path is not None:
             require_file(path)

@@ -19,7 +19,8 @@ what its header says of the detector's response (gain, saturation).
   match.
 
 Errors (missing file, unknown format, a size that does not match `shape`, a frame or point that is not
-there) are one-line `InputFileError`s naming the file.
+there) are one-line `InputFileError`s naming the file. `require_observed(specs)` makes the path and store checks
+before any work (the command line's, for every shot at once: each store read once).
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputFileError
 from .images import read_head, read_smv
+from .paths import require_file
 
 NANOBRAGG_ADC_OFFSET_ADU = 40.0
 """nanoBragg's default `-adc`: what its SMV images carry on top of the counts (its header does not say)."""
@@ -42,6 +46,8 @@ SMV_SATURATION_ADU = 65535.0
 NBSIM_RESPONSE_PATTERN = re.compile(r"^(?:# )?(?:nbsim )?(adc_offset_adu|gain_adu_per_photon) (\S+)\s*$", re.M)
 """The lines of nbsim's miniCBF header and NXmx notes that record the detector response."""
 RAW_FLOAT_SUFFIXES = (".bin", ".raw", ".float")
+ENTRY_LOG = "entries.jsonl"
+"""A batch store's log of its points' entries, one JSON line each (nbsim.sweep.store writes it)."""
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
@@ -80,12 +86,7 @@ def read_observed(spec: str, shape: tuple[int, int] | None = None,
     expects (required for raw float; checked for every format); `adc_offset_adu`: the offset to subtract,
     overriding what the file says or the format's default."""
     path, selector = _split(spec)
-    if path.is_dir():
-        if not (path / "zarr.json").is_file():
-            raise InputFileError(str(path), "is a folder but not a zarr store of a sweep")
-        image = _read_store(spec, path, selector)
-    else:
-        image = _read_file(spec, path, selector, shape)
+    image = _read_store(spec, path, selector) if path.is_dir() else _read_file(spec, path, selector, shape)
     if adc_offset_adu is not None:
         if not math.isfinite(adc_offset_adu):
             raise InputFileError(spec, f"the ADC offset must be finite (got {adc_offset_adu:g})")
@@ -220,25 +221,120 @@ def _read_raw_float(spec: str, path: Path, shape: tuple[int, int] | None) -> Obs
     return ObservedImage(spec, counts, 0.0, 1.0, None)
 
 
-def _read_store(spec: str, path: Path, selector: str | None) -> ObservedImage:
-    """A shot of a batch store (it has `point` and `done` arrays) or of a collated sweep.zarr."""
+def require_observed(specs: Sequence[str]) -> None:
+    """A one-line error, before any work, for a frame that cannot be there: a missing, unreadable or folder path
+    that is no sweep store, or a shot a store does not hold or has not rendered (`STORE#POINT`). Each store is
+    read once however many of its shots are named; an NXmx file's frame (`FILE#N`) is checked when it is read."""
+    for spec in specs:
+        path, selector = _split(spec)
+        if path.is_dir():
+            _locate(spec, _store_index(path), selector)
+        else:
+            require_file(path)
+
+
+@dataclass
+class _StoreIndex:
+    """What finding a store's shot needs: its image kind, and a batch store's point names and entries by index,
+    or a collated store's axes, their values and its points' records (JSON text over the axes)."""
+
+    path: Path
+    kind: str
+    names: list[str] | None = None
+    entries: dict[int, dict] | None = None
+    axes: tuple[str, ...] = ()
+    axis_values: dict[str, list[str]] | None = None
+    records: np.ndarray | None = None
+
+    @cached_property
+    def named(self) -> dict[str, tuple[tuple, dict]]:
+        """A collated store's points by name (the first of a name): where each is over the axes, and its
+        record (parsed on first use: selecting by axis=value reads one record)."""
+        named: dict[str, tuple[tuple, dict]] = {}
+        for where, text in np.ndenumerate(self.records):
+            if str(text):
+                point = json.loads(str(text))
+                named.setdefault(point.get("name"), (tuple(where), point))
+        return named
+
+
+_STORE_INDEXES: dict[str, tuple[tuple, _StoreIndex]] = {}
+"""The stores read last in this process (STORE_INDEXES_KEPT of them), each with the version it was read at
+(its files' sizes and times): a merge reads hundreds of shots of one store, each needing the same names and
+entries."""
+STORE_INDEXES_KEPT = 8
+
+
+def _store_version(path: Path) -> tuple:
+    """What changes when a store does: its metadata file, and a batch store's append-only log of entries."""
+    version = []
+    for member in (path / "zarr.json", path / ENTRY_LOG):
+        try:
+            status = member.stat()
+        except OSError:
+            version.append(None)
+            continue
+        version.append((status.st_ino, status.st_size, status.st_mtime_ns))
+    return tuple(version)
+
+
+def _store_index(path: Path) -> _StoreIndex:
+    """The index of the store at `path` (read again only when the store has changed)."""
     import zarr
 
-    if selector is None:
-        raise InputFileError(str(path), "a sweep store holds many images: name one as STORE#POINT")
+    if not (path / "zarr.json").is_file():
+        raise InputFileError(str(path), "is a folder but not a zarr store of a sweep")
+    key, version = str(path), _store_version(path)
+    cached = _STORE_INDEXES.get(key)
+    if cached is not None and cached[0] == version:
+        return cached[1]
     group = zarr.open_group(str(path), mode="r")
     members = set(group.array_keys())
     kind = "detector_image" if "detector_image" in members else "image"
     if kind not in members:
         raise InputFileError(str(path), "a zarr store without images")
     if "done" in members:
-        where, point = _batch_point(spec, path, group, selector)
+        entries: dict[int, dict] = {}
+        log = path / ENTRY_LOG
+        if log.is_file():
+            for line in log.read_text().splitlines():
+                entry = json.loads(line) if line.strip() else {}
+                if "index" in entry:
+                    entries[int(entry["index"])] = entry  # a resumed batch's later entry wins
+        index = _StoreIndex(path, kind, names=[str(name) for name in group["point"][...]], entries=entries)
     else:
-        where, point = _collated_point(spec, path, group, selector)
-    counts = np.asarray(group[kind][where], dtype=np.float64)
+        axes = tuple(str(axis) for axis in group.attrs.get("axes", []))
+        if "attributes" not in members or not axes:
+            raise InputFileError(str(path), "neither a batch store nor a collated sweep.zarr")
+        index = _StoreIndex(path, kind, axes=axes,
+                            axis_values={axis: [str(value) for value in group[axis][...]] for axis in axes},
+                            records=np.asarray(group["attributes"][...], dtype=object))
+    _STORE_INDEXES.pop(key, None)
+    _STORE_INDEXES[key] = (version, index)
+    while len(_STORE_INDEXES) > STORE_INDEXES_KEPT:
+        _STORE_INDEXES.pop(next(iter(_STORE_INDEXES)))
+    return index
+
+
+def _locate(spec: str, index: _StoreIndex, selector: str | None) -> tuple[tuple, dict]:
+    """Where the shot `selector` is in the store and its point's entry (or record)."""
+    if selector is None:
+        raise InputFileError(spec, "a sweep store holds many images: name one as STORE#POINT")
+    if index.names is not None:
+        return _batch_point(spec, index, selector)
+    return _collated_point(spec, index, selector)
+
+
+def _read_store(spec: str, path: Path, selector: str | None) -> ObservedImage:
+    """A shot of a batch store (it has `point` and `done` arrays) or of a collated sweep.zarr."""
+    import zarr
+
+    index = _store_index(path)
+    where, point = _locate(spec, index, selector)
+    counts = np.asarray(zarr.open_array(str(path / index.kind), mode="r")[where], dtype=np.float64)
     if counts.ndim == 2 and point.get("size"):
         counts = counts[:int(point["size"]), :int(point["size"])]  # a collated store pads smaller sizes
-    if kind == "image":
+    if index.kind == "image":
         return ObservedImage(spec, counts, 0.0, 1.0, None)
     response = (point.get("config") or {}).get("response") or {}
     adc = float(response.get("adc_offset_adu", NANOBRAGG_ADC_OFFSET_ADU))
@@ -246,41 +342,32 @@ def _read_store(spec: str, path: Path, selector: str | None) -> ObservedImage:
                          SMV_SATURATION_ADU)
 
 
-def _batch_point(spec: str, path: Path, group, selector: str) -> tuple[tuple, dict]:
-    names = [str(name) for name in group["point"][...]]
+def _batch_point(spec: str, index: _StoreIndex, selector: str) -> tuple[tuple, dict]:
+    import zarr
+
+    names = index.names or []
     if selector in names:
-        index = names.index(selector)
+        position = names.index(selector)
     elif re.fullmatch(r"\d+", selector) and int(selector) < len(names):
-        index = int(selector)
+        position = int(selector)
     else:
         raise InputFileError(spec, f"no point {selector} in this store (its {len(names)} points are named like "
-                                   f"{names[0]}, or numbered from 0)")
-    if not group["done"][index]:
-        raise InputFileError(spec, f"point {names[index]} is not done (no image yet)")
-    point: dict = {}
-    log = path / "entries.jsonl"
-    if log.is_file():
-        for line in log.read_text().splitlines():
-            entry = json.loads(line) if line.strip() else {}
-            if entry.get("index") == index:
-                point = entry
-    return (index,), point
+                                   f"{names[0] if names else '?'}, or numbered from 0)")
+    if not zarr.open_array(str(index.path / "done"), mode="r")[position]:
+        raise InputFileError(spec, f"point {names[position]} is not done (no image yet)")
+    return (position,), (index.entries or {}).get(position, {})
 
 
-def _collated_point(spec: str, path: Path, group, selector: str) -> tuple[tuple, dict]:
+def _collated_point(spec: str, index: _StoreIndex, selector: str) -> tuple[tuple, dict]:
     """A collated store's point: by name (its `attributes` record) or by `axis=value,...`."""
-    axes = [str(axis) for axis in group.attrs.get("axes", [])]
-    if "attributes" not in set(group.array_keys()) or not axes:
-        raise InputFileError(str(path), "neither a batch store nor a collated sweep.zarr")
-    records = np.asarray(group["attributes"][...], dtype=object)
     if "=" in selector:
         wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
-        unknown = sorted(set(wanted) - set(axes))
+        unknown = sorted(set(wanted) - set(index.axes))
         if unknown:
-            raise InputFileError(spec, f"no axis {unknown[0]} (the axes are {', '.join(axes)})")
+            raise InputFileError(spec, f"no axis {unknown[0]} (the axes are {', '.join(index.axes)})")
         where = []
-        for axis in axes:
-            values = [str(value) for value in group[axis][...]]
+        for axis in index.axes:
+            values = (index.axis_values or {})[axis]
             if axis not in wanted and len(values) > 1:
                 raise InputFileError(spec, f"axis {axis} has {len(values)} values: give {axis}=VALUE")
             chosen = wanted.get(axis, values[0])
@@ -288,20 +375,19 @@ def _collated_point(spec: str, path: Path, group, selector: str) -> tuple[tuple,
             if not matches:
                 raise InputFileError(spec, f"no {axis}={chosen} (its values: {', '.join(values[:8])})")
             where.append(matches[0])
-        text = str(records[tuple(where)])
+        text = str(index.records[tuple(where)])
         if not text:
             raise InputFileError(spec, "that point has no image (it failed or was skipped)")
-        point = json.loads(text)
+        found = (tuple(where), json.loads(text))
     else:
-        found = [(index, json.loads(str(text))) for index, text in np.ndenumerate(records) if str(text)]
-        named = [(index, point) for index, point in found if point.get("name") == selector]
-        if not named:
+        named = index.named
+        if selector not in named:
             raise InputFileError(spec, f"no point {selector} in this store (name one as in its tables, or select "
                                        "it by axis=value)")
-        where, point = named[0]
-    if point.get("status", "ok") != "ok":
-        raise InputFileError(spec, f"that point has no image ({point.get('status')})")
-    return tuple(where), point
+        found = named[selector]
+    if found[1].get("status", "ok") != "ok":
+        raise InputFileError(spec, f"that point has no image ({found[1].get('status')})")
+    return found
 
 
 def _same_number(stored: str, given: str) -> bool:
