@@ -25,13 +25,16 @@ BACKGROUNDS = ("plane", "flat", "none")
 
 @dataclass(frozen=True)
 class FitImage:
-    """One observed image and its starting model: counts in photons (slow, fast), and which pixels can be
-    used (unmasked, below the overload)."""
+    """One observed image and its starting model: counts in photons (slow, fast), which pixels can be
+    used (unmasked, below the overload), and its observed spots where another program found them."""
 
     name: str
     setup: Setup
     counts: np.ndarray
     usable: np.ndarray
+    spots: np.ndarray | None = None
+    """Centre pixels (row, col) of the observed spots (DIALS's: `nbsim fit --refl`), brightest first; None: the
+    fit finds them in the image (nbsim.fit.pixels.observed_spots)."""
 
 
 @dataclass(frozen=True)

@@ -73,16 +73,20 @@ def observed_spots(observed: np.ndarray, usable: np.ndarray, max_spots: int) -> 
 
 
 def shoeboxes(predicted: np.ndarray, observed: np.ndarray, usable: np.ndarray, size: int = 9,
-              max_spots: int = 200, use_observed_spots: bool = True, background: str = "plane") -> Shoeboxes:
+              max_spots: int = 200, use_observed_spots: bool = True, background: str = "plane",
+              given_spots: np.ndarray | None = None) -> Shoeboxes:
     """Shoeboxes of `size`×`size` pixels around the predicted spots (and the observed ones), clipped to the
     detector; pixels not `usable` (masked, overloaded) are left out, and a pixel in several boxes counts
-    once. `background`: "plane" fits each box's border residuals (plane_operator), "flat" starts from the
-    median of the boxes' borders (refined as one level per image), "none" is zero."""
+    once. The observed spots are `given_spots` (centre pixels (row, col), such as DIALS's spot finder's)
+    where given, else the image's own (`observed_spots`). `background`: "plane" fits each box's border
+    residuals (plane_operator), "flat" starts from the median of the boxes' borders (refined as one level per
+    image), "none" is zero."""
     if size < 3 or size % 2 == 0:
         raise NbsimError(f"shoebox size must be an odd number of pixels, at least 3 (got {size})")
     centres = predicted_spots(predicted, max_spots)
     if use_observed_spots:
-        extra = observed_spots(observed, usable, max_spots)
+        extra = observed_spots(observed, usable, max_spots) if given_spots is None else _on_detector(
+            np.asarray(given_spots, dtype=np.int64).reshape(-1, 2)[:max_spots], predicted.shape)
         if len(extra):
             centres = np.concatenate([centres, extra]) if len(centres) else extra
     if not len(centres):
@@ -123,6 +127,12 @@ def shoeboxes(predicted: np.ndarray, observed: np.ndarray, usable: np.ndarray, s
         raise NbsimError(f"background must be plane, flat or none (got {background!r})")
     return Shoeboxes(rows=rows, cols=cols, box=box, centres=np.array([b[:2] for b in boxes]), background=values,
                      plane=plane)
+
+
+def _on_detector(centres: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The centres (row, col) that lie on a detector of `shape` (slow, fast)."""
+    inside = (centres[:, 0] >= 0) & (centres[:, 0] < shape[0]) & (centres[:, 1] >= 0) & (centres[:, 1] < shape[1])
+    return centres[inside]
 
 
 @dataclass(frozen=True)

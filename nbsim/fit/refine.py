@@ -80,7 +80,7 @@ def choose_pixels(images: Sequence[FitImage], setups: Sequence[Setup], options: 
             raise NbsimError(f"{image.name}: the image is {image.counts.shape[-1]}x{image.counts.shape[0]} pixels "
                              f"but the model's detector is {shape[-1]}x{shape[0]}")
         boxes.append(shoeboxes(predicted_image(setup), image.counts, image.usable, options.shoebox_px,
-                               options.max_spots, options.observed_spots, options.background))
+                               options.max_spots, options.observed_spots, options.background, image.spots))
         if not np.any(image.counts[boxes[-1].rows, boxes[-1].cols] > 0):
             raise NbsimError(f"{image.name}: the shoeboxes hold no counts")
     return boxes
