@@ -225,12 +225,16 @@ def require_observed(specs: Sequence[str]) -> None:
     """A one-line error, before any work, for a frame that cannot be there: a missing, unreadable or folder path
     that is no sweep store, or a shot a store does not hold or has not rendered (`STORE#POINT`). Each store is
     read once however many of its shots are named; an NXmx file's frame (`FILE#N`) is checked when it is read."""
+    done: dict[Path, np.ndarray] = {}
     for spec in specs:
         path, selector = _split(spec)
-        if path.is_dir():
-            _locate(spec, _store_index(path), selector)
-        else:
+        if not path.is_dir():
             require_file(path)
+            continue
+        index = _store_index(path)
+        if index.names is not None and path not in done:
+            done[path] = index.done()
+        _locate(spec, index, selector, done.get(path))
 
 
 @dataclass
@@ -245,6 +249,12 @@ class _StoreIndex:
     axes: tuple[str, ...] = ()
     axis_values: dict[str, list[str]] | None = None
     records: np.ndarray | None = None
+
+    def done(self) -> np.ndarray:
+        """A batch store's done marks, read now (a batch being rendered marks its points after their entries)."""
+        import zarr
+
+        return zarr.open_array(str(self.path / "done"), mode="r")[...]
 
     @cached_property
     def named(self) -> dict[str, tuple[tuple, dict]]:
@@ -316,12 +326,14 @@ def _store_index(path: Path) -> _StoreIndex:
     return index
 
 
-def _locate(spec: str, index: _StoreIndex, selector: str | None) -> tuple[tuple, dict]:
-    """Where the shot `selector` is in the store and its point's entry (or record)."""
+def _locate(spec: str, index: _StoreIndex, selector: str | None,
+            done: np.ndarray | None = None) -> tuple[tuple, dict]:
+    """Where the shot `selector` is in the store and its point's entry (or record); `done`: a batch store's
+    done marks as read by the caller (else read here)."""
     if selector is None:
         raise InputFileError(spec, "a sweep store holds many images: name one as STORE#POINT")
     if index.names is not None:
-        return _batch_point(spec, index, selector)
+        return _batch_point(spec, index, selector, index.done() if done is None else done)
     return _collated_point(spec, index, selector)
 
 
@@ -342,9 +354,7 @@ def _read_store(spec: str, path: Path, selector: str | None) -> ObservedImage:
                          SMV_SATURATION_ADU)
 
 
-def _batch_point(spec: str, index: _StoreIndex, selector: str) -> tuple[tuple, dict]:
-    import zarr
-
+def _batch_point(spec: str, index: _StoreIndex, selector: str, done: np.ndarray) -> tuple[tuple, dict]:
     names = index.names or []
     if selector in names:
         position = names.index(selector)
@@ -353,7 +363,7 @@ def _batch_point(spec: str, index: _StoreIndex, selector: str) -> tuple[tuple, d
     else:
         raise InputFileError(spec, f"no point {selector} in this store (its {len(names)} points are named like "
                                    f"{names[0] if names else '?'}, or numbered from 0)")
-    if not zarr.open_array(str(index.path / "done"), mode="r")[position]:
+    if not done[position]:
         raise InputFileError(spec, f"point {names[position]} is not done (no image yet)")
     return (position,), (index.entries or {}).get(position, {})
 
