@@ -56,6 +56,7 @@ def _example(**merge) -> dict:
     (lambda c: c["scenarios"]["sad"].update(args="-default_F 100 -cell 50 60 70 90 90 90 -distance 100"),
      "merge: scenario 'sad' has no -model or -hkl: no truth to merge towards"),
     (lambda c: c["merge"].update(space_group="P 7"), "merge.space_group: unknown space group 'P 7'"),
+    (lambda c: c["merge"].update(shots=[1, 5]), "merge.shots: 5 is more than the 2 shots drawn (sweep.draws.count)"),
 ])
 def test_a_bad_merge_section_is_one_line(change, message):
     config = _example()
@@ -68,7 +69,8 @@ def test_a_bad_merge_section_is_one_line(change, message):
 @pytest.mark.slow
 def test_the_pipeline_writes_each_experiments_merge_inputs_after_its_shots(tmp_path):
     """A dry run of the example, shrunk: one merge_inputs job, after the batch, writing the files nbsim merge
-    reads (its function is run by the benchmark below)."""
+    reads (its function is run by the benchmark below), then the merge of the experiment's two shots and the table
+    (tests/test_merge_workflow.py runs them)."""
     config = _example()
     config.update(results="results", compile_cache="results/compile-cache")
     config["scenarios"]["sad"]["args"] = config["scenarios"]["sad"]["args"].replace(
@@ -80,10 +82,12 @@ def test_the_pipeline_writes_each_experiments_merge_inputs_after_its_shots(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     shown = result.stdout + result.stderr
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", shown, re.M))
-    assert jobs["simulate"] == "1" and jobs["merge_inputs"] == "1"
+    assert jobs["simulate"] == "1" and jobs["merge_inputs"] == "1" and jobs["merge"] == "1"
+    assert jobs["merge_table"] == "1"
     folder = "results/sad/merge/n64-float32-cpu-compile_off"
     assert all(f"{folder}/{name}" in shown for name in
-               ("truth.mtz", "start.mtz", "starts.json", "shots.txt", "flags.txt", "merge.json"))
+               ("truth.mtz", "start.mtz", "starts.json", "shots.txt", "flags.txt", "merge.json",
+                "shots_2/merged.mtz", "shots_2/report.png"))
 
 
 def test_the_scorer_maps_friedel_mates_into_the_asymmetric_unit(tmp_path):

@@ -29,6 +29,7 @@ import xarray as xr
 from ..config import EMPTY_SHOT_ADVICE
 from ..errors import NbsimError
 from .fitting import write_fit_variables
+from .merging import write_merge_variables
 from .progress import Progress
 from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
 
@@ -186,11 +187,13 @@ def _format_exact(value: Any) -> str:
 
 
 def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], axes: list[str], output: Path,
-                         label: str = "collate", fits: list[dict[str, Any]] | None = None) -> None:
+                         label: str = "collate", fits: list[dict[str, Any]] | None = None,
+                         merges: list[dict[str, Any]] | None = None) -> None:
     """The collated store (see the module's docstring); `stores` maps a batch name to its store. The rows
     are gridded over the axes by pandas and xarray (a DataFrame indexed by the axes, as a Dataset: sorted
     coordinates, NaN where no point is); the images are then copied one shard at a time. `fits`: the rows of
-    a `fit:` section (nbsim.sweep.fitting.fit_rows), kept as `fit_*` variables."""
+    a `fit:` section (nbsim.sweep.fitting.fit_rows), kept as `fit_*` variables; `merges`: a `merge:` section's
+    (nbsim.sweep.merging.merge_rows), kept as `merge_*` variables."""
     grid = xr.Dataset.from_dataframe(pd.DataFrame(rows).set_index(axes))
     attributes = {"description": "nbsim sweep: one entry per point, every variable over the sweep axes", "axes": axes}
     with AtomicStore(output, attributes) as store:
@@ -222,6 +225,8 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
             image.attrs["coordinates"] = " ".join(coordinates)
         if fits:
             write_fit_variables(store, fits, grid, axes)
+        if merges:
+            write_merge_variables(store, merges, grid, axes)
         store.commit()
 
 

@@ -29,13 +29,20 @@ dtype, device and compile setting is one experiment). For each, in `results/<sce
   (each file with its folder) runs the merge, scored against the truth (`--truth truth.mtz` is among the
   arguments).
 
-The planning part (`merge_experiments`, `check_merge`) is torch-free: the Snakefile imports it.
+With `merge.run` (the default) the pipeline's `merge` rule then runs that command on the first n shots of each
+experiment, for each n of `merge.shots` (default: every shot), in `shots_<n>/` (`prepare_merge`: its shots' starts
+and the command's arguments): `merged.mtz`, `merged.json` (every shot's refined model and each cycle's CC and
+CCano* by resolution shell against the truth), `report.html` and `report.png`. `merge_rows` reads the merges'
+last cycles for `tables/merge.csv` and `write_merge_variables` keeps them in `sweep.zarr`.
+
+The planning part (`merge_experiments`, `check_merge`, `merge_counts`) is torch-free: the Snakefile imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,6 +68,17 @@ MERGE_FILES = ("truth.mtz", "start.mtz", "starts.json", "shots.txt", "flags.txt"
 """The files written per experiment (and the folder `spectra/`)."""
 ANOMALOUS_TOLERANCE = 1e-9
 """Relative |F(+)| − |F(−)| below which a truth has no anomalous differences."""
+MERGE_OUTPUTS = ("merged.mtz", "merged.json", "report.html", "report.png")
+"""What each merge of an experiment writes into its `shots_<n>/` folder (beside `starts.json`, its shots' starts,
+and `command.json`, its arguments)."""
+MERGE_COLUMNS = ("shots", "shots_merged", "shell", "d_min_A", "cc", "cc_anomalous", "start_cc", "cycles", "seconds",
+                 "measured_parameters", "parameters", "space_group", "anomalous")
+"""The columns of tables/merge.csv after the experiment (`point`), its axes but the draw, and its status: `shots`
+asked (`merge.shots`) and merged, the resolution shell (0: all, then 1 to K from low to high resolution) and its
+high-resolution limit, the last cycle's CC(|F|, truth) and CCano* (of |F(+)| − |F(−)| against the truth's), the
+starting |F|'s CC as the merge scores it before its first cycle, cycles run, seconds, |F| measured and in all."""
+MERGE_SCORES = {"cc": "cc_by_shell", "cc_anomalous": "cc_anomalous_by_shell", "d_min_A": "shell_d_min_A"}
+"""A row's score and the key of a merge's cycle record that holds it by shell."""
 
 
 def experiment_name(point: Point) -> str:
@@ -78,10 +96,15 @@ def merge_experiments(plan: SweepPlan) -> dict[tuple[str, str], tuple[str, ...]]
 
 
 def check_merge(config: dict, base: Path) -> None:
-    """What the schema cannot say about `merge:`: the sweep draws its shots, each scenario's structure factors
-    come from a file (the truth), and the space group, given or the file's, is known."""
+    """What the schema cannot say about `merge:`: the sweep draws its shots (at least as many as a merge takes),
+    each scenario's structure factors come from a file (the truth), and the space group, given or the file's, is
+    known."""
     if "draws" not in config["sweep"]:
         raise NbsimError("merge: needs shots drawn at random (sweep.draws)")
+    drawn = config["sweep"]["draws"]["count"]
+    too_many = [count for count in config["merge"].get("shots") or [] if count > drawn]
+    if too_many:
+        raise NbsimError(f"merge.shots: {too_many[0]} is more than the {drawn} shots drawn (sweep.draws.count)")
     given = config["merge"].get("space_group")
     for scenario in config["scenarios"]:
         words = scenario_args(config, scenario, base)
@@ -92,6 +115,104 @@ def check_merge(config: dict, base: Path) -> None:
         if name is None:
             raise NbsimError(f"merge.space_group: {files[-1][0]} names no space group; give one")
         space_group_of(name, "merge.space_group")
+
+
+def merge_counts(settings: Mapping[str, Any], drawn: int) -> list[int]:
+    """How many shots each merge of an experiment of `drawn` shots takes: `merge.shots`, else all of them."""
+    return sorted(set(settings.get("shots") or [drawn]))
+
+
+def prepare_merge(folder: Path, count: int, settings: Mapping[str, Any]) -> list[str]:
+    """`nbsim merge`'s arguments (after `nbsim`) for the first `count` shots of the experiment whose inputs are in
+    `folder`, writing into `folder/shots_<count>/`, with the `merge:` block's options (`settings`). Writes the
+    starts of those shots there first (`--starts` may name only shots given) and the arguments (`command.json`); a
+    checkpoint left by a killed merge is kept for the same command to resume from, and removed when the command
+    or the experiment's inputs (rewritten since) have changed: a merge of other inputs cannot resume from it."""
+    from ..io.atomic import atomic_write_text
+    from .store import read_json
+
+    manifest = read_json(folder / "merge.json")
+    shots = (folder / "shots.txt").read_text().splitlines()[:count]
+    starts = read_json(folder / "starts.json")["images"]
+    output = folder / f"shots_{count}"
+    output.mkdir(parents=True, exist_ok=True)
+    arguments = list(manifest["arguments"])
+    arguments[arguments.index("--starts") + 1] = str(output / "starts.json")
+    command = ["merge", *shots, *arguments, "--refine", ",".join(settings["refine"]), "--cycles",
+               str(settings["cycles"]), "--workers", str(settings["workers"]), *shlex.split(settings["options"]),
+               "--mtz", str(output / "merged.mtz"), "--json", str(output / "merged.json"),
+               "--report", str(output / "report.html"), "--", *manifest["flags"]]
+    checkpoint, recorded = output / "merged.mtz.checkpoint", output / "command.json"
+    if checkpoint.exists() and (not recorded.exists() or read_json(recorded) != command
+                                or checkpoint.stat().st_mtime_ns < (folder / "merge.json").stat().st_mtime_ns):
+        checkpoint.unlink()
+    atomic_write_text(output / "starts.json",
+                      json.dumps({"images": {shot: starts[shot] for shot in shots}}, indent=1) + "\n")
+    atomic_write_text(recorded, json.dumps(command) + "\n")
+    return command
+
+
+def merge_rows(results: Sequence[Path]) -> list[dict[str, Any]]:
+    """One row per merge and resolution shell (MERGE_COLUMNS) from the merges' JSON (`<experiment>/shots_<n>/
+    merged.json`, the experiment's merge.json beside that folder), scored by the last cycle."""
+    from .store import read_json
+
+    rows = []
+    for path in results:
+        path = Path(path)
+        document = read_json(path)
+        manifest = read_json(path.parent.parent / "merge.json")
+        scored = [record for record in document["cycles"] if "cc" in record]
+        last = scored[-1] if scored else {}
+        start = scored[0] if scored and scored[0]["cycle"] == 0 else {}
+        base = {"point": manifest["experiment"], **manifest["axes"], "status": "ok",
+                "shots": int(path.parent.name.removeprefix("shots_")), "shots_merged": len(document["shots"]),
+                "cycles": max((record["cycle"] for record in document["cycles"]), default=0),
+                "seconds": document["seconds"], "measured_parameters": document["measured_parameters"],
+                "parameters": document["parameters"], "space_group": document["space_group"],
+                "anomalous": document["anomalous"], "start_cc": start.get("cc")}
+        limits = [limit for limit in last.get("shell_d_min_A", []) if limit is not None and math.isfinite(limit)]
+        rows.append({**base, "shell": 0, "cc": last.get("cc"), "cc_anomalous": last.get("cc_anomalous"),
+                     "d_min_A": min(limits) if limits else None})
+        for index in range(len(last.get("cc_by_shell", []))):
+            rows.append({**base, "shell": index + 1, **{name: (last.get(key) or [None] * (index + 1))[index]
+                                                         for name, key in MERGE_SCORES.items()}})
+    return rows
+
+
+def write_merge_variables(store, rows: list[dict[str, Any]], grid, axes: Sequence[str]) -> None:
+    """In a collated store, over the sweep's axes but the draw and `merge_shots` (the shots each merge took):
+    `merge_cc`, `merge_cc_anomalous`, `merge_start_cc`, `merge_seconds`, `merge_shots_merged`, and by resolution
+    shell (`merge_shell`, 1 = lowest resolution) `merge_cc_by_shell`, `merge_cc_anomalous_by_shell`,
+    `merge_d_min_A`; aligned with `grid` (the sweep's rows gridded over the axes), NaN where no merge is."""
+    import pandas as pd
+    import xarray as xr
+
+    if not rows:
+        return
+    dimensions = [axis for axis in axes if axis != "draw"]
+    frame = pd.DataFrame(rows)
+    counts = sorted(frame["shots"].unique().tolist())
+    shells = sorted(int(shell) for shell in frame["shell"].unique() if shell > 0)
+    store.coordinate("merge_shots", counts)
+    align = {**{axis: grid[axis].values for axis in dimensions}, "shots": counts}
+    shape = (*(len(grid[axis]) for axis in dimensions), len(counts))
+    overall = frame[frame["shell"] == 0].set_index([*dimensions, "shots"])
+    per_merge = xr.Dataset.from_dataframe(overall[["cc", "cc_anomalous", "start_cc", "seconds", "shots_merged"]]
+                                          .astype(float)).reindex(align)
+    for name in ("cc", "cc_anomalous", "start_cc", "seconds", "shots_merged"):
+        store.variable(f"merge_{name}", (*dimensions, "merge_shots"), shape, np.float64,
+                       data=per_merge[name].values.astype(np.float64))
+    if not shells:
+        return
+    store.coordinate("merge_shell", shells)
+    by_shell = frame[frame["shell"] > 0].set_index([*dimensions, "shots", "shell"])
+    per_shell = xr.Dataset.from_dataframe(by_shell[list(MERGE_SCORES)].astype(float)).reindex({**align,
+                                                                                                "shell": shells})
+    for name, variable in (("cc", "merge_cc_by_shell"), ("cc_anomalous", "merge_cc_anomalous_by_shell"),
+                           ("d_min_A", "merge_d_min_A")):
+        store.variable(variable, (*dimensions, "merge_shots", "merge_shell"), (*shape, len(shells)), np.float64,
+                       data=per_shell[name].values.astype(np.float64))
 
 
 def structure_space_group(path: str, model: bool) -> str | None:
@@ -272,7 +393,9 @@ def write_merge_inputs(records: Sequence[Path], names: Sequence[str], drawn: Seq
                  "--space_group", group.hm.replace(" ", ""), *(["--anomalous"] if anomalous else []),
                  "--truth", str(folder / "truth.mtz")]
     manifest = {
-        "scenario": scenario, "experiment": experiment, "shots": len(shots), "energy_eV": energy_eV,
+        "scenario": scenario, "experiment": experiment, "axes": {axis: value for axis, value in first.axes.items()
+                                                                 if axis != "draw"},
+        "shots": len(shots), "energy_eV": energy_eV,
         "wavelength_A": HC_EV_A / energy_eV,
         "energy": "the mean over the shots of each shot's spectrum-weighted mean energy: the merge's one table",
         "space_group": group.hm, "cell": list(cell), "anomalous": anomalous,

@@ -6,6 +6,7 @@ rule collate:
         records=lambda w: batch_files(w, "records.json"),
         references=reference_records,
         fits=fit_files,
+        merges=merge_files,
     output:
         **collate_outputs(),
     log:

@@ -12,7 +12,7 @@ from nbsim.errors import NbsimError
 from nbsim.modes import Compile
 from nbsim.sweep import batching, plan, validate
 from nbsim.sweep.fitting import FitJob, fit_chunks
-from nbsim.sweep.merging import MERGE_FILES, merge_experiments
+from nbsim.sweep.merging import MERGE_FILES, MERGE_OUTPUTS, merge_counts, merge_experiments
 from nbsim.sweep.spec import BatchJob
 from snakemake.exceptions import WorkflowError
 
@@ -73,6 +73,12 @@ FIT_CHUNKS = (
 # merge: (docs/sweeps.md, "Merging a dataset"): each experiment's inputs for nbsim merge.
 MERGE = config.get("merge")
 MERGE_EXPERIMENTS = merge_experiments(PLAN) if MERGE else {}
+# merge.run: each experiment merged from each of its shot counts, the pipeline's last rule.
+MERGE_RUNS = (
+    {key: merge_counts(MERGE, len(names)) for key, names in MERGE_EXPERIMENTS.items()}
+    if MERGE and MERGE["run"]
+    else {}
+)
 DRAWN_KEYS = sorted((config["sweep"].get("draws") or {}).get("values") or {})
 
 
@@ -206,6 +212,13 @@ def fit_files(wildcards):
             for chunk in chunks]
 
 
+def merge_files(wildcards):
+    """A scenario's merges' JSON (none without a `merge:` section that runs them)."""
+    return [f"{RESULTS}/{wildcards.scenario}/merge/{experiment}/shots_{count}/merged.json"
+            for (scenario, experiment), counts in MERGE_RUNS.items() if scenario == wildcards.scenario
+            for count in counts]
+
+
 def collate_outputs():
     """Timing tables and the collated store; correlation tables with a reference, labels with draws."""
     outputs = dict(
@@ -284,5 +297,9 @@ def all_outputs():
             *([f"{RESULTS}/{scenario}/tables/fit.csv", f"{RESULTS}/{scenario}/plots/fit_errors.png"] if FIT else []),
             *(f"{RESULTS}/{scenario}/merge/{experiment}/{name}"
               for (owner, experiment) in MERGE_EXPERIMENTS if owner == scenario for name in MERGE_FILES),
+            *(f"{RESULTS}/{scenario}/merge/{experiment}/shots_{count}/{name}"
+              for (owner, experiment), counts in MERGE_RUNS.items() if owner == scenario
+              for count in counts for name in MERGE_OUTPUTS),
+            *([f"{RESULTS}/{scenario}/tables/merge.csv"] if MERGE_RUNS else []),
         ]
     return outputs

@@ -14,6 +14,7 @@ from nbsim.sweep.collate import (
     write_table,
 )
 from nbsim.sweep.fitting import fit_rows
+from nbsim.sweep.merging import merge_rows
 from nbsim.sweep.progress import run_logged
 from nbsim.sweep.report import CORRELATION_VIEW, TIMING_VIEW, write_reader_tables
 
@@ -34,7 +35,8 @@ def collate(inputs, outputs, params, scenario) -> None:
         write_labels(rows, Path(outputs.labels_csv))
     stores = {Path(p).parent.name: Path(p) for p in params.stores}
     fits = fit_rows([Path(p) for p in inputs.fits])
-    write_collated_store(rows, stores, params.axes, Path(outputs.store), f"collate {scenario}", fits)
+    merges = merge_rows([Path(p) for p in inputs.merges])
+    write_collated_store(rows, stores, params.axes, Path(outputs.store), f"collate {scenario}", fits, merges)
 
 
 run_logged(snakemake.log[0], collate, snakemake.input, snakemake.output, snakemake.params,  # noqa: F821
