@@ -4,12 +4,15 @@
 
 The starting model is the nanoBragg flags after `--` (the one parser), per image overridden by
 `--starts FILE` (JSON: {"images": {IMAGE: {"misset": [x, y, z], "cell": [...], "N": 20, ...}}}, keys
-being nanoBragg flags without the dash) or taken from a DIALS experiment list (`--expt FILE`).
+being nanoBragg flags without the dash) or taken from a DIALS experiment list (`--expt FILE`: each
+experiment, a lattice of an image, is a fit of that image from its models; `--refl FILE` gives DIALS's spots,
+`--expt-out FILE` writes the refined models back as an experiment list).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -51,7 +54,13 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared", type=_names, default=[],
                         help="quantities refined once for all images (e.g. distance,beam); others are per image")
     parser.add_argument("--starts", help="JSON of per-image starting values (nanoBragg flags without the dash)")
-    parser.add_argument("--expt", help="a DIALS experiment list (.expt): starting crystal, beam and detector")
+    parser.add_argument("--expt", help="a DIALS experiment list (.expt): each experiment (a lattice of an image) is "
+                                       "fitted from its crystal, beam and detector; without IMAGEs, the images it "
+                                       "names")
+    parser.add_argument("--refl", help="DIALS's spots (indexed.refl, or the strong.refl of the same experiments) "
+                                       "as each experiment's observed spots: shoeboxes around them (with --expt)")
+    parser.add_argument("--expt-out", help="write the refined crystals, beam and detector as a DIALS experiment "
+                                           "list (with --expt; dials.integrate and dials.ssx_integrate read it)")
     parser.add_argument("--lattice", help="lattice system of the cell (default: read off the starting cell)")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
     parser.add_argument("--spots", type=int, default=200, help="most predicted (and observed) spots per image")
@@ -129,23 +138,13 @@ def main(argv: list[str]) -> int:
     from ..fit.parameters import check_names, check_shared
 
     check_shared(check_names(options.shared, "shared"), check_names(options.refine, "refined"))
-    for path in (options.json, options.flags, options.plot):
+    for path in (options.json, options.flags, options.plot, options.expt_out):
         if path is not None:
             check_writable(path)
     starts = _starts(options.starts)
-    experiments = []
-    if options.expt is not None:
-        require_file(options.expt)
-        from ..io.dials_experiments import read_experiment_list
-
-        experiments = read_experiment_list(options.expt)
-    images = list(options.images)
-    if not images and experiments:
-        images = [start.image for start in experiments if start.image is not None]
+    images, experiments = _experiment_shots(options, list(options.images))
     if not images:
         raise NbsimError("fit: give at least one observed image (or an --expt that names its images)")
-    if experiments and len(experiments) not in (1, len(images)):
-        raise NbsimError(f"fit: {len(experiments)} experiments in {options.expt} but {len(images)} images")
     unknown = [name for name in starts if name not in images]
     if unknown:
         raise InputFileError(options.starts, f"names an image not given: {unknown[0]}")
@@ -156,8 +155,7 @@ def main(argv: list[str]) -> int:
                       for image in images]
     configs = [parse(list(argv))[0] for argv in argv_per_image]
     if experiments:
-        configs = [config.with_options(**experiments[min(i, len(experiments) - 1)].overrides)
-                   for i, config in enumerate(configs)]
+        configs = [config.with_options(**start.overrides) for config, start in zip(configs, experiments, strict=True)]
     for index, config in enumerate(configs):
         configs[index], extra = advised_sampling(config, argv_per_image[index])
         argv_per_image[index] = argv_per_image[index] + extra
@@ -165,16 +163,76 @@ def main(argv: list[str]) -> int:
         for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
             if path is not None:
                 require_file(path)
-    return _run(options, images, configs, argv_per_image, model_flags)
+    spots = _dials_spots(options.refl, experiments, options.spots) if options.refl else [None] * len(images)
+    return _run(options, images, configs, argv_per_image, model_flags, experiments, spots)
+
+
+def _experiment_shots(options: argparse.Namespace, given: list[str]) -> tuple[list[str], list]:
+    """The images to fit and, with --expt, the experiment each starts from (one fit per experiment: an image
+    with several lattices is fitted once from each). Without IMAGEs, every experiment of the list on the image
+    it names; with IMAGEs that the list names, their experiments; else one experiment for every image, or one
+    for each in turn."""
+    if options.expt is None:
+        if options.refl or options.expt_out:
+            raise NbsimError("fit: --refl and --expt-out go with --expt (DIALS's experiments)")
+        return given, []
+    if options.refl and options.no_observed_spots:
+        raise NbsimError("fit: --refl gives the observed spots; --no-observed-spots leaves them out: choose one")
+    require_file(options.expt)
+    from ..io.dials_experiments import read_experiment_list
+
+    experiments = read_experiment_list(options.expt)
+    if not given:
+        for start in experiments:
+            if start.image is None:
+                raise InputFileError(options.expt, f"experiment {start.number} does not say which image it is of: "
+                                                   "give the images")
+            if not Path(start.image.split("#", 1)[0]).exists():
+                raise InputFileError(options.expt, f"experiment {start.number}'s image "
+                                                   f"{start.image.split('#', 1)[0]} is not there")
+        return [start.image for start in experiments], experiments
+    named = {_absolute_image(image): [start for start in experiments if start.image == _absolute_image(image)]
+             for image in given}
+    if all(named.values()):
+        pairs = [(image, start) for image in given for start in named[_absolute_image(image)]]
+        return [image for image, _ in pairs], [start for _, start in pairs]
+    if len(experiments) == 1:
+        if options.expt_out and len(given) > 1:
+            raise NbsimError(f"fit: --expt-out writes each experiment once, but {options.expt}'s one experiment "
+                             f"starts {len(given)} images")
+        return given, experiments * len(given)
+    if len(experiments) == len(given):
+        return given, experiments
+    unnamed = next(image for image in given if not named[_absolute_image(image)])
+    raise NbsimError(f"fit: no experiment in {options.expt} is of {unnamed}, and its {len(experiments)} "
+                     f"experiments do not pair with {len(given)} images")
+
+
+def _absolute_image(image: str) -> str:
+    """An image as an experiment list's reader names it: the path absolute, FILE#N kept."""
+    path, hash_sign, frame = image.partition("#")
+    return str(Path(path).resolve()) + hash_sign + frame
+
+
+def _dials_spots(path: str, experiments: list, max_spots: int) -> list:
+    """Each experiment's spots in DIALS's reflection table `path` (centre pixels, brightest first)."""
+    require_file(path)
+    from ..io.dials_reflections import read_reflection_table
+
+    table = read_reflection_table(path)
+    if not table.covers([start.identifier for start in experiments]):
+        raise InputFileError(path, "its spots belong to none of the experiments of the --expt list (give the "
+                                   ".refl written with that list: dials.index's indexed.refl)")
+    return [table.spots(start.identifier, start.number, max_spots) for start in experiments]
 
 
 def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per_image: list[list[str]],
-         model_flags: list[str]) -> int:
+         model_flags: list[str], experiments: list, spots: list) -> int:
     import torch
 
     from ..fit.compiled import start_background_build
     from ..fit.images import read_fit_image
-    from ..fit.output import fit_json, residual_picture
+    from ..fit.output import fit_json, refined_experiments, residual_picture
     from ..fit.refine import FitOptions, fit, fit_kernel_variants
     from ..resolve import resolve
 
@@ -182,11 +240,11 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
     if adc is None and "-adc" in model_flags:
         adc = configs[0].response.adc_offset_adu
     fit_images = []
-    for name, config in zip(images, configs, strict=True):
+    for name, config, given_spots in zip(images, configs, spots, strict=True):
         setup = resolve(config)
         for line in setup.warnings:
             print(f"nbsim: warning: {line}", file=sys.stderr)
-        fit_images.append(read_fit_image(name, setup, adc))
+        fit_images.append(dataclasses.replace(read_fit_image(name, setup, adc), spots=given_spots))
     readout_photons = configs[0].response.readout_noise_adu / (configs[0].response.gain_adu_per_photon or 1.0)
     fit_options = FitOptions(
         refine=tuple(options.refine), shared=tuple(options.shared), lattice=options.lattice,
@@ -206,7 +264,7 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         if start_background_build(variants):
             print("nbsim fit: building the fit's compiled kernel in the background for later fits "
                   "(python -m nbsim.fit.compiled; NBSIM_BACKGROUND_BUILD=off to stop this)", file=sys.stderr)
-    document = fit_json(result, argv_per_image)
+    document = fit_json(result, argv_per_image, [start.number for start in experiments] or None)
     if options.json:
         atomic_write_text(options.json, json.dumps(document, indent=2) + "\n")
     if options.flags:
@@ -215,6 +273,10 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         atomic_write_text(options.flags, "".join(shlex.join(shot["flags"]) + "\n" for shot in document["shots"]))
     if options.plot:
         residual_picture(result, options.plot)
+    if options.expt_out:
+        from ..io.dials_experiments import write_experiment_list
+
+        write_experiment_list(options.expt_out, options.expt, refined_experiments(result, experiments))
     for shot in document["shots"]:
         cell = " ".join(f"{v:.4f}" for v in shot["cell"])
         n_cells = " ".join(f"{v:.2f}" for v in shot["N"])

@@ -1,5 +1,6 @@
 """What a fit reports: the JSON other tools read, the refined model as nanoBragg flags (so `nbsim`
-re-renders it), and a picture of observed, model and residual counts on the fitted pixels."""
+re-renders it), the refined experiments for a DIALS experiment list, and a picture of observed, model and
+residual counts on the fitted pixels."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from ..io.atomic import atomic_write_with
+from ..io.dials_experiments import ExperimentStart, RefinedExperiment
 from ..nanobragg.flags import FLAGS, WAVELENGTH_FLAGS
 from ..resolve import R_E_SQR_M2
 from .parameters import rotation_matrix
@@ -117,10 +119,12 @@ def _refined(model, name: str) -> bool:
     return own[name] in model.refine
 
 
-def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]]) -> dict:
+def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]],
+             experiments: Sequence[int] | None = None) -> dict:
     """The fit as the JSON contract (docs/fitting.md): per shot the A matrix (rows a*, b*, c* in Å⁻¹ at
-    φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread and their standard errors; the detector;
-    the outcome."""
+    φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread and their standard errors, and the DIALS
+    experiment it started from (`experiments`, each shot's number in the --expt list); the detector; the
+    outcome."""
     model = result.model
     natural = [{name: value.detach() for name, value in image_values.items()} for image_values in model.natural()]
     sigmas = [standard_errors(result, image) for image in range(len(result.images))]
@@ -145,6 +149,8 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]]) -> dict
                       "scale": sigma["scale"][0], "mosaic_spread_deg": sigma["mosaic_spread_deg"][0],
                       "wavelength_A": sigma["wavelength_A"][0]},
         })
+        if experiments is not None:
+            shots[-1]["experiment"] = experiments[image]
     first, detector_values = sigmas[0], natural[0]
     detector = {"distance_mm": float(detector_values["distance"][0]),
                 "beam_x_mm": float(detector_values["beam"][0]), "beam_y_mm": float(detector_values["beam"][1]),
@@ -155,6 +161,21 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]]) -> dict
             "iterations": result.iterations, "seconds": round(result.seconds, 3), "pixels": result.pixels,
             "negative_log_likelihood": result.nll, "refined": list(model.refine), "shared": list(model.shared),
             "photon_scale_per_unit": R_E_SQR_M2}
+
+
+def refined_experiments(result: FitResult, starts: Sequence[ExperimentStart]) -> list[RefinedExperiment]:
+    """Each image's refined crystal, wavelength and detector panel (nanoBragg's frame), for the DIALS
+    experiment it started from (`starts[image]`): what nbsim.io.dials_experiments.write_experiment_list
+    writes."""
+    refined = []
+    for setup, start in zip(result.model.refined_setups(), starts, strict=True):
+        geometry = setup.geometry
+        refined.append(RefinedExperiment(
+            start=start, a_matrix_per_A=setup.lattice.reciprocal_per_A.detach().cpu().double().numpy(),
+            wavelength_A=float(setup.config.beam.wavelength_A),
+            pix0_mm=geometry.pix0_m.detach().cpu().double().numpy() * 1000.0,
+            fast=geometry.fdet.detach().cpu().double().numpy(), slow=geometry.sdet.detach().cpu().double().numpy()))
+    return refined
 
 
 def residual_picture(result: FitResult, path: str, boxes_per_image: int = 64) -> None:

@@ -26,15 +26,18 @@ multi-axis goniometer and multi-panel detectors (one-line errors).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputFileError
+from .atomic import atomic_write_text
 
 DIALS_TO_NANOBRAGG = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
 """nanoBragg's lab vector = DIALS_TO_NANOBRAGG @ DIALS's (a proper rotation; its transpose goes back)."""
@@ -65,6 +68,17 @@ class ExperimentStart:
     a_matrix_per_A: np.ndarray
     """Rows a*, b*, c* (Å⁻¹) at φ = 0 in nanoBragg's lab frame: what nbsim's lattice has as
     reciprocal_per_A, and nbsim's miniCBF header's `nbsim A_matrix_per_A` lines."""
+    number: int = 0
+    """Its position in the experiment list (from 0): the `id` of its spots in a reflection table without
+    identifiers."""
+    identifier: str | None = None
+    """The experiment's `identifier` (what a reflection table's `identifiers` name), if it has one."""
+    to_nanobragg: np.ndarray = field(default_factory=lambda: DIALS_TO_NANOBRAGG.copy())
+    """The rotation taking a DIALS lab vector of this experiment to nanoBragg's frame (DIALS_TO_NANOBRAGG after
+    the beam's turn onto -z): its transpose writes a refined model back (write_experiment_list)."""
+    crystal_to_lab: np.ndarray = field(default_factory=lambda: np.eye(3))
+    """The goniometer's setting times fixed rotation (DIALS's frame), which takes the crystal's vectors to the
+    lab at φ = 0."""
 
 
 def read_experiment_list(path: str | Path) -> list[ExperimentStart]:
@@ -151,7 +165,8 @@ def _convert(document: dict, experiment: dict, number: int, path: Path) -> Exper
         spindle_dials = setting @ _unit(_vector(goniometer["rotation_axis"]))
     real_dials = np.stack([_vector(crystal[f"real_space_{axis}"]) for axis in "abc"])
     a_matrix_dials = np.linalg.inv(real_dials).T  # rows a*, b*, c*
-    a_matrix = (to_nanobragg @ setting @ fixed @ a_matrix_dials.T).T
+    crystal_to_lab = setting @ fixed
+    a_matrix = (to_nanobragg @ crystal_to_lab @ a_matrix_dials.T).T
     overrides: dict[str, object] = {
         "mosflm_matrix": mosflm_matrix(a_matrix, wavelength_A), "cell_A_deg": cell_of(a_matrix),
         "misset_deg": None, "misset_random": False, "wavelength_A": wavelength_A}
@@ -166,17 +181,20 @@ def _convert(document: dict, experiment: dict, number: int, path: Path) -> Exper
         start_deg, width_deg = (float(v) for v in np.asarray(oscillation, dtype=np.float64).reshape(-1)[:2])
         if width_deg != 0.0:
             overrides.update(phi_start_deg=start_deg, osc_range_deg=width_deg)
-    return ExperimentStart(_image(document, experiment, first_image, path), overrides, a_matrix)
+    identifier = experiment.get("identifier")
+    return ExperimentStart(_image(document, experiment, first_image, path), overrides, a_matrix, number,
+                           str(identifier) if identifier else None, to_nanobragg, crystal_to_lab)
 
 
 def _detector(detector: list, to_nanobragg: np.ndarray, spindle: np.ndarray, polar: np.ndarray, path: Path,
               number: int) -> dict[str, object]:
     """The detector options of the experiment's one panel (see the module's docstring)."""
-    panels = detector[0]["panels"] if isinstance(detector, list) else detector["panels"]
+    detector = detector[0] if isinstance(detector, list) else detector
+    panels = detector["panels"]
     if len(panels) != 1:
         raise InputFileError(str(path), f"experiment {number}: a detector of {len(panels)} panels is not "
                                         "supported (one panel only)")
-    panel = panels[0]
+    panel = _in_lab(panels[0], _root_frame(detector))
     pixel_fast_mm, pixel_slow_mm = (float(v) for v in panel["pixel_size"])
     if not math.isclose(pixel_fast_mm, pixel_slow_mm, rel_tol=1e-9):
         raise InputFileError(str(path), f"experiment {number}: pixels of {pixel_fast_mm:g} x {pixel_slow_mm:g} mm; "
@@ -207,6 +225,23 @@ def _detector(detector: list, to_nanobragg: np.ndarray, spindle: np.ndarray, pol
             **{name: tuple(float(v) for v in vector) for name, vector in vectors.items()}}
 
 
+def _root_frame(detector: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The origin (mm) and axes (columns fast, slow, normal) of the detector's hierarchy root, in whose frame
+    dxtbx writes its panels' vectors (the identity where it has none)."""
+    root = detector.get("hierarchy") or {}
+    if not root:
+        return np.zeros(3), np.eye(3)
+    fast, slow = _unit(_vector(root["fast_axis"])), _unit(_vector(root["slow_axis"]))
+    return _vector(root["origin"]), np.stack([fast, slow, np.cross(fast, slow)], axis=1)
+
+
+def _in_lab(panel: dict, frame: tuple[np.ndarray, np.ndarray]) -> dict:
+    """The panel with its origin and axes in the lab frame (from its hierarchy root's frame)."""
+    origin, axes = frame
+    return {**panel, "origin": origin + axes @ _vector(panel["origin"]),
+            "fast_axis": axes @ _vector(panel["fast_axis"]), "slow_axis": axes @ _vector(panel["slow_axis"])}
+
+
 def _image(document: dict, experiment: dict, first_image: int | None, path: Path) -> str | None:
     """The image an experiment names (see ExperimentStart.image)."""
     imageset = _model(document, experiment, "imageset")
@@ -234,6 +269,95 @@ def _image(document: dict, experiment: dict, first_image: int | None, path: Path
 
 def _absolute(name: str, expt_path: Path) -> str:
     return str(name) if Path(name).is_absolute() else str((expt_path.parent / name).resolve())
+
+
+@dataclass(frozen=True)
+class RefinedExperiment:
+    """A fitted experiment's crystal, wavelength and detector panel in nanoBragg's frame, to be written back as
+    DIALS's (write_experiment_list)."""
+
+    start: ExperimentStart
+    a_matrix_per_A: np.ndarray
+    """Rows a*, b*, c* (Å⁻¹) at φ = 0."""
+    wavelength_A: float
+    pix0_mm: np.ndarray
+    """The first pixel's outer corner (DIALS's panel origin), mm."""
+    fast: np.ndarray
+    slow: np.ndarray
+
+
+MODEL_KINDS = ("imageset", "beam", "detector", "goniometer", "scan", "crystal", "profile", "scaling_model")
+"""The model lists an experiment list holds, which its experiments name by index."""
+IMAGESET_PATHS = ("template", "mask", "gain", "pedestal", "dx", "dy")
+"""An image set's keys that hold a file's path (besides `images`)."""
+
+
+def write_experiment_list(path: str | Path, source: str | Path, refined: Sequence[RefinedExperiment]) -> None:
+    """Write the refined experiments as a DIALS experiment list: each one's experiment of `source` (the list
+    read_experiment_list read) with its crystal's real-space vectors, beam's wavelength and detector panel
+    replaced by the refined ones, turned back into DIALS's frame (the reader's conversion inverted); its
+    other models (image set, goniometer, scan, profile) and identifier as they were, relative image paths
+    made absolute, and models equal in every field shared. The crystal's B_covariance (of DIALS's
+    refinement) is dropped."""
+    source = Path(source)
+    document = json.loads(source.read_text())
+    written: dict[str, object] = {"__id__": "ExperimentList", "experiment": [],
+                                  **{kind: [] for kind in MODEL_KINDS}}
+    for experiment in refined:
+        original = document["experiment"][experiment.start.number]
+        entry = dict(original)
+        for kind in MODEL_KINDS:
+            model = _model(document, original, kind)
+            if model is None:
+                continue
+            model = copy.deepcopy(model)
+            if kind == "crystal":
+                _write_crystal(model, experiment)
+            elif kind == "beam":
+                model["wavelength"] = float(experiment.wavelength_A)
+            elif kind == "detector":
+                _write_panel(model, experiment)
+            elif kind == "imageset":
+                _absolute_paths(model, source)
+            entry[kind] = _shared_index(written[kind], model)
+        written["experiment"].append(entry)
+    atomic_write_text(path, json.dumps({key: value for key, value in written.items() if value != []}, indent=2)
+                      + "\n")
+
+
+def _write_crystal(crystal: dict, experiment: RefinedExperiment) -> None:
+    to_lab = experiment.start.to_nanobragg @ experiment.start.crystal_to_lab
+    real = np.linalg.inv(np.asarray(experiment.a_matrix_per_A, dtype=np.float64)).T  # rows a, b, c
+    for axis, row in zip("abc", real, strict=True):
+        crystal[f"real_space_{axis}"] = [float(v) for v in to_lab.T @ row]
+    crystal.pop("B_covariance", None)
+
+
+def _write_panel(detector: dict, experiment: RefinedExperiment) -> None:
+    """The detector's one panel placed as refined, in its hierarchy root's frame (as dxtbx writes it)."""
+    to_dials = experiment.start.to_nanobragg.T
+    origin, axes = _root_frame(detector)
+    panel = detector["panels"][0]
+    panel["origin"] = [float(v) for v in axes.T @ (to_dials @ np.asarray(experiment.pix0_mm) - origin)]
+    for name, vector in (("fast_axis", experiment.fast), ("slow_axis", experiment.slow)):
+        panel[name] = [float(v) for v in axes.T @ to_dials @ np.asarray(vector)]
+
+
+def _absolute_paths(imageset: dict, source: Path) -> None:
+    for key in IMAGESET_PATHS:
+        if isinstance(imageset.get(key), str) and imageset[key]:
+            imageset[key] = _absolute(imageset[key], source)
+    if isinstance(imageset.get("images"), list):
+        imageset["images"] = [_absolute(name, source) for name in imageset["images"]]
+
+
+def _shared_index(models: list, model: dict) -> int:
+    """The index of `model` in `models`, appended unless an equal one is there."""
+    for index, other in enumerate(models):
+        if other == model:
+            return index
+    models.append(model)
+    return len(models) - 1
 
 
 def mosflm_matrix(a_matrix_per_A: np.ndarray, wavelength_A: float) -> tuple[float, ...]:
