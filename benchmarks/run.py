@@ -21,6 +21,10 @@ benchmarks/answers.py, the detector's (`noise_c`, `noise_philox`) in benchmarks/
 benchmarks/fit_workloads.py, `merge_sad` (an SAD experiment merged by `nbsim merge`) in
 benchmarks/merge_workloads.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
+
+Without `--only`, every workload runs but the hours-long ones (LONG_WORKLOADS: `merge_sad`, 1,000 stills rendered
+and merged); `--only merge_sad` runs it at its target's size, and `--quick` without `--only` runs its small smoke
+run (20 stills of 128², one cycle: about 3 minutes on 2 cores) with the rest. `--list` prints what would run.
 """
 
 from __future__ import annotations
@@ -113,6 +117,9 @@ FIRST_IMAGE_CASES = (("seed_f32", tuple(SEED_ARGS), 4096, 256), ("heavy_f32", tu
 FIRST_IMAGE_MARGIN_S = 2.0
 FIRST_IMAGE_ROUNDS = 3
 COLD_WORKLOADS = ("new_values", "first_image")
+LONG_WORKLOADS = {"merge_sad": "1,000 stills of 256² rendered and merged: hours on 2 cores"}
+"""Workloads that take hours at their target's size: run only when `--only` names them (`--quick` runs their
+smoke runs by default)."""
 
 
 def nanobragg_args(workload: Workload, golden: Path, quick: bool) -> list[str]:
@@ -338,17 +345,28 @@ def table_row(name: str, record: dict, verdict_text: str, target: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     names = [w.name for w in WORKLOADS] + list(CLI_WORKLOADS) + list(COLD_WORKLOADS) + list(TABLE_WORKLOADS)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Without --only every workload runs but the hours-long ones ("
+                                            + ", ".join(LONG_WORKLOADS) + "): name one in --only to run it; "
+                                            "--quick runs its smoke run with the rest.")
     parser.add_argument("--c-binary", default=os.environ.get("NBSIM_C_BINARY"),
                         help="nanoBragg binary to compare with (default: $NBSIM_C_BINARY)")
     parser.add_argument("--golden", type=Path, default=REPO.parent / "shared" / "golden",
                         help="folder holding synthetic_P1.hkl (default: ../shared/golden)")
-    parser.add_argument("--only", nargs="+", choices=names, default=names, help="workloads to run")
+    long = ", ".join(f"{name} ({why})" for name, why in LONG_WORKLOADS.items())
+    parser.add_argument("--only", nargs="+", choices=names,
+                        help=f"workloads to run (default: all but the hours-long {long}, which --quick runs small)")
     parser.add_argument("--repeats", type=int, default=5, help="warm repeats (and C runs) per workload")
     parser.add_argument("--quick", action="store_true", help="small detectors: a smoke run, not the targets")
+    parser.add_argument("--list", action="store_true", help="print the workloads these options run, and stop")
     parser.add_argument("--cache-dir", type=Path, default=REPO / "results" / "benchmarks" / "compile-cache")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "benchmarks" / "benchmarks.json")
     options = parser.parse_args(argv)
+    if options.only is None:
+        options.only = [name for name in names if options.quick or name not in LONG_WORKLOADS]
+    if options.list:
+        print("\n".join(options.only))
+        return 0
     if options.repeats < 1:
         parser.error("--repeats must be at least 1")
     if options.c_binary and not os.access(options.c_binary, os.X_OK):
