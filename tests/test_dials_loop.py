@@ -24,6 +24,7 @@ from nbsim.io.dials_reflections import read_reflection_table
 from nbsim.model.geometry import build_geometry
 from nbsim.nanobragg.arguments import parse
 
+from .conftest import REPO_ROOT
 from .test_dials_experiments import BASE, _expt, _misorientation_deg, _rotation
 
 
@@ -196,6 +197,21 @@ LOOP_INTEGRATE = [
     ["dials.filter_reflections", "indexed.refl", "flag_expression=indexed", "output.reflections=indexed_only.refl"],
     ["dials.ssx_integrate", "refined.expt", "indexed_only.refl", "nproc=1", "algorithm=stills"],
 ]
+
+
+def test_the_documented_loop_is_the_tests():
+    """docs/fitting.md shows the commands the next test runs (it runs them there, not twice): the same render
+    flags (the test adds -compile off), DIALS commands and fit (the test adds --compile off)."""
+    text = (REPO_ROOT / "docs" / "fitting.md").read_text()
+    marker = text.index("<!-- not run: tests/test_dials_loop.py runs these commands")
+    start = text.index("```sh\n", marker) + len("```sh\n")
+    lines = [line.split() for line in text[start:text.index("```", start)].replace("\\\n", " ").splitlines()]
+    [render] = [words for words in lines if words[:1] == [".venv/bin/nbsim"] and "-cell" in words]
+    assert render[1:render.index("-misset")] == [flag for flag in LOOP_STILL if flag not in ("-compile", "off")]
+    [fit] = [words for words in lines if words[:2] == [".venv/bin/nbsim", "fit"]]
+    assert fit[1:] == [word for word in LOOP_FIT if word not in ("--compile", "off")]
+    for command in LOOP_DIALS + LOOP_INTEGRATE:
+        assert command in lines, command
 
 
 def _dials(command: list[str]) -> None:

@@ -54,13 +54,15 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared", type=_names, default=[],
                         help="quantities refined once for all images (e.g. distance,beam); others are per image")
     parser.add_argument("--starts", help="JSON of per-image starting values (nanoBragg flags without the dash)")
-    parser.add_argument("--expt", help="a DIALS experiment list (.expt): each experiment (a lattice of an image) is "
-                                       "fitted from its crystal, beam and detector; without IMAGEs, the images it "
-                                       "names")
-    parser.add_argument("--refl", help="DIALS's spots (indexed.refl, or the strong.refl of the same experiments) "
-                                       "as each experiment's observed spots: shoeboxes around them (with --expt)")
-    parser.add_argument("--expt-out", help="write the refined crystals, beam and detector as a DIALS experiment "
-                                           "list (with --expt; dials.integrate and dials.ssx_integrate read it)")
+    parser.add_argument("--expt", metavar="FILE",
+                        help="a DIALS experiment list (.expt): each experiment (a lattice of an image) is fitted "
+                             "from its crystal, beam and detector; without IMAGEs, on the image it names")
+    parser.add_argument("--refl", metavar="FILE",
+                        help="DIALS's spots (the indexed.refl written with the --expt list) as each experiment's "
+                             "observed spots: shoeboxes around them")
+    parser.add_argument("--expt-out", metavar="FILE",
+                        help="write the refined crystals, beam and detector as a DIALS experiment list (with --expt; "
+                             "dials.integrate and dials.ssx_integrate read it)")
     parser.add_argument("--lattice", help="lattice system of the cell (default: read off the starting cell)")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
     parser.add_argument("--spots", type=int, default=200, help="most predicted (and observed) spots per image")

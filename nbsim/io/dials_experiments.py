@@ -21,7 +21,13 @@ Each experiment becomes `SimulationConfig.with_options(**overrides)` keys:
 * a rotation scan: `phi_start_deg` and `osc_range_deg` of the experiment's first image.
 
 Not converted: the polarization fraction (nanoBragg's -polar stays the caller's), scan-varying models, a
-multi-axis goniometer and multi-panel detectors (one-line errors).
+multi-axis goniometer and multi-panel detectors (one-line errors). A detector's hierarchy root, in whose frame
+dxtbx writes the panel's vectors, is composed with them.
+
+The way back, `write_experiment_list`: each refined experiment (`RefinedExperiment`: its crystal's A matrix,
+its wavelength and panel in nanoBragg's frame) replaces its experiment's models in a copy of the list it was
+read from, turned back by the transpose of the same rotations, so that DIALS (dials.integrate,
+dials.ssx_integrate) predicts with nbsim's refined models.
 """
 
 from __future__ import annotations
