@@ -84,18 +84,20 @@ def test_bad_reflection_tables_are_one_line(tmp_path):
         assert "\n" not in str(raised.value) and name in str(raised.value)
 
 
-def test_refined_experiments_written_back_read_back_as_refined(tmp_path):
-    """The writer inverts the reader: a list with a goniometer's setting rotation, a beam turned off DIALS's -z
-    and a detector hierarchy whose root is moved and turned reads back, after a refined crystal, wavelength
-    and panel are written, as exactly those; what was not refined is kept."""
+def _written_back(tmp_path) -> tuple[dict, RefinedExperiment]:
+    """A list with a goniometer's setting rotation, a beam turned off DIALS's -z and a detector hierarchy whose
+    root is moved and turned (tmp_path/start.expt), and a refined crystal, wavelength and panel written back
+    from it (tmp_path/refined.expt): the start's document and what was written."""
     config = parse(BASE)[0]
     document = _expt(config, _rotation((0.3, 1.0, 0.0), 0.4), _rotation((0.2, 1.0, -0.3), 25.0))
     document["experiment"][0]["identifier"] = "lattice-0"
     document["crystal"][0]["B_covariance"] = [0.0] * 81
     document["crystal"][0]["space_group_hall_symbol"] = " P 1"
+    document["scan"][0].update(exposure_time=[0.1] * 7, epochs=[0.0] * 7, batch_offset=0)  # dxtbx's too
     root_turn = _rotation((0.0, 0.0, 1.0), 5.0)
     root_origin = np.array([1.0, -2.0, -3.0])
-    document["detector"][0]["hierarchy"] = {"name": "", "origin": root_origin.tolist(),
+    panel = document["detector"][0]["panels"][0]
+    document["detector"][0]["hierarchy"] = {**panel, "name": "", "origin": root_origin.tolist(),
                                             "fast_axis": (root_turn @ [1.0, 0.0, 0.0]).tolist(),
                                             "slow_axis": (root_turn @ [0.0, 1.0, 0.0]).tolist(),
                                             "children": [{"panel": 0}]}
@@ -103,18 +105,23 @@ def test_refined_experiments_written_back_read_back_as_refined(tmp_path):
     [start] = read_experiment_list(tmp_path / "start.expt")
     start_geometry = build_geometry(config.with_options(**start.overrides).detector)
     # the hierarchy's root frame is composed (dxtbx writes panels in its root's frame): the panel in the lab
-    panel = document["detector"][0]["panels"][0]
     root_axes = root_turn  # columns: the root's fast, slow and normal axes
     expected_origin = root_origin + root_axes @ np.array(panel["origin"])
     np.testing.assert_allclose(start.to_nanobragg.T @ start_geometry.pix0_m.numpy() * 1000.0, expected_origin,
                                atol=1e-9)
-
     turn = _rotation((1.0, 2.0, 3.0), 0.7)
-    a_matrix = start.a_matrix_per_A @ turn.T * 1.002
-    pix0_mm = start_geometry.pix0_m.numpy() * 1000.0 + np.array([0.3, -0.1, 0.05])
-    fast, slow = turn @ start_geometry.fdet.numpy(), turn @ start_geometry.sdet.numpy()
-    write_experiment_list(tmp_path / "refined.expt", tmp_path / "start.expt",
-                          [RefinedExperiment(start, a_matrix, 1.31, pix0_mm, fast, slow)])
+    refined = RefinedExperiment(start, start.a_matrix_per_A @ turn.T * 1.002, 1.31,
+                                start_geometry.pix0_m.numpy() * 1000.0 + np.array([0.3, -0.1, 0.05]),
+                                turn @ start_geometry.fdet.numpy(), turn @ start_geometry.sdet.numpy())
+    write_experiment_list(tmp_path / "refined.expt", tmp_path / "start.expt", [refined])
+    return document, refined
+
+
+def test_refined_experiments_written_back_read_back_as_refined(tmp_path):
+    """The writer inverts the reader: what was refined reads back exactly; what was not is kept."""
+    document, refined = _written_back(tmp_path)
+    config = parse(BASE)[0]
+    a_matrix, pix0_mm, fast, slow = refined.a_matrix_per_A, refined.pix0_mm, refined.fast, refined.slow
     written = json.loads((tmp_path / "refined.expt").read_text())
     assert written["experiment"][0]["identifier"] == "lattice-0"
     assert "B_covariance" not in written["crystal"][0]
@@ -260,3 +267,32 @@ def _length_error(a_matrix: np.ndarray, truth: np.ndarray) -> float:
     """The largest relative error of the cell's lengths (sorted: DIALS may name the axes otherwise)."""
     lengths, true_lengths = (np.sort(np.linalg.norm(np.linalg.inv(m).T, axis=1)) for m in (a_matrix, truth))
     return float(np.max(np.abs(lengths / true_lengths - 1.0)))
+
+
+@pytest.mark.skipif(shutil.which("cctbx.python") is None, reason="dxtbx is not installed (cctbx.python: Debian's "
+                    "dials package)")
+def test_dxtbx_reads_the_written_models_where_nbsim_put_them(tmp_path):
+    """dxtbx's own reading of the written list (its hierarchy root's frame composed by dxtbx, the crystal at
+    the goniometer's datum) places the panel, the beam and the crystal where nbsim's refined ones are, in
+    DIALS's frame."""
+    _, refined = _written_back(tmp_path)
+    script = ("import json, sys\n"
+              "from dxtbx.model.experiment_list import ExperimentListFactory\n"
+              "[e] = ExperimentListFactory.from_json_file(sys.argv[1], check_format=False)\n"
+              "p = e.detector[0]\n"
+              "setting = e.goniometer.get_setting_rotation(); fixed = e.goniometer.get_fixed_rotation()\n"
+              "from scitbx import matrix\n"
+              "a = matrix.sqr(setting) * matrix.sqr(fixed) * matrix.sqr(e.crystal.get_A())\n"
+              "print(json.dumps({'origin': p.get_origin(), 'fast': p.get_fast_axis(), 'slow': p.get_slow_axis(),\n"
+              "                  'wavelength': e.beam.get_wavelength(), 'A': list(a)}))\n")
+    done = subprocess.run(["cctbx.python", "-c", script, str(tmp_path / "refined.expt")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dxtbx = json.loads(done.stdout.strip().splitlines()[-1])
+    to_dials = refined.start.to_nanobragg.T
+    np.testing.assert_allclose(dxtbx["origin"], to_dials @ refined.pix0_mm, atol=1e-9)
+    np.testing.assert_allclose(dxtbx["fast"], to_dials @ refined.fast, atol=1e-12)
+    np.testing.assert_allclose(dxtbx["slow"], to_dials @ refined.slow, atol=1e-12)
+    assert dxtbx["wavelength"] == 1.31
+    # dxtbx's A (columns a*, b*, c*) at φ = 0 in the lab: the refined rows turned into DIALS's frame
+    np.testing.assert_allclose(np.array(dxtbx["A"]).reshape(3, 3), to_dials @ refined.a_matrix_per_A.T, atol=1e-14)
