@@ -27,7 +27,7 @@ report: $(STAMP)
 	$(BIN)/snakemake --report results/report.html
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(CORES) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n $(CORES) --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbsim tests workflow/scripts benchmarks

@@ -11,8 +11,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks import workloads
+
+
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist, each worker (and what it starts) uses its share of the cores, unless
+    OMP_NUM_THREADS says otherwise: n workers of torch's default thread count each would put n threads on
+    every core, and a torch thread that waits at a barrier for one descheduled spins (measured on 2 cores
+    with 2 workers: the same fit 10x slower while another process ran)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores_among_workers()
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED_ARGS = " ".join(workloads.SEED_ARGS)
