@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -13,6 +14,8 @@ import torch
 
 import nbsim
 from nbsim.cli import main
+from nbsim.fit.likelihood import negative_log_likelihood
+from nbsim.fit.model import DiffractionModel, with_oversample
 from nbsim.fit.refine import FitOptions
 from nbsim.io.structure_files import expand_to_p1_sphere, read_reflection_file, write_hkl
 from nbsim.merge import (
@@ -25,6 +28,7 @@ from nbsim.merge import (
     launch,
     write_mtz,
 )
+from nbsim.merge import refine as merge_refine
 from nbsim.merge.distributed import all_sum
 from nbsim.merge.reflections import correlation, lattice_system_of, node_parameters, space_group
 from nbsim.model.structure_factors import build_grid
@@ -149,6 +153,65 @@ def test_mtz_holds_the_asymmetric_unit_with_ccp4_columns(tmp_path):
         assert mtz.spacegroup.hm == GROUP and mtz.cell.parameters == pytest.approx(CELL)
         back = read_reflection_file(path)
         assert len(back.reflections) == len(p1) if anomalous else len(back.reflections) > 0
+
+
+def test_design_matrix_is_the_kernels_render(data):
+    """The F step's sparse linear model (nbsim.merge.design) gives the kernel's photons at every pixel of an
+    anomalous still sampled with 2×2 sub-pixels (pixels whose sub-pixels see two nodes, F(+) and F(−) apart) to
+    1e-10 relative in float64, and the likelihood's gradient in log|F| autograd gives through the kernel."""
+    name = next(iter(data["anomalous_stills"]))
+    merge = Merge(_job(data, {name: data["anomalous_stills"][name]}, anomalous=True, truth="truth_anomalous.hkl"))
+    shot = merge.shots[0]
+    shot.rows, shot.cols = (a.ravel() for a in np.divmod(np.arange(64 * 64), 64))
+    shot.setup = with_oversample(dataclasses.replace(shot.setup, grid=merge.current_grid()), 2)
+    shot.scale = 1.7
+    shot.background = torch.linspace(0.0, 3.0, 64 * 64, dtype=torch.float64)
+    noise = torch.randn(merge.model.size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    log_F = merge.log_F + 0.3 * noise
+    design = merge._design()
+    _, _, signal = design.state(log_F)
+    model = DiffractionModel([shot.setup], [(shot.rows, shot.cols)], (), dtype=torch.float64, compile=False)
+    model.set_start(0, "scale", [shot.scale])
+    x = log_F.clone().requires_grad_(True)
+    model.tables[0] = model.tables[0]._replace(grid=merge.table(x))
+    photons = model.render(0, model.natural()[0])
+    assert torch.max(torch.abs(signal - photons.detach()) / photons.detach().abs().max()) <= 1e-10
+    seen = torch.bincount(design.pixel, minlength=64 * 64)
+    assert (seen >= 2).sum() > 100
+    plus, minus = merge.reflections.friedel_pairs()
+    assert all(torch.isin(design.parameter, torch.as_tensor(half)).any() for half in (plus, minus))
+    counts = torch.as_tensor(shot.image.counts[shot.rows, shot.cols], dtype=torch.float64)
+    nll = negative_log_likelihood(photons + shot.background, counts, 0.0)
+    value, gradient, _ = design.likelihood(log_F)
+    assert float(value) == pytest.approx(float(nll.detach()), rel=1e-12)
+    assert torch.allclose(gradient, torch.autograd.grad(nll, x)[0], rtol=1e-8, atol=1e-8 * float(gradient.abs().max()))
+
+
+@pytest.mark.slow
+def test_shots_refined_together_equal_shots_refined_one_by_one(data, monkeypatch):
+    """The shot step refines every shot in one call of nbsim.fit.fit (Fisher scoring, one block a shot): each
+    shot's refined orientation, cell, N and scale are those of its own fit (starts 0.05° and 0.3 % off)."""
+    stills = dict(list(data["stills"].items())[:2])
+    rng = np.random.default_rng(2)
+    shots = tuple((name, (*FLAGS, "-hkl", str(data["folder"] / "near.hkl"),
+                          "-misset", *map(str, np.asarray(misset) + 0.05 * rng.standard_normal(3)),
+                          "-cell", "20.06", "23.93", "28.08", "90", "90", "90")) for name, misset in stills.items())
+    options = MergeOptions(shots=FitOptions(refine=("orientation", "cell", "N", "scale"), search_deg=0.0,
+                                            **SHOT_OPTIONS), scale_cycles=0)
+    job = MergeJob(shots=shots, hkl=str(data["folder"] / "near.hkl"), column=None, space_group=GROUP,
+                   cell_A_deg=CELL, default_F=0.0, anomalous=False, options=options)
+    refined = {}
+    for width in (len(shots), 1):
+        monkeypatch.setattr(merge_refine, "SHOTS_PER_FIT", width)
+        merge = Merge(job)
+        merge.refine_shots(0)
+        assert [s.document["refined_with"] for s in merge.shots] == [width] * len(shots)
+        refined[width] = [(s.values, s.scale) for s in merge.shots]
+    for (together, scale_together), (alone, scale_alone) in zip(refined[len(shots)], refined[1], strict=True):
+        assert scale_together == pytest.approx(scale_alone, rel=1e-6)
+        for name in ("orientation", "cell", "N"):
+            assert np.allclose(together[name], alone[name], rtol=1e-6, atol=1e-9), name
+    assert not np.allclose(refined[1][0][0]["orientation"], 0.0, atol=1e-5)  # the fits moved the shots
 
 
 @pytest.mark.slow

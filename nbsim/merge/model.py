@@ -55,6 +55,13 @@ class StructureFactorModel:
         self.shell_count = torch.bincount(self.shell, minlength=restraints.shells).to(torch.float64)
         plus, minus = reflections.friedel_pairs()
         self.pairs = torch.as_tensor(plus), torch.as_tensor(minus)
+        start_intensity = torch.exp(2.0 * self.log_start)
+        shell_mean = torch.zeros_like(self.shell_count).index_add(0, self.shell, start_intensity) / \
+            self.shell_count.clamp(min=1)
+        self.log_reference = 0.5 * torch.log(shell_mean[self.shell])
+        """log|F| of each parameter's reference: √ of the start's mean |F|² in its shell. The information a
+        parameter's pixels would have about it at that |F| says whether they measure it (nbsim.merge.refine),
+        whatever its estimate."""
 
     @property
     def size(self) -> int:

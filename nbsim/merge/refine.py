@@ -34,10 +34,12 @@ from ..fit.model import DiffractionModel
 from ..fit.output import fit_json
 from ..fit.parameters import lattice_system
 from ..fit.refine import FitImage, FitOptions, fit
+from ..fit.scattering import fixed_frame_fittable
 from ..io.structure_files import read_reflection_file
 from ..model.structure_factors import HKLGrid, build_grid
 from ..nanobragg.arguments import parse
 from ..resolve import Setup, resolve
+from .design import Design, shot_design
 from .distributed import all_sum, gather, rank_and_size, worker_device
 from .model import Restraints, StructureFactorModel
 from .reflections import (
@@ -53,16 +55,23 @@ from .reflections import (
 )
 from .state import Checkpoint, ShotState, fingerprint, read_checkpoint, rebuilt_setup, shot_values, write_checkpoint
 
+CHANGE_ITERATIONS = 10
+"""The F step's change test (`MergeOptions.change_tolerance`) averages over this many iterations: single
+iterations of L-BFGS gain unevenly."""
 STEP_FACTOR_LIMIT = 1e3
 """The F step moves no |F| by more than this factor (a bound of L-BFGS-B: a line search's trial step would
 otherwise overflow exp(log|F|)); the next cycle starts from where it ended."""
 MEASURED_INFORMATION = 1.0
-"""A parameter counts as measured (written, scored) when its pixels' Fisher information in log|F| is at least
-this: σ(log|F|) ≤ 1, about half a photon of expected signal without background. Below it a reflection is seen
-only by pixels its signal barely reaches."""
-SINGLE_OWNER_TOLERANCE = 1e-6
-"""A pixel sees one reflection when its coded renders' spread (variance over mean², see `fisher_diagonal`) is
-below this."""
+"""A parameter counts as measured (refined, written, scored) when its pixels' Fisher information in log|F|, had
+it its shell's mean intensity (`StructureFactorModel.log_reference`), is at least this: σ(log|F|) ≤ 1, about
+half a photon of expected signal without background. Below it a reflection is seen only by pixels its signal
+barely reaches (the lattice factor's far tails: weights of 10⁻¹⁸ of a spot's peak), and one count there would
+set its |F| to 10⁹. Measured at the reference, not at the estimate: at a runaway estimate the information
+is that of the counts it explains, a few, and would call it measured."""
+SHOTS_PER_FIT = 50
+"""Shots one call of `nbsim.fit.fit` refines together (`fit_batches`): enough that the per-iteration work of
+Fisher scoring (autograd through each shot's parametrisation, the kernel call) is shared, few enough that
+the fit's dense Hessian and covariance (about 13 parameters a shot) stay small."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,9 @@ class MergeOptions:
     max_iterations: int = 200
     gradient_tolerance: float = 1e-5
     """Stop the F step when the largest |∂NLL/∂v| falls below this (v: log|F| scaled by √ of its curvature)."""
-    change_tolerance: float = 1e-13
+    change_tolerance: float = 0.01
+    """Stop the F step once its last CHANGE_ITERATIONS iterations lowered −log L by less than this each, on
+    average (a hundredth of what one standard error of one parameter is worth, ½)."""
     shared: tuple[str, ...] = ()
     """Quantities of every shot's model that are one for all shots ("cell": crystals of one form)."""
     convergence: float = 0.01
@@ -90,6 +101,12 @@ class MergeOptions:
     """The EM steps end when none moves a log|F| by more than this."""
     shells: int = 6
     """Resolution shells of the reported correlations."""
+    shot_change_tolerance: float = 1e-7
+    """The shot step stops a shot's fit once an iteration changes its −log L by less than this fraction (nbsim
+    fit's change tolerance, where `shots` asks for less): about 0.02–0.05 in −log L for a shot of 16,000
+    pixels, a tenth of a standard error of any of its parameters, where fit's default (10⁻¹²) spends a hundred
+    iterations on changes of 0.01 that the nearest-node lookup's roughness makes (the shots are refined again
+    next cycle)."""
 
     def check(self) -> None:
         """Raise a one-line NbsimError for an option out of range."""
@@ -112,6 +129,8 @@ class MergeOptions:
             raise NbsimError(f"the EM steps' cap must not be below 0 (got {self.em_iterations})")
         if self.shells < 1:
             raise NbsimError(f"at least one resolution shell is needed (got {self.shells})")
+        if not 0 <= self.shot_change_tolerance < 1:
+            raise NbsimError(f"the shot step's change tolerance must be in [0, 1) (got {self.shot_change_tolerance})")
 
 
 @dataclass(frozen=True)
@@ -187,6 +206,17 @@ def job_fingerprint(job: MergeJob) -> str:
     return fingerprint(fields, paths)
 
 
+def fit_batches(setups: Sequence[Setup], options: FitOptions) -> list[list[int]]:
+    """The shots (by index) each call of `nbsim.fit.fit` refines together: SHOTS_PER_FIT at a time where the fit
+    refines each image on its own (Fisher scoring of the crystal alone, nothing shared: one damped Newton step
+    per image, every image's pixels in one kernel pass), else one at a time (a joint L-BFGS would couple the
+    shots' stopping)."""
+    refine = [*options.refine, *(["background"] if options.background == "flat" else [])]
+    together = options.optimizer in ("auto", "fisher") and not options.shared and fixed_frame_fittable(setups, refine)
+    width = SHOTS_PER_FIT if together else 1
+    return [list(range(first, min(first + width, len(setups)))) for first in range(0, len(setups), width)]
+
+
 def load_shot(name: str, argv: Sequence[str], grid: HKLGrid, adc_offset_adu: float | None) -> Shot:
     """A shot's starting model, resolved, with its frame; a model the merge cannot refine F of is an error."""
     setup = resolve(parse(list(argv))[0])
@@ -226,8 +256,10 @@ class Merge:
             truth = read_reflection_file(job.truth, job.truth_column)
             self.truth = values_of_table(self.reflections, truth.reflections)
         self.readout = job.options.shots.readout_photons
-        self.pixel_model: DiffractionModel | None = None
-        self.pixel_values: list[dict[str, torch.Tensor]] = []
+        self.design: Design | None = None
+        """The F step's linear model of this worker's pixels (built from the shots at the F step's start)."""
+        self.kept_shots = 0
+        """Shots the last shot step left at their model of the cycle before (their refinement was not finite)."""
         self.measured = np.ones(self.model.size, dtype=bool)
         """Parameters some single-reflection pixel measures (every one until the first F step says)."""
 
@@ -246,42 +278,86 @@ class Merge:
         """What the shot step of cycle `cycle` (0 the first) refines: only the scale in the first `scale_cycles`
         cycles (the rest of each shot's model, fitted to the pixels' intensities, would take up the errors of a
         start's |F|), then everything asked; the search only in the first cycle that refines the orientation;
-        the restraints on what is refined."""
+        the restraints on what is refined; a change tolerance of at least `shot_change_tolerance`."""
         options = self.options.shots
         refine = options.refine if cycle >= self.options.scale_cycles else \
             tuple(name for name in options.refine if name == "scale")
         first_orientation = "orientation" in refine and cycle == self.options.scale_cycles
         restraints = {name: sigma for name, sigma in options.restraints.items() if name in refine}
         return dataclasses.replace(options, refine=refine, restraints=restraints,
-                                   search_deg=options.search_deg if first_orientation else 0.0)
+                                   search_deg=options.search_deg if first_orientation else 0.0,
+                                   change_tolerance=max(options.change_tolerance, self.options.shot_change_tolerance))
 
     def refine_shots(self, cycle: int) -> None:
         """The shot step: each shot refined with F fixed (`shot_options`) from its model of the last cycle, or,
         where the shots are restrained, from its start (the restraints are towards the fit's start: so towards
         the shot's start in every cycle, never a drift); its model, scale, pixels and background kept for the F
-        step."""
+        step. The shots go to `nbsim.fit.fit` together (`fit_batches`). A shot whose refined model explains
+        the pixels the fit chose worse than its model of the last cycle (−log L with the fit's background), or
+        whose refinement is not finite, keeps its model of the last cycle with those pixels (`kept_shots`
+        counts them)."""
         grid = self.current_grid()
         options = self.shot_options(cycle)
-        for shot in self.shots:
-            setup = dataclasses.replace(shot.start if options.restraints else shot.setup, grid=grid)
-            result = fit([dataclasses.replace(shot.image, setup=setup)], options)
+        images = [dataclasses.replace(shot.image, setup=dataclasses.replace(
+            shot.start if options.restraints else shot.setup, grid=grid)) for shot in self.shots]
+        self.kept_shots = 0
+        for batch in fit_batches([image.setup for image in images], options):
+            result = fit([images[index] for index in batch], options)
             model = result.model
             with torch.no_grad():
-                values = model.natural()[0]
-                photons = model.render(0, values).to(torch.float64)
-            refined = model.refined_setups()[0]
-            shot.values = shot_values(shot.start, refined, options.lattice)
-            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
-                                                           options.lattice, refined.oversample), grid=grid)
-            shot.scale = float(values["scale"][0])
-            shot.rows, shot.cols = result.boxes[0].rows, result.boxes[0].cols
-            shot.background = (result.expected[0].detach() - photons).to(self.device)
-            document = fit_json(result, [list(shot.argv)])["shots"][0]
-            shot.document = {**document, "converged": result.converged, "reason": result.reason,
-                             "negative_log_likelihood": result.nll}
+                values = model.natural()
+                photons = [p.to(torch.float64) for p in model.photons(values)]
+            refined = model.refined_setups()
+            documents = fit_json(result, [list(self.shots[index].argv) for index in batch])["shots"]
+            backgrounds = [(expected.detach().to(torch.float64) - found) for expected, found
+                           in zip(result.expected, photons, strict=True)]
+            previous = self._previous_likelihoods([self.shots[index] for index in batch], result.boxes, backgrounds,
+                                                  grid, options)
+            for row, index in enumerate(batch):
+                shot = self.shots[index]
+                box = result.boxes[row]
+                expected = photons[row] + backgrounds[row]
+                counts = torch.as_tensor(shot.image.counts[box.rows, box.cols], dtype=torch.float64)
+                nll = float(negative_log_likelihood(expected, counts, options.readout_photons, options.likelihood))
+                finite = math.isfinite(nll) and all(bool(torch.isfinite(v).all()) for v in values[row].values())
+                if shot.rows is None and not finite:
+                    raise NbsimError(f"{shot.image.name}: its refinement ended in values that are not finite")
+                shot.rows, shot.cols = box.rows, box.cols
+                shot.background = backgrounds[row].to(self.device)
+                if not (finite and nll <= previous[row]):
+                    self.kept_shots += 1
+                    continue
+                shot.values = shot_values(shot.start, refined[row], options.lattice)
+                shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
+                                                               options.lattice, refined[row].oversample), grid=grid)
+                shot.scale = float(values[row]["scale"][0])
+                shot.document = {**documents[row], "converged": result.converged, "reason": result.reason,
+                                 "negative_log_likelihood": nll, "refined_with": len(batch)}
         if "cell" in self.options.shared and "cell" in options.refine:
             self.share_cell(grid)
-        self.pixel_model = None
+        self.design = None
+
+    def _previous_likelihoods(self, shots: Sequence[Shot], boxes: Sequence, backgrounds: Sequence[torch.Tensor],
+                              grid: HKLGrid, options: FitOptions) -> list[float]:
+        """Each shot's −log L at its model of the last cycle on the pixels the shot step chose, with their new
+        background (inf for a shot without one: the first cycle)."""
+        earlier = [index for index, shot in enumerate(shots) if shot.values is not None]
+        found = [math.inf] * len(shots)
+        if not earlier:
+            return found
+        model = DiffractionModel([dataclasses.replace(shots[index].setup, grid=grid) for index in earlier],
+                                 [(boxes[index].rows, boxes[index].cols) for index in earlier], (),
+                                 device=options.device, dtype=torch.float64, compile=options.compile)
+        for row, index in enumerate(earlier):
+            model.set_start(row, "scale", [shots[index].scale])
+        with torch.no_grad():
+            photons = model()
+        for row, index in enumerate(earlier):
+            box = boxes[index]
+            counts = torch.as_tensor(shots[index].image.counts[box.rows, box.cols], dtype=torch.float64)
+            found[index] = float(negative_log_likelihood(photons[row].to(torch.float64) + backgrounds[index], counts,
+                                                         options.readout_photons, options.likelihood))
+        return found
 
     def share_cell(self, grid: HKLGrid) -> None:
         """One cell for every shot (`shared` names "cell": crystals of one form): the mean of the shots' refined
@@ -307,22 +383,16 @@ class Merge:
             shot.document.update(cell=cell, A_matrix=shot.setup.lattice.reciprocal_per_A.detach().tolist(),
                                  flags=flags)
 
-    def _pixels(self) -> DiffractionModel:
-        """This worker's shots at their refined models, with nothing refined: the F step's renderer (float64)."""
-        if self.pixel_model is None and self.shots:
-            model = DiffractionModel([shot.setup for shot in self.shots], [(s.rows, s.cols) for s in self.shots],
-                                     (), device=self.device, dtype=torch.float64, compile=False)
-            for index, shot in enumerate(self.shots):
-                model.set_start(index, "scale", [shot.scale])
-            self.pixel_model = model
-            self.pixel_values = model.natural()
-        return self.pixel_model
-
-    def _render(self, index: int, table: torch.Tensor) -> torch.Tensor:
-        """Shot `index`'s photons at its pixels with the kernel looking F up in `table`."""
-        model = self._pixels()
-        model.tables[index] = model.tables[index]._replace(grid=table)
-        return model.render(index, self.pixel_values[index])
+    def _design(self) -> Design:
+        """This worker's shots at their refined models as one sparse linear system in |F|² (`design.Design`),
+        built once per F step (the shots are fixed during it)."""
+        if self.design is None:
+            shots = [shot_design(shot.setup, shot.rows, shot.cols, self.nodes, self.base, self.device)
+                     for shot in self.shots]
+            self.design = Design(shots, [self._counts(shot) for shot in self.shots],
+                                 [shot.background for shot in self.shots], [shot.scale for shot in self.shots],
+                                 self.model.size, self.readout, self.options.shots.likelihood, self.device)
+        return self.design
 
     def _counts(self, shot: Shot) -> torch.Tensor:
         return torch.as_tensor(shot.image.counts[shot.rows, shot.cols], dtype=torch.float64, device=self.device)
@@ -340,31 +410,11 @@ class Merge:
 
     def local_nll(self, log_F: torch.Tensor, log_scale_change: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This worker's negative log-likelihood and its gradients in log|F| (one backward through the table) and
-        in each shot's log-scale change (`log_scale_change`: every worker's shots, zero when None)."""
-        gradient = torch.zeros(self.model.size, dtype=torch.float64)
-        scale_gradient = torch.zeros(self.shot_count, dtype=torch.float64)
-        if not self.shots:
-            return torch.zeros((), dtype=torch.float64), gradient, scale_gradient
-        changes = torch.zeros(self.shot_count, dtype=torch.float64) if log_scale_change is None else log_scale_change
-        own = changes[self.rank::self.size].detach().to(self.device).requires_grad_(True)
-        x = log_F.detach().to(self.device).requires_grad_(True)
-        table = self.table(x)
-        leaf = table.detach().requires_grad_(True)
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        table_gradient = torch.zeros_like(leaf)
-        own_gradient = torch.zeros_like(own)
-        kind = self.options.shots.likelihood
-        for index, shot in enumerate(self.shots):
-            photons = self._render(index, leaf) * torch.exp(own[index])
-            nll = negative_log_likelihood(photons + shot.background, self._counts(shot), self.readout, kind)
-            table_part, own_part = torch.autograd.grad(nll, (leaf, own))
-            table_gradient += table_part
-            own_gradient += own_part
-            total = total + nll.detach()
-        gradient = torch.autograd.grad(table, x, grad_outputs=table_gradient)[0]
-        scale_gradient[self.rank::self.size] = own_gradient.cpu()
-        return total.cpu(), gradient.cpu(), scale_gradient
+        """This worker's negative log-likelihood and its gradients in log|F| and in each shot's log-scale change
+        (`log_scale_change`: every worker's shots, zero when None)."""
+        own = None if log_scale_change is None else log_scale_change[self.rank::self.size]
+        value, gradient, scale_gradient = self._design().likelihood(log_F, own)
+        return value, gradient, self._global(scale_gradient)
 
     def nll(self, log_F: torch.Tensor, log_scale_change: torch.Tensor | None = None
             ) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -375,52 +425,21 @@ class Merge:
         return float(summed[0]), summed[1:1 + self.model.size], summed[1 + self.model.size:]
 
     def scale_information(self) -> torch.Tensor:
-        """The Fisher information of each shot's log scale, Σ_p signal_p²/λ_p (every worker's shots)."""
-        information = []
-        with torch.no_grad():
-            table = self.table(self.log_F)
-            for index, shot in enumerate(self.shots):
-                photons = self._render(index, table).to(torch.float64)
-                expected = (photons + shot.background + self.readout ** 2).clamp(min=1e-300)
-                information.append(float((photons * photons / expected).sum()))
-        return all_sum(self._global(information), self.device)
+        """The Fisher information of each shot's log scale, Σ_p signal_p²·w_p (every worker's shots)."""
+        return all_sum(self._global(self._design().scale_information(self.log_F)), self.device)
 
-    def weighted_signal_gradient(self, log_F: torch.Tensor,
-                                 weight: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """∂/∂log|F| of Σ_p w_p·signal_p over every worker's pixels, the weights w_p = weight(signal_p, λ_p) (λ:
-        the expected count, readout variance included) held fixed: one backward pass a shot, all-reduced."""
-        gradient = torch.zeros(self.model.size, dtype=torch.float64)
-        if self.shots:
-            x = log_F.detach().to(self.device).requires_grad_(True)
-            table = self.table(x)
-            leaf = table.detach().requires_grad_(True)
-            table_gradient = torch.zeros_like(leaf)
-            for index, shot in enumerate(self.shots):
-                photons = self._render(index, leaf)
-                expected = (photons + shot.background + self.readout ** 2).clamp(min=1e-300)
-                weights = weight(photons, expected).detach()
-                table_gradient += torch.autograd.grad((photons * weights).sum(), leaf)[0]
-            gradient = torch.autograd.grad(table, x, grad_outputs=table_gradient)[0].cpu()
-        return all_sum(gradient, self.device)
-
-    def curvature_estimate(self) -> torch.Tensor:
-        """Σ_p (∂λ_p/∂log|F_j|)·2·signal_p/λ_p over every worker's pixels: the Fisher diagonal where a pixel sees
-        one reflection, an overestimate where it sees several (the F step's preconditioner, defined for every
-        parameter a pixel sees)."""
-        return self.weighted_signal_gradient(self.log_F, lambda photons, expected: 2.0 * photons / expected)
-
-    def expectation_maximisation(self) -> int:
+    def expectation_maximisation(self, refined: torch.Tensor) -> int:
         """EM steps on the intensities |F|² with the shots fixed (Poisson likelihood): under the nearest lookup
         every pixel's λ is linear in the |F|² of the nodes it sees, λ_p = b_p + Σ_j A_pj·|F_j|², and
         |F_j|² ← |F_j|²·Σ_p A_pj c_p/λ_p / Σ_p A_pj never lowers the likelihood; where each pixel sees one
         reflection it is the optimum in one step, from any start. Σ_p A_pj c_p/λ_p / Σ_p A_pj = 1 − g_j/s_j,
-        with g the likelihood's gradient in log|F| and s_j = 2|F_j|²Σ_p A_pj (one backward pass, scaled with
-        |F_j|² after). The restraints are left to the L-BFGS that follows. Returns the steps taken."""
+        with g the likelihood's gradient in log|F| and s_j = 2|F_j|²Σ_p A_pj. Only the `refined` parameters move;
+        the restraints are left to the L-BFGS that follows. Returns the steps taken."""
         if self.options.shots.likelihood != "poisson" or self.options.em_iterations == 0:
             return 0
         origin = self.log_F.clone()
-        signal = self.weighted_signal_gradient(origin, lambda photons, expected: torch.ones_like(photons))
-        seen = signal > 0
+        signal = all_sum(self._design().signal_gradient(origin), self.device)
+        seen = (signal > 0) & refined
         floor = -2.0 * math.log(STEP_FACTOR_LIMIT)
         for step in range(1, self.options.em_iterations + 1):
             _, gradient, _ = self.nll(self.log_F)
@@ -433,70 +452,110 @@ class Merge:
                 return step
         return self.options.em_iterations
 
-    def fisher_diagonal(self) -> torch.Tensor:
-        """The diagonal of the Fisher information of log|F| over every worker's pixels. λ is linear in |F|² of
-        each node under the nearest lookup, so ∂λ_p/∂log|F_j| = 2·(signal of p from j); three renders with the
-        nodes' |F| multiplied by 1, √r and r (r: 1 + the node's parameter) give Σw, Σw·r and Σw·r² over what
-        the pixel sees, and a pixel whose r does not vary is reflection r − 1's alone."""
-        information = torch.zeros(self.model.size, dtype=torch.float64)
-        if self.shots:
-            with torch.no_grad():
-                table = self.table(self.log_F)
-                code = torch.where(self.nodes >= 0, (self.nodes + 1).to(torch.float64), torch.zeros_like(table))
-                for index, shot in enumerate(self.shots):
-                    signal, first, second = (self._render(index, table * factor).to(torch.float64)
-                                             for factor in (torch.ones_like(code), torch.sqrt(code), code))
-                    mean = first / signal.clamp(min=1e-300)
-                    spread = second / signal.clamp(min=1e-300) - mean * mean
-                    single = (signal > 0) & (mean >= 0.5) & (spread.abs() <= SINGLE_OWNER_TOLERANCE * mean * mean)
-                    owner = (torch.round(mean[single]) - 1).long().cpu()
-                    expected = signal[single] + shot.background[single] + self.readout ** 2
-                    contribution = (4.0 * signal[single] ** 2 / expected).cpu()
-                    information.index_add_(0, owner, contribution)
-        return all_sum(information, self.device)
+    def fisher_diagonal(self, log_F: torch.Tensor | None = None) -> torch.Tensor:
+        """The diagonal of the Fisher information of log|F| over every worker's pixels (at the current log|F|
+        unless given): Σ_p (∂λ_p/∂log|F_j|)²·w_p, exact under the nearest lookup (`design.Design`)."""
+        return all_sum(self._design().fisher_diagonal(self.log_F if log_F is None else log_F), self.device)
 
-    def refine_F(self) -> tuple[float, int, int]:
+    def reference_information(self) -> torch.Tensor:
+        """Each parameter's Fisher information in log|F| had it its shell's mean intensity (every worker's
+        pixels): what its pixels can tell of it, whatever its estimate."""
+        return all_sum(self._design().information_at(self.log_F, self.model.log_reference), self.device)
+
+    def measured_parameters(self, reference: torch.Tensor | None = None) -> np.ndarray:
+        """Which parameters count as measured (refined, written, scored): those whose `reference_information`
+        is at least MEASURED_INFORMATION."""
+        reference = self.reference_information() if reference is None else reference
+        return (reference >= MEASURED_INFORMATION).numpy()
+
+    def objective(self, log_F: torch.Tensor) -> float:
+        """The F step's objective at these log|F| with the shots as they are: −log L over every worker's pixels
+        plus the restraints."""
+        with torch.no_grad():
+            return self.nll(log_F)[0] + float(self.model.penalty(log_F))
+
+    def refine_F(self) -> dict:
         """The F step: EM steps (`expectation_maximisation`), then L-BFGS on log|F| with the restraints together
         with every shot's log scale (the scale and the |F| it multiplies trade off: refined apart, in turns, they
-        would converge slowly), every worker in step. The variables are scaled by √ of each one's estimated
-        curvature, so that the Hessian is near the identity (a parameter no pixel sees takes the median). Returns
-        the final negative log-likelihood, the EM steps and the L-BFGS iterations."""
-        self.measured = (self.fisher_diagonal() >= MEASURED_INFORMATION).numpy()
-        em_steps = self.expectation_maximisation()
-        curvature = self.curvature_estimate().clamp(min=0.0) + self.model.curvature()
+        would converge slowly), every worker in step. Only the measured parameters (`measured_parameters`) are
+        refined: the rest keep their |F|. The shots' scales keep their geometric mean (`scale_changes`). The
+        variables are scaled by √ of each one's Fisher information (and the restraints' curvature), so that the
+        Hessian is near the identity and a gradient component is about the distance to the optimum in standard
+        errors; at least its information at its shell's mean intensity, so that a weak |F| (whose information
+        vanishes with |F|²) takes steps of at most about one standard error of a typical one, not steps that
+        multiply its |F| a thousandfold (a parameter no pixel sees takes the median). An F step that ends with a
+        higher objective than it started with (or not finite) is undone: its start is kept. Returns what the
+        cycle's record says of it: the objective before and after, the EM steps, the L-BFGS iterations and
+        whether it was undone."""
+        reference = self.reference_information()
+        self.measured = self.measured_parameters(reference)
+        refined = torch.as_tensor(self.measured)
+        start_log_F, start_objective = self.log_F.clone(), self.objective(self.log_F)
+        em_steps = self.expectation_maximisation(refined)
+        free = torch.nonzero(refined).reshape(-1)
+        curvature = (torch.maximum(self.fisher_diagonal(), reference) + self.model.curvature())[free]
         known = curvature > 0
         typical = float(curvature[known].median()) if known.any() else 1.0
         scale = torch.sqrt(torch.where(known, curvature, torch.full_like(curvature, typical)))
         shot_scale = torch.sqrt(self.scale_information().clamp(min=1.0))
-        size = self.model.size
+        count = len(free)
         joint = self.shot_count if "scale" in self.options.shots.refine else 0
         origin = self.log_F.clone()
 
+        def log_F_at(point: torch.Tensor) -> torch.Tensor:
+            log_F = origin.clone()
+            log_F[free] += point[:count] / scale
+            return log_F
+
+        def scale_changes(point: torch.Tensor) -> torch.Tensor | None:
+            """The shots' log-scale changes: their mean taken out (the likelihood sees only each shot's
+            scale·|F|², so one factor on every scale and its inverse on every |F|² change nothing: without
+            this the optimiser wanders along that direction)."""
+            if not joint:
+                return None
+            changes = point[count:] / shot_scale
+            return changes - changes.mean()
+
         def value_and_gradient(point: np.ndarray) -> tuple[float, np.ndarray]:
             vector = torch.as_tensor(point)
-            log_F = origin + vector[:size] / scale
-            nll, gradient, scale_gradient = self.nll(log_F, vector[size:] / shot_scale if joint else None)
+            log_F = log_F_at(vector)
+            nll, gradient, scale_gradient = self.nll(log_F, scale_changes(vector))
             x = log_F.clone().requires_grad_(True)
             penalty = self.model.penalty(x)
             gradient = gradient + (torch.autograd.grad(penalty, x)[0] if penalty.requires_grad else 0.0)
-            gradients = [gradient / scale, (scale_gradient / shot_scale)[:joint]]
+            gradients = [gradient[free] / scale, ((scale_gradient - scale_gradient.mean()) / shot_scale)[:joint]]
             return nll + float(penalty.detach()), torch.cat(gradients).numpy()
+
+        history: list[float] = []
+
+        def settled(intermediate_result: scipy.optimize.OptimizeResult) -> None:
+            """Stop once the last CHANGE_ITERATIONS iterations together lowered the objective by less than
+            change_tolerance each on average (an absolute test: −log L's size is arbitrary)."""
+            history.append(float(intermediate_result.fun))
+            if len(history) > CHANGE_ITERATIONS and \
+                    history[-1 - CHANGE_ITERATIONS] - history[-1] < CHANGE_ITERATIONS * self.options.change_tolerance:
+                raise StopIteration
 
         reach = math.log(STEP_FACTOR_LIMIT) * torch.cat([scale, shot_scale[:joint]])
         lowest = -reach
-        lowest[:size] = torch.maximum(-reach[:size], (self.model.log_floor - origin).clamp(max=0.0) * scale)
+        lowest[:count] = torch.maximum(-reach[:count], (self.model.log_floor - origin[free]).clamp(max=0.0) * scale)
         outcome = scipy.optimize.minimize(
-            value_and_gradient, np.zeros(size + joint), jac=True, method="L-BFGS-B",
+            value_and_gradient, np.zeros(count + joint), jac=True, method="L-BFGS-B", callback=settled,
             bounds=scipy.optimize.Bounds(lowest.numpy(), reach.numpy()),
             options={"maxiter": self.options.max_iterations, "gtol": self.options.gradient_tolerance,
-                     "ftol": self.options.change_tolerance, "maxcor": 30})
-        if not (math.isfinite(outcome.fun) and np.all(np.isfinite(outcome.x))):
-            raise NbsimError("the F step's likelihood became NaN or infinite")
-        vector = torch.as_tensor(outcome.x)
-        self.log_F = origin + vector[:size] / scale
-        if joint:
-            self.rescale_shots(torch.exp(vector[size:] / shot_scale)[self.rank::self.size])
-        return self.nll(self.log_F)[0], em_steps, int(outcome.nit)
+                     "ftol": 0.0, "maxcor": 30})
+        finite = math.isfinite(outcome.fun) and bool(np.all(np.isfinite(outcome.x)))
+        undone = not (finite and outcome.fun <= start_objective)
+        if undone:
+            self.log_F = start_log_F
+        else:
+            vector = torch.as_tensor(outcome.x)
+            self.log_F = log_F_at(vector)
+            if joint:
+                self.rescale_shots(torch.exp(scale_changes(vector))[self.rank::self.size])
+        return {"objective_before_F": start_objective, "objective": outcome.fun if not undone else start_objective,
+                "negative_log_likelihood": self.nll(self.log_F)[0], "em_steps": em_steps,
+                "f_iterations": int(outcome.nit), "f_step_undone": undone}
 
     def rescale_shots(self, factors: torch.Tensor) -> None:
         """Multiply this worker's shots' scales (the F step refines them with |F|); their JSON follows."""
@@ -509,7 +568,8 @@ class Merge:
                 position = flags.index("-fluence") + 1
                 flags[position] = f"{float(flags[position]) * factor:.10g}"
                 document["flags"] = flags
-        self.pixel_model = None
+        if self.design is not None:
+            self.design.scales = self.design.scales * factors.to(self.design.scales)
 
     def scores(self) -> dict:
         """CC(|F|, truth) overall and by resolution shell, and CCano (of |F(+)| − |F(−)|) overall and by shell
@@ -561,7 +621,7 @@ class Merge:
                                                            self.options.shots.lattice, state.oversample), grid=grid)
             shot.rows, shot.cols = state.rows, state.cols
             shot.background = torch.as_tensor(state.background, dtype=torch.float64, device=self.device)
-        self.pixel_model = None
+        self.design = None
 
     def converged(self, cycles: list[dict]) -> bool:
         """Whether the last cycle, one past the scale-only cycles, changed the log|F| measured before and after
@@ -597,10 +657,11 @@ class Merge:
                 break
             before, measured_before = self.log_F.clone(), self.measured.copy()
             self.refine_shots(cycle)
-            nll, em_steps, iterations = self.refine_F()
+            kept = int(all_sum(torch.tensor([float(self.kept_shots)], dtype=torch.float64), self.device)[0])
+            step = self.refine_F()
+            nll = step["negative_log_likelihood"]
             change = (self.log_F - before)[torch.as_tensor(self.measured & measured_before)]
-            record = {"cycle": cycle + 1, "negative_log_likelihood": nll, "em_steps": em_steps,
-                      "f_iterations": iterations,
+            record = {"cycle": cycle + 1, **step, "kept_shots": kept,
                       "rms_change_log_F": float(torch.sqrt(torch.mean(change ** 2))) if len(change) else 0.0,
                       "seconds": round(time.perf_counter() - started, 3), **self.scores()}
             cycles.append(record)
@@ -612,7 +673,7 @@ class Merge:
                     and not self.converged(cycles):
                 return None
         information = self.fisher_diagonal()
-        measured = (information >= MEASURED_INFORMATION).numpy()
+        measured = self.measured_parameters()
         self.measured = measured
         curvature = (information + self.model.curvature()).numpy()
         amplitudes = torch.exp(self.log_F).numpy()
