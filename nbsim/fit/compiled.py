@@ -41,7 +41,7 @@ from ..io.atomic import atomic_write_text
 from ..kernel.aot import OPENED, OPENING, PROBE_TIMEOUT_S, RAN, open_package, verification_on
 from ..kernel.build import BUILD_NICENESS
 from ..kernel.cache import KernelCache, build_environment, locked
-from ..kernel.inductor_patches import contracted_options, masked_tails
+from ..kernel.inductor_patches import contracted_options, masked_tails, thread_options
 from ..kernel.physics import _gather, _in_table, node_series_limit, sin_pi
 from ..kernel.stages import dynamic_shape_config
 from ..modes import Compile
@@ -216,7 +216,7 @@ def build_package(variant: Variant, package: Path) -> None:
     with warnings.catch_warnings(), masked_tails():
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         aoti_compile_and_package(exported, package_path=str(partial),
-                                 inductor_configs=dict(FUSED + contracted_options()))
+                                 inductor_configs=dict(FUSED + contracted_options() + thread_options()))
     os.replace(partial, package)
 
 

@@ -153,7 +153,7 @@ def minimise_fisher(objective: Objective, options: FitOptions,
             state = states[image]
             steps[image] = damped_step(state.block, state.gradient, state.damping)
             trial[coordinates[image]] = x[coordinates[image]] + steps[image]
-        attempt = evaluate(objective, trial, coordinates, running)
+        attempt = evaluate_trial(objective, trial, coordinates, running)
         for row, image in enumerate(running):
             state, step = states[image], steps[image]
             after, gradient = attempt.terms[row], attempt.gradients[row]
@@ -187,6 +187,22 @@ def minimise_fisher(objective: Objective, options: FitOptions,
     if any(not state.reason for state in states):
         return False, f"iteration cap ({options.max_iterations}) reached", iteration, history
     return True, states[-1].reason, iteration, history
+
+
+def evaluate_trial(objective: Objective, trial: torch.Tensor, coordinates: list[torch.Tensor],
+                   images: list[int]) -> Evaluation:
+    """`evaluate` at a trial point; where a step took an image's crystal somewhere its model has no value (a
+    singular cell), that image's objective is infinite (a rejected step) and the others are evaluated
+    without it."""
+    try:
+        return evaluate(objective, trial, coordinates, images)
+    except torch.linalg.LinAlgError:
+        if len(images) == 1:
+            return Evaluation(list(images), [math.inf], [torch.full_like(trial[coordinates[images[0]]], math.nan)],
+                              [torch.empty(0)])
+    parts = [evaluate_trial(objective, trial, coordinates, [image]) for image in images]
+    return Evaluation(list(images), [part.terms[0] for part in parts], [part.gradients[0] for part in parts],
+                      [part.blocks[0] for part in parts])
 
 
 def damped_step(block: torch.Tensor, gradient: torch.Tensor, damping: float) -> torch.Tensor:

@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..devices import dtype_name
 from .cache import KernelCache, KernelLoads, locked, runs_here
-from .inductor_patches import contracted_options, masked_tails, tile_shaped_loops, vectors_per_iteration
+from .inductor_patches import contracted_options, masked_tails, thread_options, tile_shaped_loops, vectors_per_iteration
 from .inputs import COLS, EXAMPLE_SIZES, ROWS, KernelOptions, example_tensors, input_dims
 from .stages import ONE_LOOP, Stage, StageVariant, dynamic_shape_config
 
@@ -284,7 +284,8 @@ def build_package(variant: StageVariant, dtype: torch.dtype, device: torch.devic
         exported = torch.export.export(module, (*flat_leading, *flat_tensors), dynamic_shapes=(dynamic,),
                                        strict=False)
     partial = package.with_name(f"{package.stem}.partial-{os.getpid()}.pt2")
-    inductor_options = (ONE_LOOP if stage.one_loop else stage.inductor_options) + contracted_options()
+    inductor_options = ((ONE_LOOP if stage.one_loop else stage.inductor_options) + contracted_options()
+                        + thread_options())
     with warnings.catch_warnings(), vectors_per_iteration(stage.vectors_for(options, device), dtype), \
             tile_shaped_loops(stage.one_loop), masked_tails():
         # PyTorch's own packaging code trips its LeafSpec deprecation; nothing for a user to act on.

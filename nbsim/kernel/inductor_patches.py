@@ -52,6 +52,15 @@ def contracted_options() -> tuple[tuple[str, object], ...]:
     return CONTRACTED if _available("contracted") else ()
 
 
+def thread_options() -> tuple[tuple[str, object], ...]:
+    """The Inductor option that keeps a package's loops parallel whatever the building process's thread count:
+    a kernel built where torch ran one thread (a sweep job of one thread, a test worker) was otherwise serial
+    code, and every process that loaded it later ran on one core."""
+    from torch._inductor import config as inductor_config
+
+    return (("cpp.dynamic_threads", True),) if hasattr(inductor_config.cpp, "dynamic_threads") else ()
+
+
 @contextlib.contextmanager
 def vectors_per_iteration(vectors: int, dtype: torch.dtype) -> Iterator[None]:
     """Inductor's CPU loops step over `vectors` SIMD vectors of `dtype` per iteration instead of one.
