@@ -208,11 +208,12 @@ def test_dials_indexing_of_an_nbsim_series_converts_to_the_simulation(tmp_path, 
     assert ours.sbeam_m * 1000 == pytest.approx(theirs.sbeam_m * 1000, abs=0.05)
 
     # nbsim fit from DIALS's indexing (--expt: its crystal, beam, detector and first image) ends closer to
-    # the truth than DIALS in orientation and cell.
+    # the truth than DIALS in orientation and cell. DIALS's orientation is within 0.1° (above): no search
+    # stages (tests/test_fit.py runs them; here they were 90 % of the fit's time).
     seed = SERIES.index("-seed")
     flags = [*SERIES[:seed], *SERIES[seed + 2:], "-phi", "0"]
-    assert main(["fit", "--expt", "indexed.expt", "--refine", "orientation,cell,N,scale", "--json", "fit.json",
-                 "--", *flags]) == 0
+    assert main(["fit", "--expt", "indexed.expt", "--refine", "orientation,cell,N,scale", "--search-deg", "0",
+                 "--json", "fit.json", "--", *flags]) == 0
     [shot] = json.loads((tmp_path / "fit.json").read_text())["shots"]
     fitted = np.array(shot["A_matrix"])
 
