@@ -10,6 +10,7 @@ import os
 import gemmi
 import numpy as np
 import pytest
+import scipy.optimize
 import torch
 
 import nbsim
@@ -155,10 +156,9 @@ def test_mtz_holds_the_asymmetric_unit_with_ccp4_columns(tmp_path):
         assert len(back.reflections) == len(p1) if anomalous else len(back.reflections) > 0
 
 
-def test_design_matrix_is_the_kernels_render(data):
-    """The F step's sparse linear model (nbsim.merge.design) gives the kernel's photons at every pixel of an
-    anomalous still sampled with 2×2 sub-pixels (pixels whose sub-pixels see two nodes, F(+) and F(−) apart) to
-    1e-10 relative in float64, and the likelihood's gradient in log|F| autograd gives through the kernel."""
+def _whole_still_merge(data) -> Merge:
+    """A merge of one anomalous still whose every pixel is fitted, sampled with 2×2 sub-pixels, a scale and a
+    background of its own: the F step's input without a shot step."""
     name = next(iter(data["anomalous_stills"]))
     merge = Merge(_job(data, {name: data["anomalous_stills"][name]}, anomalous=True, truth="truth_anomalous.hkl"))
     shot = merge.shots[0]
@@ -166,6 +166,16 @@ def test_design_matrix_is_the_kernels_render(data):
     shot.setup = with_oversample(dataclasses.replace(shot.setup, grid=merge.current_grid()), 2)
     shot.scale = 1.7
     shot.background = torch.linspace(0.0, 3.0, 64 * 64, dtype=torch.float64)
+    shot.document = {"scale": shot.scale, "flags": []}
+    return merge
+
+
+def test_design_matrix_is_the_kernels_render(data):
+    """The F step's sparse linear model (nbsim.merge.design) gives the kernel's photons at every pixel of an
+    anomalous still sampled with 2×2 sub-pixels (pixels whose sub-pixels see two nodes, F(+) and F(−) apart) to
+    1e-10 relative in float64, and the likelihood's gradient in log|F| autograd gives through the kernel."""
+    merge = _whole_still_merge(data)
+    shot = merge.shots[0]
     noise = torch.randn(merge.model.size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     log_F = merge.log_F + 0.3 * noise
     design = merge._design()
@@ -185,6 +195,24 @@ def test_design_matrix_is_the_kernels_render(data):
     value, gradient, _ = design.likelihood(log_F)
     assert float(value) == pytest.approx(float(nll.detach()), rel=1e-12)
     assert torch.allclose(gradient, torch.autograd.grad(nll, x)[0], rtol=1e-8, atol=1e-8 * float(gradient.abs().max()))
+
+
+def test_an_F_step_that_ends_worse_than_it_began_is_undone(data, monkeypatch):
+    """The F step lowers the objective; one whose optimiser ends above where the step began (L-BFGS made to
+    return a point far off) keeps the |F| and scale it began with, and its record says so."""
+    merge = _whole_still_merge(data)
+    record = merge.refine_F()
+    assert record["objective"] < record["objective_before_F"] and not record["f_step_undone"]
+    log_F, scale = merge.log_F.clone(), merge.shots[0].scale
+
+    def far_off(function, start, **options):
+        point = start + 5.0
+        return scipy.optimize.OptimizeResult(x=point, fun=function(point)[0], nit=1)
+
+    monkeypatch.setattr(merge_refine.scipy.optimize, "minimize", far_off)
+    record = merge.refine_F()
+    assert record["f_step_undone"] and record["objective"] == record["objective_before_F"]
+    assert torch.equal(merge.log_F, log_F) and merge.shots[0].scale == scale
 
 
 @pytest.mark.slow

@@ -62,12 +62,13 @@ STEP_FACTOR_LIMIT = 1e3
 """The F step moves no |F| by more than this factor (a bound of L-BFGS-B: a line search's trial step would
 otherwise overflow exp(log|F|)); the next cycle starts from where it ended."""
 MEASURED_INFORMATION = 1.0
-"""A parameter counts as measured (refined, written, scored) when its pixels' Fisher information in log|F|, had
-it its shell's mean intensity (`StructureFactorModel.log_reference`), is at least this: σ(log|F|) ≤ 1, about
-half a photon of expected signal without background. Below it a reflection is seen only by pixels its signal
-barely reaches (the lattice factor's far tails: weights of 10⁻¹⁸ of a spot's peak), and one count there would
-set its |F| to 10⁹. Measured at the reference, not at the estimate: at a runaway estimate the information
-is that of the counts it explains, a few, and would call it measured."""
+"""A parameter is refined when its pixels' Fisher information in log|F|, had it its shell's mean intensity
+(`StructureFactorModel.log_reference`), is at least this (σ(log|F|) ≤ 1: about half a photon of expected
+signal without background), and counts as measured (written, scored) when its information at its estimate is
+too. Below it a reflection is seen only by pixels its signal barely reaches (the lattice factor's far tails:
+weights of 10⁻¹⁸ of a spot's peak), where one count would set its |F| to 10⁹; at such a runaway estimate the
+information is that of the few counts it explains, so the test at the estimate alone would refine it and
+call it measured."""
 SHOTS_PER_FIT = 50
 """Shots one call of `nbsim.fit.fit` refines together (`fit_batches`): enough that the per-iteration work of
 Fisher scoring (autograd through each shot's parametrisation, the kernel call) is shared, few enough that
@@ -462,11 +463,13 @@ class Merge:
         pixels): what its pixels can tell of it, whatever its estimate."""
         return all_sum(self._design().information_at(self.log_F, self.model.log_reference), self.device)
 
-    def measured_parameters(self, reference: torch.Tensor | None = None) -> np.ndarray:
-        """Which parameters count as measured (refined, written, scored): those whose `reference_information`
-        is at least MEASURED_INFORMATION."""
-        reference = self.reference_information() if reference is None else reference
-        return (reference >= MEASURED_INFORMATION).numpy()
+    def measured_parameters(self) -> np.ndarray:
+        """Which parameters count as measured (written, scored): refined (`reference_information` at least
+        MEASURED_INFORMATION) and with that much information at their estimate too (a reflection whose pixels
+        hold nothing has its estimate at the floor, where the information of log|F| vanishes: written, its σ
+        would be 10⁵ times its |F|)."""
+        information = torch.minimum(self.reference_information(), self.fisher_diagonal())
+        return (information >= MEASURED_INFORMATION).numpy()
 
     def objective(self, log_F: torch.Tensor) -> float:
         """The F step's objective at these log|F| with the shots as they are: −log L over every worker's pixels
@@ -477,19 +480,19 @@ class Merge:
     def refine_F(self) -> dict:
         """The F step: EM steps (`expectation_maximisation`), then L-BFGS on log|F| with the restraints together
         with every shot's log scale (the scale and the |F| it multiplies trade off: refined apart, in turns, they
-        would converge slowly), every worker in step. Only the measured parameters (`measured_parameters`) are
-        refined: the rest keep their |F|. The shots' scales keep their geometric mean (`scale_changes`). The
-        variables are scaled by √ of each one's Fisher information (and the restraints' curvature), so that the
-        Hessian is near the identity and a gradient component is about the distance to the optimum in standard
-        errors; at least its information at its shell's mean intensity, so that a weak |F| (whose information
-        vanishes with |F|²) takes steps of at most about one standard error of a typical one, not steps that
-        multiply its |F| a thousandfold (a parameter no pixel sees takes the median). An F step that ends with a
-        higher objective than it started with (or not finite) is undone: its start is kept. Returns what the
-        cycle's record says of it: the objective before and after, the EM steps, the L-BFGS iterations and
-        whether it was undone."""
+        would converge slowly), every worker in step. Only the parameters whose pixels can measure them
+        (`reference_information`) are refined: the rest keep their |F|. The shots' scales keep their geometric
+        mean (`scale_changes`). The variables are scaled by √ of each one's Fisher information (and the
+        restraints' curvature), so that the Hessian is near the identity and a gradient component is about the
+        distance to the optimum in standard errors; at least its information at its shell's mean intensity, so
+        that a weak |F| (whose information vanishes with |F|²) takes steps of at most about one standard error of
+        a typical one, not steps that multiply its |F| a thousandfold (a parameter no pixel sees takes the
+        median). An F step that ends with a higher objective than it started with (or not finite) is undone:
+        its start is kept. Returns what the cycle's record says of it: the objective before and after, the EM
+        steps, the L-BFGS iterations and whether it was undone. Then the measured parameters
+        (`measured_parameters`) are those at the end."""
         reference = self.reference_information()
-        self.measured = self.measured_parameters(reference)
-        refined = torch.as_tensor(self.measured)
+        refined = reference >= MEASURED_INFORMATION
         start_log_F, start_objective = self.log_F.clone(), self.objective(self.log_F)
         em_steps = self.expectation_maximisation(refined)
         free = torch.nonzero(refined).reshape(-1)
@@ -553,6 +556,7 @@ class Merge:
             self.log_F = log_F_at(vector)
             if joint:
                 self.rescale_shots(torch.exp(scale_changes(vector))[self.rank::self.size])
+        self.measured = self.measured_parameters()
         return {"objective_before_F": start_objective, "objective": outcome.fun if not undone else start_objective,
                 "negative_log_likelihood": self.nll(self.log_F)[0], "em_steps": em_steps,
                 "f_iterations": int(outcome.nit), "f_step_undone": undone}
