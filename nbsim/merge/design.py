@@ -49,11 +49,6 @@ class ShotDesign:
     weight: torch.Tensor
     constant: torch.Tensor
 
-    @property
-    def bytes(self) -> int:
-        """What the shot's design holds in memory."""
-        return sum(t.element_size() * t.numel() for t in (self.pixel, self.parameter, self.weight, self.constant))
-
 
 def shot_design(setup: Setup, rows: np.ndarray, cols: np.ndarray, nodes: torch.Tensor, base: torch.Tensor,
                 device: str | torch.device) -> ShotDesign:
@@ -116,28 +111,25 @@ class Design:
     def __init__(self, shots: Sequence[ShotDesign], counts: Sequence[torch.Tensor], backgrounds: Sequence[torch.Tensor],
                  scales: Sequence[float], size: int, readout_photons: float, kind: str, device: str | torch.device):
         device = torch.device(device)
-        lengths = [len(design.constant) for design in shots]
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if shots else []
         self.size, self.readout, self.kind, self.device = size, readout_photons, kind, device
-        self.pixel = torch.cat([d.pixel + int(o) for d, o in zip(shots, offsets, strict=True)]) if shots else \
-            torch.zeros(0, dtype=torch.int64, device=device)
-        self.parameter = torch.cat([d.parameter for d in shots]) if shots else self.pixel.clone()
-        self.weight = torch.cat([d.weight for d in shots]) if shots else torch.zeros(0, dtype=torch.float64,
-                                                                                     device=device)
-        self.constant = torch.cat([d.constant for d in shots]) if shots else self.weight.clone()
-        self.counts = torch.cat([c.to(device, torch.float64) for c in counts]) if shots else self.weight.clone()
-        self.background = torch.cat([b.to(device, torch.float64) for b in backgrounds]) if shots else \
-            self.weight.clone()
+        lengths = [len(design.constant) for design in shots]
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+
+        def joined(parts: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+            return torch.cat([part.to(device, dtype) for part in parts]) if parts else \
+                torch.zeros(0, dtype=dtype, device=device)
+
+        self.pixel = joined([design.pixel + int(offset) for design, offset in zip(shots, offsets, strict=False)],
+                            torch.int64)
+        self.parameter = joined([design.parameter for design in shots], torch.int64)
+        self.weight = joined([design.weight for design in shots], torch.float64)
+        self.constant = joined([design.constant for design in shots], torch.float64)
+        self.counts = joined(counts, torch.float64)
+        self.background = joined(backgrounds, torch.float64)
         self.shot = torch.repeat_interleave(torch.arange(len(shots), device=device),
-                                            torch.as_tensor(lengths, dtype=torch.int64, device=device)) if shots \
-            else self.pixel.clone()
+                                            torch.as_tensor(lengths, dtype=torch.int64, device=device))
         self.scales = torch.as_tensor(list(scales), dtype=torch.float64, device=device)
         self.shots = len(shots)
-
-    @property
-    def entries(self) -> int:
-        """Non-zero A_pj over every shot."""
-        return len(self.weight)
 
     def unscaled(self, intensities: torch.Tensor) -> torch.Tensor:
         """c_p + Σ_j A_pj·I_j at every pixel, I = |F|² (on the design's device)."""

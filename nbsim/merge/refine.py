@@ -506,6 +506,7 @@ class Merge:
         origin = self.log_F.clone()
 
         def log_F_at(point: torch.Tensor) -> torch.Tensor:
+            """Every log|F| at a point of the optimiser's coordinates (the refined ones moved from the origin)."""
             log_F = origin.clone()
             log_F[free] += point[:count] / scale
             return log_F
