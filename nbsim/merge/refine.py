@@ -1,18 +1,18 @@
 """Ensemble refinement of structure factors over many stills, by modelling every shoebox pixel.
 
 Macro-cycles (docs/merging.md, "The refinement"): each shot's model is refined with F fixed (`nbsim.fit.fit`,
-shot by shot, which also places the shoeboxes and fits their background planes; the first `scale_cycles`
+many shots a call, which also places the shoeboxes and fits their background planes; the first `scale_cycles`
 cycles refine only the scale, and the cell may be one for every shot), then log|F|: EM steps on |F|², then
 L-BFGS on log|F| with every shot's log scale, on the Poisson negative log-likelihood summed over every shot's
-pixels (the gradients by autograd, through the kernel's table lookup) plus the restraints. Each worker holds
+pixels plus the restraints. With the shots fixed every pixel's expected count is linear in the |F|² its steps
+see (the nearest-node lookup), so the F step works on a sparse design matrix built once per F step
+(`design.py`), never calling the kernel. Only the |F| the pixels can measure are refined. Each worker holds
 its shots; the F step's value and gradients are summed over the workers by all-reduce, and every worker runs
 the same steps on the same sums, in step. After each cycle the state can be checkpointed (`state.py`) and a
 run resumed from it.
 
 Standard errors of |F|: the diagonal of the Fisher information (the expected Gauss–Newton Hessian) of
-log|F| at the optimum, the restraints' curvature added, with each pixel attributed to the one reflection its
-sub-steps see (found by rendering with coded tables; a pixel seeing several is left out of the sum, which
-only widens the errors). σ(|F|) = |F| / √I.
+log|F| at the optimum, the restraints' curvature added. σ(|F|) = |F| / √I.
 """
 
 from __future__ import annotations
@@ -260,9 +260,9 @@ class Merge:
         self.design: Design | None = None
         """The F step's linear model of this worker's pixels (built from the shots at the F step's start)."""
         self.kept_shots = 0
-        """Shots the last shot step left at their model of the cycle before (their refinement was not finite)."""
+        """Shots the last shot step left at their model of the cycle before (`refine_shots`)."""
         self.measured = np.ones(self.model.size, dtype=bool)
-        """Parameters some single-reflection pixel measures (every one until the first F step says)."""
+        """The measured parameters (`measured_parameters`; every one until the first F step says)."""
 
     def table(self, log_F: torch.Tensor) -> torch.Tensor:
         """The kernel's flat padded table at these log|F|."""
@@ -295,8 +295,8 @@ class Merge:
         the shot's start in every cycle, never a drift); its model, scale, pixels and background kept for the F
         step. The shots go to `nbsim.fit.fit` together (`fit_batches`). A shot whose refined model explains
         the pixels the fit chose worse than its model of the last cycle (−log L with the fit's background), or
-        whose refinement is not finite, keeps its model of the last cycle with those pixels (`kept_shots`
-        counts them)."""
+        whose refinement is not finite, keeps its model of the last cycle (with those pixels; with its own where
+        the refinement is not finite); `kept_shots` counts them."""
         grid = self.current_grid()
         options = self.shot_options(cycle)
         images = [dataclasses.replace(shot.image, setup=dataclasses.replace(
@@ -321,11 +321,14 @@ class Merge:
                 counts = torch.as_tensor(shot.image.counts[box.rows, box.cols], dtype=torch.float64)
                 nll = float(negative_log_likelihood(expected, counts, options.readout_photons, options.likelihood))
                 finite = math.isfinite(nll) and all(bool(torch.isfinite(v).all()) for v in values[row].values())
-                if shot.rows is None and not finite:
+                if not finite and shot.rows is None:
                     raise NbsimError(f"{shot.image.name}: its refinement ended in values that are not finite")
+                if not finite:  # the last cycle's model, pixels and background
+                    self.kept_shots += 1
+                    continue
                 shot.rows, shot.cols = box.rows, box.cols
                 shot.background = backgrounds[row].to(self.device)
-                if not (finite and nll <= previous[row]):
+                if nll > previous[row]:  # the last cycle's model on the new pixels
                     self.kept_shots += 1
                     continue
                 shot.values = shot_values(shot.start, refined[row], options.lattice)
@@ -453,10 +456,10 @@ class Merge:
                 return step
         return self.options.em_iterations
 
-    def fisher_diagonal(self, log_F: torch.Tensor | None = None) -> torch.Tensor:
-        """The diagonal of the Fisher information of log|F| over every worker's pixels (at the current log|F|
-        unless given): Σ_p (∂λ_p/∂log|F_j|)²·w_p, exact under the nearest lookup (`design.Design`)."""
-        return all_sum(self._design().fisher_diagonal(self.log_F if log_F is None else log_F), self.device)
+    def fisher_diagonal(self) -> torch.Tensor:
+        """The diagonal of the Fisher information of log|F| at the current |F| over every worker's pixels:
+        Σ_p (∂λ_p/∂log|F_j|)²·w_p, exact under the nearest lookup (`design.Design`)."""
+        return all_sum(self._design().fisher_diagonal(self.log_F), self.device)
 
     def reference_information(self) -> torch.Tensor:
         """Each parameter's Fisher information in log|F| had it its shell's mean intensity (every worker's
