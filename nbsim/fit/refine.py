@@ -239,13 +239,12 @@ def fit(images: Sequence[FitImage], options: FitOptions,
                 boxes = choose_pixels(images, setups, options)
             n_cells = None
     history: list[float] = []
-    n_starts = None
-    for _ in range(SAMPLING_ROUNDS):
+    for sampling_round in range(SAMPLING_ROUNDS):
         setups = [with_oversample(setup, observed_oversample(setup)) for setup in setups]
-        if n_starts is None and options.search_deg > 0 and "N" in refine:
-            n_starts = searched_or_starting_n(images, setups, boxes, refine, options, starting_n)
-        objective = stage_objective(images, setups, boxes, refine, options, n_starts)
-        n_starts = []
+        if sampling_round == 0 and options.search_deg > 0 and "N" in refine:
+            objective = objective_from_searched_or_starting_n(images, setups, boxes, refine, options, starting_n)
+        else:
+            objective = stage_objective(images, setups, boxes, refine, options)
         converged, reason, iterations, more = refine_with_planes(objective, options, report("fit"), started)
         total_iterations += iterations
         history += more
@@ -285,19 +284,26 @@ def smooth_stage(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Seq
     return [with_oversample(each, setup.oversample) for each, setup in zip(refined, setups, strict=True)], iterations
 
 
-def searched_or_starting_n(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Sequence[Shoeboxes],
-                           refine: Sequence[str], options: FitOptions,
-                           starting_n: Sequence[Sequence[float]]) -> list[list[float]]:
-    """Per image, N to start the final stage from: the search's (in `setups`) or the one the fit started
-    with, whichever explains the image better at its own sampling. Averaging every pixel over its area
-    broadens the spots, so the search's N can be far off (N 16-19 for a true 10), in a basin of its own."""
+def objective_from_searched_or_starting_n(images: Sequence[FitImage], setups: Sequence[Setup],
+                                          boxes: Sequence[Shoeboxes], refine: Sequence[str], options: FitOptions,
+                                          starting_n: Sequence[Sequence[float]]) -> Objective:
+    """The final stage's objective with each image's N started at the search's (in `setups`) or at the one the
+    fit started with, whichever explains the image better at its own sampling. Averaging every pixel over its
+    area broadens the spots, so the search's N can be far off (N 16-19 for a true 10), in a basin of its own.
+    Where every image prefers one, that side's objective serves as it is."""
     searched = stage_objective(images, setups, boxes, refine, options)
     started = stage_objective(images, setups, boxes, refine, options, starting_n)
     with torch.no_grad():
         searched_terms = searched.image_terms(searched.expected()).tolist()
         started_terms = started.image_terms(started.expected()).tolist()
-    return [list(first) if later < sooner else [float(n) for n in setup.n_cells]
-            for first, setup, sooner, later in zip(starting_n, setups, searched_terms, started_terms, strict=True)]
+    prefer_start = [later < sooner for sooner, later in zip(searched_terms, started_terms, strict=True)]
+    if all(prefer_start):
+        return started
+    if not any(prefer_start):
+        return searched
+    n_cells = [list(first) if start else [float(n) for n in setup.n_cells]
+               for first, setup, start in zip(starting_n, setups, prefer_start, strict=True)]
+    return stage_objective(images, setups, boxes, refine, options, n_cells)
 
 
 def refine_with_planes(objective: Objective, options: FitOptions,
