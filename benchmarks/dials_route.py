@@ -197,12 +197,16 @@ def _experiments(path: Path) -> int:
     return len(json.loads(path.read_text())["experiment"]) if path.is_file() else 0
 
 
-def score_against_truth(merged_mtz: Path | str, truth_mtz: Path | str, shells: int = 10) -> dict:
+def score_against_truth(merged_mtz: Path | str, truth_mtz: Path | str, shells: int = 10,
+                        span_A: Sequence[float] | None = None) -> dict:
     """CC(|F|, truth) and CCano* of a merged MTZ against a truth MTZ, in the indexing that fits best (module
     docstring): `cc`, `cc_anomalous` (None without anomalous columns on both sides), `reindexing` (the
     operator applied to the merged file's indices), `reflections` and `pairs` (how many each figure uses),
-    `cc_by_alternative`, and `shells` (per shell: `d_min_A`, `d_max_A`, `cc`, `cc_anomalous`, `reflections`,
-    `pairs`)."""
+    `d_min_A` and `d_max_A` (of the reflections in common with the truth), `cc_by_alternative`, and `shells`
+    (each shell with reflections: `shell`, its number from 0 at low resolution, `d_min_A`, `d_max_A`, `cc`,
+    `cc_anomalous`, `reflections`, `pairs`). The shells divide the resolution range `span_A` (Å, its lowest
+    and highest value; default: the common reflections'), so that two files scored over one span compare
+    shell by shell."""
     import gemmi
 
     from nbsim.merge.reflections import correlation
@@ -225,7 +229,7 @@ def score_against_truth(merged_mtz: Path | str, truth_mtz: Path | str, shells: i
     common = np.isfinite(matched["mean"]) & np.isfinite(matched["truth_mean"])
     if not common.any():
         raise RouteError(f"{merged_mtz} and {truth_mtz} have no reflection in common")
-    shell = shell_of(d_A, shells, d_A[common])
+    shell = shell_of(d_A, shells, d_A[common] if span_A is None else np.asarray(span_A, np.float64))
     differences = matched["plus"] - matched["minus"]
     truth_differences = matched["truth_plus"] - matched["truth_minus"]
     paired = np.isfinite(differences) & np.isfinite(truth_differences) & ~matched["centric"]
@@ -239,13 +243,13 @@ def score_against_truth(merged_mtz: Path | str, truth_mtz: Path | str, shells: i
                 "pairs": int(np.sum(selected & paired)) if has_anomalous else 0}
 
     every = np.ones(len(d_A), bool)
-    record = {**figures(every), "reindexing": operator.triplet(), "cc_by_alternative": by_alternative,
-              "shells": []}
+    record = {**figures(every), "d_min_A": float(d_A[common].min()), "d_max_A": float(d_A[common].max()),
+              "reindexing": operator.triplet(), "cc_by_alternative": by_alternative, "shells": []}
     for index in range(shells):
         selected = (shell == index) & common
         if selected.any():
-            record["shells"].append({"d_min_A": float(d_A[selected].min()), "d_max_A": float(d_A[selected].max()),
-                                     **figures(selected)})
+            record["shells"].append({"shell": index, "d_min_A": float(d_A[selected].min()),
+                                     "d_max_A": float(d_A[selected].max()), **figures(selected)})
     return record
 
 

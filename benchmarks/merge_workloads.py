@@ -19,15 +19,25 @@ step's likelihood. `merge_cpu_s` is the CPU time of the merge's processes (the s
 machine: a merge of W workers on W free cores takes about merge_cpu_s / W); `projected_target_s` and
 `projected_target_cpu_s` scale the wall and CPU time linearly to 1,000 shots (the same iterations assumed).
 
-The DIALS column: benchmarks/dials_route.py's `integrate_and_merge` on the same miniCBF files, its merged MTZ and
-nbsim's both scored by that script's `score_against_truth` (which tries the indexings the lattice allows),
-side by side; `{"skipped": reason}` where DIALS or the script is absent, `{"error": line}` where the route fails.
+The DIALS column (`dials`): the issue's acceptance compares nbsim's CCano* from N shots with the integration route's
+from 4N shots of the same dataset, so the dataset is rendered to `--dials-shots` shots (default 4 × `--shots`;
+`--quick`: `--shots`), `nbsim merge` takes the first `--shots` of them and benchmarks/dials_route.py's
+`integrate_and_merge` the first `--dials-shots` (the same miniCBF files: the first N are the merge's). Both merged
+MTZs are scored by that script's `score_against_truth` against the same truth.mtz (the merge's: F(+), F(−) at its
+shots' mean energy), each in the indexing that fits best (the lattice's alternatives tried), in the same resolution
+shells (equal in 1/d³ over the span both files reach): `dials.scores` and `dials.nbsim_scored_alike`, and
+`comparison`, their CC(|F|) and CCano* shell by shell (printed as a table to stderr); `{"skipped": reason}` where
+DIALS or the script is absent, `{"error": line}` where the route fails. `--json PATH` also writes the record there.
+
+Kernels: the render and the merge use the normal kernel cache (NBSIM_CACHE_DIR, else the user's), so a second run
+of the benchmark builds nothing.
 
 The issue's target: 1,000 stills of 256², the whole refinement on 2 cores in ≤ 30 min, CC ≥ 0.99.
 `--quick`: 20 shots of 128² with 5 spectrum channels and one cycle (a smoke run, not the target's figures).
 
     python benchmarks/merge_workloads.py merge_sad [--device cpu|cuda] [--shots N] [--quick] [--workers W]
-        [--threads T] [--size PIXELS] [--channels C] [--cycles C] [--probe-shots K] [--no-dials] [--work DIR]
+        [--threads T] [--size PIXELS] [--channels C] [--cycles C] [--probe-shots K] [--no-dials | --dials-shots M]
+        [--work DIR] [--json PATH]
 
 prints the record as JSON on its last line.
 """
@@ -58,7 +68,14 @@ SHELLS = 6
 STRONG_SIGMAS = 5.0
 """`cc_strong` takes the merged amplitudes of at least this many of their sigmas."""
 PROBE_SHOTS = 2
+DIALS_SHOTS_PER_SHOT = 4
+"""The DIALS route takes this many times the merge's shots: the issue's acceptance, nbsim's CCano* from N shots at
+least the route's from 4N."""
 DIALS_ROUTE = "benchmarks/dials_route.py"
+DIALS_OPTIONS = {"dials.find_spots": ["min_spot_size=2"]}
+"""The route's one change for these stills: their spots (no sensor or point spread, one sample a pixel) are 2–5
+pixels, and DIALS's spot finder keeps spots of at least 6 on a detector it does not know as a PILATUS: 8 stills of
+256² gave 155 spots and 2 indexed stills with the default, 1,108 spots and 5 indexed stills with 2."""
 
 
 def dataset_config(shots: int, size: int | None, channels: int | None, device: str, compile_setting: str) -> dict:
@@ -75,15 +92,17 @@ def dataset_config(shots: int, size: int | None, channels: int | None, device: s
 
 
 def render(config: dict, work: Path, threads: int) -> tuple[list[Path], dict, dict]:
-    """The dataset's shots rendered into one batch store per batch (nbsim.sweep.jobs.run_batch); the records,
-    the experiments (nbsim.sweep.merging.merge_experiments) and the config's merge settings, defaults filled."""
+    """The dataset's shots rendered into one batch store per batch (nbsim.sweep.jobs.run_batch) with the normal
+    kernel cache (nbsim.cache.cache_dir: the merge after it finds its kernels there too); the records, the
+    experiments (nbsim.sweep.merging.merge_experiments) and the config's merge settings, defaults filled."""
+    from nbsim.cache import cache_dir
     from nbsim.modes import Compile
     from nbsim.sweep import plan, validate
     from nbsim.sweep.jobs import run_batch
     from nbsim.sweep.merging import merge_experiments
     from nbsim.sweep.spec import BatchJob
 
-    config["results"], config["compile_cache"] = str(work), str(work / "compile-cache")
+    config["results"], config["compile_cache"] = str(work), str(cache_dir())
     points = validate.validate_config(config, SCHEMA, CONFIG.parent)
     builds = plan.PointBuilds()
     planned = plan.plan_sweep(points, config["sweep"]["batch_size"])
@@ -252,10 +271,11 @@ def probe(manifest: dict, starts: dict, shots: list[str], device: str) -> dict:
 
 
 def dials_column(images: list[str], work: Path, manifest: dict, truth: str, merged: str) -> dict:
-    """The integration route on the same images (benchmarks/dials_route.py's `integrate_and_merge`), scored by
-    that script's `score_against_truth` (which also tries the indexings the lattice allows), with nbsim's merge
-    scored by the same function beside it (`nbsim_scored_alike`, where the merge wrote one); skipped, with the
-    reason, where DIALS or the script is not here, and an error line where the route fails."""
+    """The integration route on `images` (benchmarks/dials_route.py's `integrate_and_merge`) and nbsim's merge
+    (`merged`, where the merge wrote one), both scored against `truth` by that script's `score_against_truth`
+    (each in the indexing that fits it best) in the same shells (`scores`, `nbsim_scored_alike`, `comparison`:
+    the module docstring); skipped, with the reason, where DIALS or the script is not here, and an error line
+    where the route fails."""
     if shutil.which("dials.index") is None:
         return {"skipped": "DIALS is not installed (dials.index not on PATH)"}
     if not (REPO / DIALS_ROUTE).is_file():
@@ -268,27 +288,71 @@ def dials_column(images: list[str], work: Path, manifest: dict, truth: str, merg
     begin = time.perf_counter()
     try:
         result = dials_route.integrate_and_merge(images, work / "dials", manifest["space_group"], manifest["cell"],
-                                                 manifest["anomalous"], nproc=min(2, os.cpu_count() or 1))
+                                                 manifest["anomalous"], nproc=min(2, os.cpu_count() or 1),
+                                                 options=DIALS_OPTIONS)
     except NbsimError as error:
-        return {"error": str(error), "wall_s": time.perf_counter() - begin}
+        return {"error": str(error), "wall_s": time.perf_counter() - begin, "shots": len(images)}
     result = {**result, "wall_s": time.perf_counter() - begin, "shots": len(images)}
-    result["scores"] = dials_route.score_against_truth(result["mtz"], truth, SHELLS)
-    if Path(merged).is_file():
-        result["nbsim_scored_alike"] = dials_route.score_against_truth(merged, truth, SHELLS)
+    files = {"dials": result["mtz"], **({"nbsim": merged} if Path(merged).is_file() else {})}
+    alone = {name: dials_route.score_against_truth(path, truth, SHELLS) for name, path in files.items()}
+    span_A = [min(score["d_min_A"] for score in alone.values()), max(score["d_max_A"] for score in alone.values())]
+    scored = {name: dials_route.score_against_truth(path, truth, SHELLS, span_A) for name, path in files.items()}
+    result["scores"] = scored["dials"]
+    if "nbsim" in scored:
+        result["nbsim_scored_alike"] = scored["nbsim"]
+        result["comparison"] = comparison(scored["nbsim"], scored["dials"])
     return result
 
 
+def comparison(nbsim: dict, dials: dict) -> list[dict]:
+    """nbsim's and DIALS's CC(|F|) and CCano* side by side: overall (`shell` None), then shell by shell (the
+    shells of one span: score_against_truth's `span_A`)."""
+
+    def figures(score: dict | None, prefix: str) -> dict:
+        score = score or {}
+        return {f"{prefix}_{key}": score.get(key) for key in ("cc", "cc_anomalous", "reflections", "pairs")}
+
+    rows = [{"shell": None, "d_max_A": max(nbsim["d_max_A"], dials["d_max_A"]),
+             "d_min_A": min(nbsim["d_min_A"], dials["d_min_A"]), **figures(nbsim, "nbsim"),
+             **figures(dials, "dials")}]
+    ours, theirs = ({shell["shell"]: shell for shell in score["shells"]} for score in (nbsim, dials))
+    for index in sorted(set(ours) | set(theirs)):
+        both = [shell for shell in (ours.get(index), theirs.get(index)) if shell]
+        rows.append({"shell": index, "d_max_A": max(shell["d_max_A"] for shell in both),
+                     "d_min_A": min(shell["d_min_A"] for shell in both), **figures(ours.get(index), "nbsim"),
+                     **figures(theirs.get(index), "dials")})
+    return rows
+
+
+def comparison_table(rows: list[dict], shots: int, dials_shots: int) -> str:
+    """The comparison as a Markdown table."""
+
+    def figure(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    lines = [f"| shell (Å) | nbsim, {shots} shots: CC(|F|) | CCano* (pairs) | DIALS, {dials_shots} shots: CC(|F|) "
+             "| CCano* (pairs) |", "|---|---|---|---|---|"]
+    for row in rows:
+        where = "all" if row["shell"] is None else f"{row['d_max_A']:.2f}–{row['d_min_A']:.2f}"
+        lines.append(f"| {where} | {figure(row['nbsim_cc'])} | {figure(row['nbsim_cc_anomalous'])} "
+                     f"({row['nbsim_pairs'] or 0}) | {figure(row['dials_cc'])} | {figure(row['dials_cc_anomalous'])} "
+                     f"({row['dials_pairs'] or 0}) |")
+    return "\n".join(lines)
+
+
 def measure(shots: int, size: int | None, channels: int | None, device: str, workers: int, worker_threads: int,
-            cycles: int | None, probe_shots: int, dials: bool, work: Path) -> dict:
+            cycles: int | None, probe_shots: int, dials_shots: int | None, work: Path) -> dict:
     """The merge_sad record (the module's docstring): `shots` stills of the config's detector (or `size`² pixels
     of the same pixel size) and spectrum (or `channels` channels), merged by `workers` processes of
-    `worker_threads` threads in `cycles` (None: the merge's default)."""
+    `worker_threads` threads in `cycles` (None: the merge's default); with `dials_shots`, the dataset rendered to
+    that many shots (at least `shots`) and the DIALS route run on them (None: no DIALS column)."""
     import torch
 
     from nbsim.sweep.merging import write_merge_inputs
 
     threads = torch.get_num_threads()
-    config = dataset_config(shots, size, channels, device, "off" if shots < 100 else "on")
+    rendered = max(shots, dials_shots or 0)
+    config = dataset_config(rendered, size, channels, device, "off" if rendered < 100 else "on")
     begin = time.perf_counter()
     records, experiments, config = render(config, work, threads)
     render_s = time.perf_counter() - begin
@@ -298,8 +362,8 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
     export_s = time.perf_counter() - begin
     begin = time.perf_counter()
     folder = work / scenario / "merge" / experiment
-    manifest = write_merge_inputs(records, names, sorted(config["sweep"]["draws"]["values"]), config["merge"],
-                                  folder, shot_files=files)
+    manifest = write_merge_inputs(records, names[:shots], sorted(config["sweep"]["draws"]["values"]),
+                                  config["merge"], folder, shot_files=files)
     inputs_s = time.perf_counter() - begin
     starts = json.loads((folder / "starts.json").read_text())["images"]
     images = (folder / "shots.txt").read_text().split()
@@ -335,8 +399,13 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
         record["probe"] = {"error": f"{type(error).__name__}: {error}"}
     record.update({key: record["probe"].get(key) for key in ("seconds_per_shot_refinement",
                                                              "seconds_per_F_gradient_per_shot")})
-    record["dials"] = (dials_column(images, work, manifest, str(folder / "truth.mtz"), str(merged)) if dials
-                       else {"skipped": "--no-dials"})
+    if dials_shots:
+        dials_images = [files[name] for name in names[:dials_shots]]
+        record["dials"] = dials_column(dials_images, work, manifest, str(folder / "truth.mtz"), str(merged))
+        if "comparison" in record["dials"]:
+            print(comparison_table(record["dials"]["comparison"], len(images), len(dials_images)), file=sys.stderr)
+    else:
+        record["dials"] = {"skipped": "--no-dials"}
     return record
 
 
@@ -421,8 +490,8 @@ def row(name: str, record: dict) -> str:
         return "n/a" if value is None else f"{value:.{digits}f}"
 
     dials = r["dials"].get("skipped") or r["dials"].get("error") or (
-        f"CCano* {figure(r['dials']['scores']['cc_anomalous'])} (nbsim's by the same scorer "
-        f"{figure(r['dials']['nbsim_scored_alike']['cc_anomalous'])})")
+        f"{r['dials']['shots']} shots: CCano* {figure(r['dials']['scores']['cc_anomalous'])} (nbsim's from "
+        f"{r['shots']} by the same scorer {figure(r['dials'].get('nbsim_scored_alike', {}).get('cc_anomalous'))})")
 
     return (f"| {name} | {r['shots']} stills of {r['detector']}, {r['workers']} workers: merge {r['merge_s']:.0f} s, "
             f"{r['merge_cpu_s']:.0f} CPU-s (linear in the shots, {r['projected_target_cpu_s']:.0f} CPU-s for "
@@ -454,15 +523,22 @@ def main(argv: list[str] | None = None) -> int:
                                                     "workers)")
     parser.add_argument("--cycles", type=int, help="nbsim merge --cycles (default: the merge's)")
     parser.add_argument("--probe-shots", type=int, default=PROBE_SHOTS, help="shots the timing probe refines")
-    parser.add_argument("--no-dials", action="store_true", help="leave the DIALS route out")
+    dials = parser.add_mutually_exclusive_group()
+    dials.add_argument("--no-dials", action="store_true", help="leave the DIALS route out")
+    dials.add_argument("--dials-shots", type=int,
+                       help=f"shots the DIALS route integrates, the first of the dataset (default "
+                            f"{DIALS_SHOTS_PER_SHOT} x --shots; --quick: --shots); the dataset is rendered to them")
     parser.add_argument("--work", type=Path, help="keep the files here (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, help="also write the record to this file")
     options = parser.parse_args(argv)
     shots = options.shots or (QUICK["shots"] if options.quick else TARGET_SHOTS)
     if options.workers is None:
         options.workers = _cuda_devices() if options.device.startswith("cuda") else min(2, os.cpu_count() or 1)
     if any(value is not None and value < 1 for value in (shots, options.workers, options.threads, options.size,
-                                                         options.channels, options.cycles)):
-        parser.error("--shots, --workers, --threads, --size, --channels and --cycles must be at least 1")
+                                                         options.channels, options.cycles, options.dials_shots)):
+        parser.error("--shots, --workers, --threads, --size, --channels, --cycles and --dials-shots must be at least 1")
+    dials_shots = None if options.no_dials else options.dials_shots or (
+        shots if options.quick else DIALS_SHOTS_PER_SHOT * shots)
 
     def run(work: Path) -> dict:
         threads = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
@@ -470,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         channels = options.channels or (QUICK["channels"] if options.quick else None)
         cycles = options.cycles or (QUICK["cycles"] if options.quick else None)
         return measure(shots, size, channels, options.device, options.workers, threads, cycles,
-                       min(options.probe_shots, shots), not options.no_dials, work)
+                       min(options.probe_shots, shots), dials_shots, work)
 
     if options.work is not None:
         options.work.mkdir(parents=True, exist_ok=True)
@@ -478,7 +554,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="nbsim-merge-sad-") as work:
             record = run(Path(work))
-    print(json.dumps(_without_nan(record)))
+    text = json.dumps(_without_nan(record))
+    if options.json is not None:
+        options.json.write_text(text + "\n")
+    print(text)
     return 0 if "error" not in record else 1
 
 
