@@ -28,15 +28,17 @@ import scipy.optimize
 import torch
 
 from ..errors import NbsimError
+from ..fit.compiled import kernels_ready
 from ..fit.images import read_fit_image
 from ..fit.likelihood import negative_log_likelihood
 from ..fit.model import DiffractionModel
 from ..fit.output import fit_json
 from ..fit.parameters import lattice_system
-from ..fit.refine import FitImage, FitOptions, fit
+from ..fit.refine import FitImage, FitOptions, fit, fit_kernel_variants
 from ..fit.scattering import fixed_frame_fittable
 from ..io.structure_files import read_reflection_file
 from ..model.structure_factors import HKLGrid, build_grid
+from ..modes import Compile
 from ..nanobragg.arguments import parse
 from ..resolve import Setup, resolve
 from .design import Design, shot_design
@@ -265,6 +267,8 @@ class Merge:
         """The F step's linear model of this worker's pixels (built from the shots at the F step's start)."""
         self.kept_shots = 0
         """Shots the last shot step left at their model of the cycle before (`refine_shots`)."""
+        self.kernels_decided = False
+        """Whether this run has decided on the fit's compiled kernels (`decide_kernels`)."""
         self.measured = np.ones(self.model.size, dtype=bool)
         """The measured parameters (`measured_parameters`; every one until the first F step says)."""
 
@@ -305,6 +309,7 @@ class Merge:
         options = self.shot_options(cycle)
         images = [dataclasses.replace(shot.image, setup=dataclasses.replace(
             shot.start if options.restraints else shot.setup, grid=grid)) for shot in self.shots]
+        self.decide_kernels([image.setup for image in images], options, cycle)
         self.kept_shots = 0
         for batch in fit_batches([image.setup for image in images], options):
             result = fit([images[index] for index in batch], options)
@@ -344,6 +349,19 @@ class Merge:
         if "cell" in self.options.shared and "cell" in options.refine:
             self.share_cell(grid)
         self.design = None
+
+    def decide_kernels(self, setups: Sequence[Setup], options: FitOptions, cycle: int) -> None:
+        """Once a run, where the fit's kernel is "auto": build the fit's compiled kernels first (nbsim.fit.compiled.
+        kernels_ready) when the shot steps left, every shot of this worker in each, would take longer eagerly
+        than building them and fitting compiled. Each call of `nbsim.fit.fit` weighs only its own shots, which
+        for SHOTS_PER_FIT SAD stills never pays for a build: without this a merge without cached kernels fitted
+        eagerly in every cycle, four times slower."""
+        if self.kernels_decided or Compile.of(options.compile) is not Compile.AUTO:
+            return
+        self.kernels_decided = True
+        pixels = options.max_spots * options.shoebox_px ** 2
+        pixel_steps = sum(pixels * setup.steps for setup in setups) * (self.options.cycles - cycle)
+        kernels_ready(fit_kernel_variants(setups, options.refine, options), pixel_steps)
 
     def _previous_likelihoods(self, shots: Sequence[Shot], boxes: Sequence, backgrounds: Sequence[torch.Tensor],
                               grid: HKLGrid, options: FitOptions) -> list[float]:
