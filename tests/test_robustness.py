@@ -141,14 +141,16 @@ def _snakemake(folder: Path, *extra: str) -> subprocess.Popen:
 @pytest.mark.slow
 def test_job_killed_mid_write_leaves_nothing_read_as_complete(tmp_path):
     """SIGKILL the batch job once its store exists and its point is rendering: no records, no point marked
-    complete in the store, no tables; the rerun completes the batch."""
+    complete in the store, no tables; the rerun completes the batch. Without a reference batch (the batch
+    is killed, not its reference) and up to the timing table (no plots or summary)."""
     import psutil
 
     from nbsim.sweep.store import completed_points
 
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(SLOW_POINT))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**SLOW_POINT, "reference": False}))
     batch = tmp_path / "results" / "seed" / "batches" / "n512-float64-cpu-compile_off-b0000"
-    process = _snakemake(tmp_path)
+    table = "results/seed/tables/timing.csv"
+    process = _snakemake(tmp_path, table)
     victim = None
     deadline = time.time() + 600
     while victim is None and time.time() < deadline and process.poll() is None:
@@ -166,7 +168,7 @@ def test_job_killed_mid_write_leaves_nothing_read_as_complete(tmp_path):
     assert not completed_points(batch / "images.zarr").any()
     assert not (tmp_path / "results" / "seed" / "tables" / "timing.csv").exists()
 
-    rerun = _snakemake(tmp_path)
+    rerun = _snakemake(tmp_path, table)
     output = rerun.communicate(timeout=900)[0]
     assert rerun.returncode == 0, output[-3000:]
     assert completed_points(batch / "images.zarr").all()
@@ -179,7 +181,10 @@ def test_parallel_jobs_do_not_corrupt_stores(tmp_path):
     config = json.loads(json.dumps(SLOW_POINT))
     config["sweep"].update(sizes=[24, 32], dtypes=["float32"])
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    first = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
+    # The batches' records (their jobs and their references'): collate, plots and summary read the stores
+    # one after another.
+    records = [f"results/seed/batches/n{size}-float32-cpu-compile_off-b0000/records.json" for size in (24, 32)]
+    first = _snakemake(tmp_path, *records, "--cores", "4", "--resources", "timing_slot=4")
     output = first.communicate(timeout=900)[0]
     assert first.returncode == 0, output[-3000:]
     from nbsim.sweep.store import read_store
@@ -190,7 +195,7 @@ def test_parallel_jobs_do_not_corrupt_stores(tmp_path):
         image = read_store(store)["image"].values
         size = int(store.parent.name.split("-")[0][1:])
         assert image.shape == (1, size, size) and np.isfinite(image).all() and image.max() > 0
-    again = _snakemake(tmp_path, "--cores", "4", "--resources", "timing_slot=4")
+    again = _snakemake(tmp_path, *records, "--cores", "4", "--resources", "timing_slot=4")
     output = again.communicate(timeout=600)[0]
     assert again.returncode == 0 and "Nothing to be done" in output
 
