@@ -375,6 +375,24 @@ class SimulationConfig:
         return SimulationConfig(**parts)
 
 
+def mosaic_spread_deg(config: SimulationConfig) -> float:
+    """The crystal's mosaic spread in degrees (0 without one)."""
+    spread = config.crystal.mosaic_spread_deg
+    return 0.0 if spread is None else scalar_value(spread)
+
+
+def counts_left_to_advice(config: SimulationConfig) -> tuple[bool, bool]:
+    """Whether -sampling advised leaves the φ steps of a rotation and the mosaic domains of a spread to the
+    advice (the flags give neither). Decided here, without PyTorch, so that a sweep's planning imports it
+    (seconds of every Snakemake start) only where an advice is computed."""
+    crystal = config.crystal
+    if crystal.sampling != "advised":
+        return False, False
+    rotation_open = crystal.phi_steps is None and crystal.phi_step_deg is None and (crystal.osc_range_deg or 0) > 0
+    domains_open = (crystal.mosaic_domains is None or crystal.mosaic_domains <= 0) and mosaic_spread_deg(config) > 0
+    return rotation_open, domains_open
+
+
 def _field_names(instance: Any) -> frozenset[str]:
     return _class_field_names(type(instance))
 

@@ -26,6 +26,8 @@ from .config import (
     StructureFactorConfig,
     check_spectrum,
     check_values,
+    counts_left_to_advice,
+    mosaic_spread_deg,
     scalar_value,
 )
 from .errors import InputFileError, NbsimError
@@ -227,8 +229,8 @@ def resolve(config: SimulationConfig) -> Setup:
     sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
     sampling_need = sampling_advice(lattice, n_cells, detector_d_min_A(panels, config.detector, sources),
                                     math.degrees(crystal_mod.phi_sampling(config.crystal).osc_rad),
-                                    _mosaic_spread_deg(config))
-    config = _with_advice(config, sampling_need, *_open_counts(config))
+                                    mosaic_spread_deg(config))
+    config = _with_advice(config, sampling_need, *counts_left_to_advice(config))
     phi = crystal_mod.phi_sampling(config.crystal)
     mosaic = crystal_mod.mosaic_domains(config.crystal, generator)
     cells = crystal_mod.oriented_cells(lattice, phi, geometry.spindle, mosaic, corrected)
@@ -472,7 +474,7 @@ class SamplingAdvisor:
         sources = build_sources(config.beam, panels[0].beam, panels[0].polar, panels[0].vertical)
         phi = crystal_mod.phi_sampling(crystal)
         return _advice(self._extents_A[crystal_key], detector_d_min_A(panels, config.detector, sources),
-                       math.degrees(phi.osc_rad), _mosaic_spread_deg(config))
+                       math.degrees(phi.osc_rad), mosaic_spread_deg(config))
 
 
 def config_sampling_advice(config: SimulationConfig) -> SamplingAdvice:
@@ -488,21 +490,10 @@ def with_advised_sampling(config: SimulationConfig, advisor: SamplingAdvisor | N
     coarsely than the C's, and a kernel's structure never turns single-step); counts the flags give are kept.
     `config` itself otherwise, without building anything. `advisor` keeps what many calls share. (`resolve`
     applies the same rule with the advice it computes from its own lattice and detector.)"""
-    rotation_open, domains_open = _open_counts(config)
+    rotation_open, domains_open = counts_left_to_advice(config)
     if not (rotation_open or domains_open):
         return config
     return _with_advice(config, (advisor or SamplingAdvisor())(config), rotation_open, domains_open)
-
-
-def _open_counts(config: SimulationConfig) -> tuple[bool, bool]:
-    """Whether -sampling advised leaves the φ steps of a rotation and the mosaic domains of a spread to the
-    advice (the flags give neither)."""
-    crystal = config.crystal
-    if crystal.sampling != "advised":
-        return False, False
-    rotation_open = crystal.phi_steps is None and crystal.phi_step_deg is None and (crystal.osc_range_deg or 0) > 0
-    domains_open = (crystal.mosaic_domains is None or crystal.mosaic_domains <= 0) and _mosaic_spread_deg(config) > 0
-    return rotation_open, domains_open
 
 
 def _with_advice(config: SimulationConfig, advice: SamplingAdvice, rotation_open: bool,
@@ -527,11 +518,6 @@ def advised_sampling_flags(config: SimulationConfig) -> tuple[SimulationConfig, 
     if advised.crystal.mosaic_domains != config.crystal.mosaic_domains:
         flags += ["-mosaic_dom", str(advised.crystal.mosaic_domains)]
     return advised, flags
-
-
-def _mosaic_spread_deg(config: SimulationConfig) -> float:
-    spread = config.crystal.mosaic_spread_deg
-    return 0.0 if spread is None else float(scalar_value(spread))
 
 
 def sampling_warnings(advice: SamplingAdvice, phi_steps: int, mosaic_domains: int) -> list[str]:

@@ -397,6 +397,21 @@ def test_a_job_planning_again_names_the_planning_processs_batches(tmp_path):
     assert kept_batch_sizes(path, other, False, lambda: {("s", 64): 5}) == {("s", 64): 5}
 
 
+def test_validating_shots_whose_counts_are_given_imports_no_torch(tmp_path):
+    """-sampling advised needs PyTorch only where it computes an advice: a dataset whose arguments give the
+    mosaic domains (and no rotation) validates and plans its points, as every Snakemake start does, without
+    importing it (each start saves a PyTorch import, about 1.5 s of CPU)."""
+    script = ("import json, sys\n"
+              "from pathlib import Path\n"
+              "from nbsim.sweep.validate import validate_config\n"
+              "points = validate_config(json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))\n"
+              "print(len(points), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(dataset_config()), str(SCHEMA), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(DRAWS["count"]), "False"]
+
+
 def test_shots_take_the_advised_sampling_unless_told(tmp_path):
     """A dataset's shots render with -sampling advised: the mosaic domains their arguments leave out follow
     each shot's drawn spread and cell count (nbsim's sampling advice, never below nanoBragg's 10), the C gets

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import SimulationConfig
+from ..config import SimulationConfig, counts_left_to_advice
 from ..errors import NbsimError
 from ..modes import Compile, Mode, choose_mode
 from ..nanobragg.flags import SAMPLING_FLAG
@@ -361,7 +361,7 @@ class PointBuilds:
 
                 self._parsed[argv] = config_from_args(list(argv))
             configured = self._parsed[argv].with_options(**dict(options), **dict(settings))
-            if configured.crystal.sampling == "advised":
+            if any(counts_left_to_advice(configured)):
                 from ..resolve import SamplingAdvisor, with_advised_sampling
 
                 self._advisor = self._advisor or SamplingAdvisor()
