@@ -5,6 +5,7 @@ bad input is one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -276,7 +277,17 @@ def test_a_fit_of_the_c_programs_noise_image_moves_towards_the_truth():
 
 
 def _run(*args: str, cwd) -> subprocess.CompletedProcess:
+    """nbsim's command line in a process of its own: for what only a process shows (its one-line stderr)."""
     return subprocess.run([sys.executable, "-m", "nbsim.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def _nbsim_here(*args: str, cwd: Path) -> int:
+    """nbsim's command line in this process, in `cwd`, and its exit status: for the images a test makes and
+    the fits whose files it reads (no Python and PyTorch start, a model's |F| computed once per process)."""
+    from nbsim.cli import main
+
+    with contextlib.chdir(cwd):
+        return main(list(args))
 
 
 FIT_STILL = (f"-model {MODEL} -lambda 1.0 -distance 150 -detpixels 512 -pixel 0.1 -mosaic 0.05 -mosaic_dom 10 "
@@ -288,14 +299,12 @@ def test_nbsim_fit_recovers_a_protein_crystal_from_its_noise_image(tmp_path):
     """The issue's crystal case: a start 0.2° off in orientation, 0.6-0.8 % off in each length, N 30 % low
     and the fluence 3x off, refined against nbsim's SMV noise image (ADC offset 40)."""
     truth = [*FIT_STILL, "-cell", "50", "60", "70", "90", "90", "90", "-misset", "10", "20", "30", "-N", "10"]
-    made = _run(*truth, "-seed", "11", "-noisefile", "shot_00001.img", "-nopgm", "-floatfile", "truth.bin",
-                cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
+    assert _nbsim_here(*truth, "-seed", "11", "-noisefile", "shot_00001.img", "-nopgm", "-floatfile", "truth.bin",
+                       cwd=tmp_path) == 0
     start = [*FIT_STILL[:-1], "3e26", "-cell", "50.4", "59.6", "70.5", "90", "90", "90", "-misset", "10.1", "20.12",
              "29.9", "-N", "7"]
-    done = _run("fit", "shot_00001.img", "--refine", "orientation,cell,N,scale", "--json", "fit.json",
-                "--flags", "fit.flags", "--plot", "fit.png", "--", *start, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr + done.stdout
+    assert _nbsim_here("fit", "shot_00001.img", "--refine", "orientation,cell,N,scale", "--json", "fit.json",
+                       "--flags", "fit.flags", "--plot", "fit.png", "--", *start, cwd=tmp_path) == 0
     document = json.loads((tmp_path / "fit.json").read_text())
     shot = document["shots"][0]
     truth_setup = resolve(nbsim.config_from_args(truth))
@@ -309,17 +318,15 @@ def test_nbsim_fit_recovers_a_protein_crystal_from_its_noise_image(tmp_path):
     assert np.median(ratios) <= 2.0
     assert document["converged"] is True and document["pixels"] > 0
     assert (tmp_path / "fit.png").read_bytes()[:4] == b"\x89PNG"
-    rerendered = _run(*(tmp_path / "fit.flags").read_text().split(), "-floatfile", "again.bin", "-nopgm",
-                      "-nonoise", cwd=tmp_path)
-    assert rerendered.returncode == 0, rerendered.stderr
+    assert _nbsim_here(*(tmp_path / "fit.flags").read_text().split(), "-floatfile", "again.bin", "-nopgm",
+                       "-nonoise", cwd=tmp_path) == 0
 
 
 @pytest.fixture(scope="module")
 def small_shot(tmp_path_factory) -> Path:
     """A 64² still with noise (the bad-input tests' image, rendered once)."""
     folder = tmp_path_factory.mktemp("small_shot")
-    made = _run(*small_still(64), "-seed", "3", "-noisefile", "shot.img", "-nopgm", cwd=folder)
-    assert made.returncode == 0, made.stderr
+    assert _nbsim_here(*small_still(64), "-seed", "3", "-noisefile", "shot.img", "-nopgm", cwd=folder) == 0
     return folder / "shot.img"
 
 
@@ -372,13 +379,11 @@ def test_starts_give_each_image_its_own_start(tmp_path):
     own orientation); an entry for an image not given is one line."""
     truths = {"a.img": "10 20 30", "b.img": "40 10 70"}
     for name, misset in truths.items():
-        made = _run(*small_still(64, misset), "-seed", "5", "-noisefile", name, "-nopgm", cwd=tmp_path)
-        assert made.returncode == 0, made.stderr
+        assert _nbsim_here(*small_still(64, misset), "-seed", "5", "-noisefile", name, "-nopgm", cwd=tmp_path) == 0
     starts = {"images": {"a.img": {"misset": [10.02, 20.0, 30.0]}, "b.img": {"misset": [40.0, 10.02, 70.0]}}}
     (tmp_path / "starts.json").write_text(json.dumps(starts))
-    done = _run("fit", "a.img", "b.img", "--starts", "starts.json", "--refine", "orientation,scale",
-                "--search-deg", "0", "--json", "fit.json", "--", *small_still(64), cwd=tmp_path)
-    assert done.returncode in (0, 3), done.stderr
+    assert _nbsim_here("fit", "a.img", "b.img", "--starts", "starts.json", "--refine", "orientation,scale",
+                       "--search-deg", "0", "--json", "fit.json", "--", *small_still(64), cwd=tmp_path) in (0, 3)
     shots = json.loads((tmp_path / "fit.json").read_text())["shots"]
     assert [shot["image"] for shot in shots] == ["a.img", "b.img"]
     for shot, misset in zip(shots, truths.values(), strict=True):
