@@ -244,7 +244,10 @@ def test_shots_refined_together_equal_shots_refined_one_by_one(data, monkeypatch
 
 @pytest.mark.slow
 def test_F_recovered_from_noiseless_stills(data):
-    """From a start of CC about 0.5, the measured |F| of noiseless stills reach CC ≥ 0.99 with the truth."""
+    """From a start of CC about 0.5, the measured |F| of noiseless stills reach CC ≥ 0.99 with the truth. Each
+    cycle's record says the data's own signal (mean |F|/σ by shell, and the resolution where it falls below
+    RESOLUTION_F_OVER_SIGMA); the measured |F| are those the pixels would measure to σ(log|F|) ≤ 0.25 at their
+    shell's mean intensity; a cycle's median change in standard errors decides convergence."""
     merge = Merge(_job(data, data["stills"], cycles=2))
     records = []
     result = merge.run(records.append)
@@ -253,6 +256,24 @@ def test_F_recovered_from_noiseless_stills(data):
     precise = result.measured & (result.amplitudes >= 5 * result.sigmas)
     assert precise.sum() > 50
     assert correlation(result.amplitudes[precise], truth[precise]) >= 0.99
+    assert (merge.reference_information().numpy()[result.measured] >= merge_refine.MEASURED_INFORMATION).all()
+    last = records[-1]
+    assert sum(last["measured_by_shell"]) == result.measured.sum()
+    with np.errstate(divide="ignore"):
+        f_over_sigma = result.amplitudes / result.sigmas
+    shell = merge.report_shells()
+    assert last["f_over_sigma_by_shell"] == pytest.approx(
+        [f_over_sigma[result.measured & (shell == index)].mean() for index in range(merge.options.shells)])
+    leading = []
+    for limit, mean in zip(last["shell_d_min_A"], last["f_over_sigma_by_shell"], strict=True):
+        if not mean >= merge_refine.RESOLUTION_F_OVER_SIGMA:
+            break
+        leading.append(limit)
+    assert last["resolution_A"] == (leading[-1] if leading else None)
+    assert last["median_change_sigmas"] > 0
+    assert merge.converged([{"cycle": 2, "median_change_sigmas": 0.05}])
+    assert not merge.converged([{"cycle": 2, "median_change_sigmas": 0.5}])
+    assert not merge.converged([{"cycle": 1, "median_change_sigmas": 0.0}])  # a scale-only cycle never stops it
 
 
 @pytest.mark.slow

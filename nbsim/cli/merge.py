@@ -70,9 +70,9 @@ def argument_parser() -> argparse.ArgumentParser:
                              "shot's start")
     parser.add_argument("--cycles", type=int, default=5,
                         help="at most this many macro-cycles: shots, then F (default 5)")
-    parser.add_argument("--convergence", type=float, default=0.01,
-                        help="stop once a cycle changes the log|F| measured before and after it by less than "
-                             "this, root mean square (default 0.01, about 1 %%; 0: run every cycle)")
+    parser.add_argument("--convergence", type=float, default=0.1,
+                        help="stop once a cycle changes the |F| measured before and after it by less than this "
+                             "many of their standard errors, the median (default 0.1; 0: run every cycle)")
     parser.add_argument("--shared", type=_names,
                         help="what is one for every shot: cell (the default where the cell is refined: crystals of "
                              "one form; each cycle's cell is the mean of the shots' refined cells, weighted by their "
@@ -253,14 +253,20 @@ def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list
 
 
 def _progress_line(record: dict) -> str:
-    """One cycle as a line: the likelihood, and CC(|F|, truth) overall and by shell where a truth is given."""
+    """One cycle as a line: the likelihood, the mean |F|/σ by shell and the data's resolution, and CC(|F|, truth)
+    overall and by shell where a truth is given."""
     parts = [f"cycle {record['cycle']}"]
     if "resumed" in record:
         parts.append(f"done: resumed from {record['resumed']}")
     if "negative_log_likelihood" in record:
         parts.append(f"-logL {record['negative_log_likelihood']:.10g}  F: {record['em_steps']} EM steps, "
-                     f"{record['f_iterations']} L-BFGS iterations, rms change of log|F| "
-                     f"{record['rms_change_log_F']:.4f}")
+                     f"{record['f_iterations']} L-BFGS iterations, change of log|F| rms "
+                     f"{record['rms_change_log_F']:.4f}, median {record['median_change_sigmas']:.2f} sigma")
+    if "f_over_sigma_by_shell" in record:
+        resolution = record["resolution_A"]
+        signal = " ".join(f"{value:.1f}" for value in record["f_over_sigma_by_shell"])
+        parts.append(f"<|F|/sigma> by shell {signal}: data to "
+                     f"{'none' if resolution is None else f'{resolution:.2f} A'}")
     if "cc" in record:
         shells = " ".join(f"{value:.3f}" for value in record["cc_by_shell"])
         parts.append(f"CC {record['cc']:.4f}  by shell (low to high) {shells}")

@@ -7,8 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..io.atomic import atomic_write_with
-from .refine import MergeResult
+from .refine import MEASURED_INFORMATION, REFINED_INFORMATION, MergeResult
 from .reflections import Reflections
+
+SIGMA_TEXT = ("sigma(|F|) = |F| / sqrt(I), I the diagonal of the Fisher information of log|F| over every pixel that "
+              "sees the parameter (a pixel that sees several counts for each; their correlation ignored) plus the "
+              "restraints' curvature, the shots fixed at their refined models; written for the measured parameters "
+              f"only: information at least {MEASURED_INFORMATION:g} at the resolution shell's mean intensity and at "
+              f"least {REFINED_INFORMATION:g} at the estimate (docs/merging.md, 'Measured and unmeasured |F|')")
+"""What the JSON says of the MTZ's sigmas."""
 
 
 def write_mtz(path: str, reflections: Reflections, amplitudes: np.ndarray, sigmas: np.ndarray,
@@ -45,4 +52,4 @@ def merge_json(result: MergeResult) -> dict:
             "reflections": int(len(reflections.miller)), "measured_parameters": int(result.measured.sum()),
             "parameters": int(reflections.size), "negative_log_likelihood": result.nll,
             "seconds": round(result.seconds, 3),
-            "sigma": "diagonal of the Fisher information of log|F|, each pixel given to the one reflection it sees"}
+            "sigma": SIGMA_TEXT}
