@@ -6,7 +6,9 @@ The starting model is the nanoBragg flags after `--` (the one parser), per image
 `--starts FILE` (JSON: {"images": {IMAGE: {"misset": [x, y, z], "cell": [...], "N": 20, ...}}}, keys
 being nanoBragg flags without the dash) or taken from a DIALS experiment list (`--expt FILE`: each
 experiment, a lattice of an image, is a fit of that image from its models; `--refl FILE` gives DIALS's spots,
-`--expt-out FILE` writes the refined models back as an experiment list).
+`--expt-out FILE` writes the refined models back as an experiment list). A multi-panel detector (`-panelfile`)
+is fitted on its NXmx frames or stacked `-floatfile`s; `--refine panels --shared panels` moves its panel groups
+(`--groups`), and `--panels-out`/`--geom-out` write the refined detector.
 """
 
 from __future__ import annotations
@@ -50,9 +52,19 @@ def argument_parser() -> argparse.ArgumentParser:
                                                   "raw float (.bin), or STORE.zarr#POINT")
     parser.add_argument("--refine", type=_names, default=["orientation", "cell", "N", "scale"],
                         help="what to refine, comma-separated: orientation, cell, N, mosaic, scale, distance, beam, "
-                             "wavelength, background (default orientation,cell,N,scale)")
+                             "panels, wavelength, background (default orientation,cell,N,scale)")
     parser.add_argument("--shared", type=_names, default=[],
-                        help="quantities refined once for all images (e.g. distance,beam); others are per image")
+                        help="quantities refined once for all images (e.g. distance,beam; panels always); others are "
+                             "per image")
+    parser.add_argument("--groups", metavar="modules|all|FILE",
+                        help="the panel groups --refine panels moves, each by a shift (mm) and a rotation about its "
+                             "centre (degrees): modules (default: each panel), all (the detector as one), or a "
+                             "YAML/JSON file mapping group names to panel names")
+    parser.add_argument("--panels-out", metavar="FILE",
+                        help="write the refined detector as nbsim's YAML panel list (what -panelfile reads)")
+    parser.add_argument("--geom-out", metavar="FILE",
+                        help="write the refined detector as a CrystFEL geometry (.geom; the panel groups as rigid "
+                             "groups)")
     parser.add_argument("--starts", help="JSON of per-image starting values (nanoBragg flags without the dash)")
     parser.add_argument("--expt", metavar="FILE",
                         help="a DIALS experiment list (.expt): each experiment (a lattice of an image) is fitted "
@@ -78,7 +90,9 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="how far off the starting orientation may be (the coarse stage; 0 skips the search "
                              "on area-averaged pixels)")
     parser.add_argument("--restrain", type=_restraint, action="append", default=[],
-                        help="NAME=SIGMA: a Gaussian restraint towards the start (repeatable)")
+                        help="NAME=SIGMA: a Gaussian restraint towards the start (repeatable; degrees for the "
+                             "orientation; panels=SIGMA: SIGMA mm on each group's shift and SIGMA degrees on its "
+                             "rotation, 0.1 when not given)")
     parser.add_argument("--adc", type=float, help="ADC offset to subtract (default: the file's, else 40 for SMV)")
     parser.add_argument("--json", help="write the result here (the JSON contract of docs/fitting.md)")
     parser.add_argument("--flags", help="write the refined model's nanoBragg flags here, one line per image")
@@ -140,7 +154,9 @@ def main(argv: list[str]) -> int:
     from ..fit.parameters import check_names, check_shared
 
     check_shared(check_names(options.shared, "shared"), check_names(options.refine, "refined"))
-    for path in (options.json, options.flags, options.plot, options.expt_out):
+    if options.groups is not None and "panels" not in options.refine:
+        raise NbsimError("fit: --groups says which panels --refine panels moves together: add panels to --refine")
+    for path in (options.json, options.flags, options.plot, options.expt_out, options.panels_out, options.geom_out):
         if path is not None:
             check_writable(path)
     starts = _starts(options.starts)
@@ -165,8 +181,34 @@ def main(argv: list[str]) -> int:
         for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
             if path is not None:
                 require_file(path)
+    groups = _panel_groups(options, configs)
     spots = _dials_spots(options.refl, experiments, options.spots) if options.refl else [None] * len(images)
-    return _run(options, images, configs, argv_per_image, model_flags, experiments, spots)
+    return _run(options, images, configs, argv_per_image, model_flags, experiments, spots, groups)
+
+
+def _panel_groups(options: argparse.Namespace, configs: list):
+    """The panel groups --refine panels moves (--groups: modules, all or a file of groups), checked against the
+    detector before any work; and the refined detector's panel names checked against --geom-out's format."""
+    panels = configs[0].detector.panels
+    if options.geom_out and panels:
+        from ..io.panels import check_crystfel_panels
+
+        check_crystfel_panels(panels)
+    if "panels" not in options.refine:
+        return "modules"
+    if panels is None:
+        raise NbsimError("fit: --refine panels moves the panels of a multi-panel detector (-panelfile: a YAML panel "
+                         "list or a CrystFEL .geom); this detector is one panel: refine its place with distance,beam")
+    if any(config.detector.panels != panels for config in configs):
+        raise NbsimError("fit: the images' panels are refined together, so every image must start from the same "
+                         "detector (one -panelfile)")
+    grouping = options.groups or "modules"
+    if grouping in ("modules", "all"):
+        return grouping
+    require_file(grouping)
+    from ..io.panels import read_panel_groups
+
+    return read_panel_groups(grouping, [panel.name for panel in panels])
 
 
 def _experiment_shots(options: argparse.Namespace, given: list[str]) -> tuple[list[str], list]:
@@ -229,7 +271,7 @@ def _dials_spots(path: str, experiments: list, max_spots: int) -> list:
 
 
 def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per_image: list[list[str]],
-         model_flags: list[str], experiments: list, spots: list) -> int:
+         model_flags: list[str], experiments: list, spots: list, groups) -> int:
     import torch
 
     from ..fit.compiled import start_background_build
@@ -253,7 +295,7 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         shoebox_px=options.shoebox, max_spots=options.spots, observed_spots=not options.no_observed_spots,
         background=options.background, likelihood=options.likelihood, readout_photons=readout_photons,
         optimizer=options.optimizer, max_iterations=options.max_iterations, search_deg=options.search_deg,
-        restraints=dict(options.restrain), device=options.device, compile=options.compile,
+        restraints=dict(options.restrain), groups=groups, device=options.device, compile=options.compile,
         dtype=torch.float64 if options.dtype == "float64" else torch.float32)
     show = not options.quiet and sys.stderr.isatty()
 
@@ -266,7 +308,18 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         if start_background_build(variants):
             print("nbsim fit: building the fit's compiled kernel in the background for later fits "
                   "(python -m nbsim.fit.compiled; NBSIM_BACKGROUND_BUILD=off to stop this)", file=sys.stderr)
-    document = fit_json(result, argv_per_image, [start.number for start in experiments] or None)
+    document = fit_json(result, argv_per_image, [start.number for start in experiments] or None,
+                        options.panels_out and str(Path(options.panels_out).resolve()))
+    if options.panels_out or options.geom_out:
+        from ..fit.output import refined_panels
+        from ..io.panels import write_crystfel_geometry, write_panel_file
+
+        panels = refined_panels(result)
+        if options.panels_out:
+            write_panel_file(options.panels_out, panels)
+        if options.geom_out:
+            moved = {group["name"]: group["panels"] for group in document["detector"].get("groups", [])}
+            write_crystfel_geometry(options.geom_out, panels, moved)
     if options.json:
         atomic_write_text(options.json, json.dumps(document, indent=2) + "\n")
     if options.flags:
@@ -285,8 +338,13 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         print(f"{shot['image']}: cell {cell}  N {n_cells}  scale {shot['scale']:.5g}  "
               f"({shot['pixels']} pixels in {shot['shoeboxes']} shoeboxes)")
     detector = document["detector"]
-    print(f"detector: distance {detector['distance_mm']:.4f} mm  beam {detector['beam_x_mm']:.4f} "
-          f"{detector['beam_y_mm']:.4f} mm")
+    if "distance_mm" in detector:
+        print(f"detector: distance {detector['distance_mm']:.4f} mm  beam {detector['beam_x_mm']:.4f} "
+              f"{detector['beam_y_mm']:.4f} mm")
+    for group in detector.get("groups", []):
+        shift = " ".join(f"{v * 1000:+.2f}" for v in group["shift_mm"])
+        rotation = " ".join(f"{v:+.4f}" for v in group["rotation_deg"])
+        print(f"panel group {group['name']}: shift {shift} um  rotation {rotation} deg")
     print(f"converged: {str(result.converged).lower()} ({result.reason}); {result.iterations} iterations, "
           f"{result.seconds:.1f} s")
     return 0 if result.converged else 3

@@ -26,8 +26,16 @@ from ..model.beam import build_sources
 from ..model.crystal import Lattice, oriented_cells
 from ..model.geometry import build_geometry
 from ..modes import Compile
-from ..resolve import OversampleAdvice, Setup, oversample_advice, requested_oversample, sampling_distance_m
+from ..resolve import (
+    OversampleAdvice,
+    Setup,
+    finest_sampling,
+    oversample_advice,
+    requested_oversample,
+    sampling_distance_m,
+)
 from ..vectors import cross, dot
+from .panels import PanelGroups, moved_panels
 from .parameters import (
     REFINABLE,
     LatticeSystem,
@@ -72,8 +80,9 @@ class Slot:
         return self.start + self.quantity.size
 
 
-def starting_values(setup: Setup, system: LatticeSystem) -> dict[str, torch.Tensor]:
-    """Every refinable quantity's value in a resolved set-up (float64): the fit's starting point."""
+def starting_values(setup: Setup, system: LatticeSystem, panel_groups: int = 0) -> dict[str, torch.Tensor]:
+    """Every refinable quantity's value in a resolved set-up (float64): the fit's starting point (the panel groups'
+    moves zero)."""
     config = setup.config
     cell = torch.tensor(setup.lattice.cell_parameters(), dtype=torch.float64)
     spread_deg = config.crystal.mosaic_spread_deg
@@ -88,6 +97,7 @@ def starting_values(setup: Setup, system: LatticeSystem) -> dict[str, torch.Tens
         "beam": torch.tensor([geometry.beam_x_m * 1e3, geometry.beam_y_m * 1e3], dtype=torch.float64),
         "wavelength": torch.tensor([float(config.beam.wavelength_A)], dtype=torch.float64),
         "background": torch.ones(1, dtype=torch.float64),
+        "panels": torch.zeros(6 * panel_groups, dtype=torch.float64),
     }
 
 
@@ -108,8 +118,9 @@ def with_oversample(setup: Setup, oversample: int) -> Setup:
 
 def _fringes(setup: Setup) -> OversampleAdvice:
     """nanoBragg's automatic -oversample weighing for the crystal, beam and detector the set-up holds now
-    (refined N, cell, λ and distance; N need not be whole)."""
-    geometry = setup.geometry
+    (refined N, cell, λ and distance; N need not be whole); of a multi-panel detector, for its finest-sampled
+    panel (one sampling for all, as resolve chooses it)."""
+    geometry = finest_sampling(setup.panels or (setup.geometry,))
     return oversample_advice(setup.lattice, tuple(float(n) for n in setup.n_cells), setup.config.beam.wavelength_A,
                              sampling_distance_m(geometry), geometry.pixel_size_m)
 
@@ -161,8 +172,9 @@ def _same_table(setup: Setup, other: Setup) -> bool:
 def check_fittable(setup: Setup, refine: Sequence[str]) -> None:
     """What a fit cannot do with this set-up, as one-line errors."""
     config = setup.config
-    if setup.panels is not None:
-        raise NbsimError("fit renders single-panel detectors; a -panelfile detector cannot be fitted yet")
+    if setup.panels is not None and ("distance" in refine or "beam" in refine):
+        raise NbsimError("a multi-panel detector is placed by its panels, not by a distance and beam centre: "
+                         "refine panels (--refine panels --shared panels)")
     detector = config.detector
     if detector.oversample_thick or detector.oversample_polar or detector.oversample_omega:
         raise NbsimError("fit does not support -oversample_thick/_polar/_omega (nanoBragg's running-sum quirk)")
@@ -172,12 +184,31 @@ def check_fittable(setup: Setup, refine: Sequence[str]) -> None:
         raise NbsimError("refining the wavelength needs one beam wavelength, not a -sourcefile or -spectrumfile")
 
 
+def panel_runs(setup: Setup, pixels: tuple[np.ndarray, ...]) -> list[tuple[int, int, int]] | None:
+    """(panel, start, stop) of each panel's run in a multi-panel pixel list (panel, rows, cols); None for a
+    single-panel set-up's (rows, cols). One-line errors for a list that does not fit its set-up."""
+    if setup.panels is None:
+        if len(pixels) != 2:
+            raise NbsimError("a single-panel detector's pixels are (rows, cols)")
+        return None
+    if len(pixels) != 3:
+        raise NbsimError("a multi-panel detector's pixels are (panel, rows, cols)")
+    panel = np.asarray(pixels[0], dtype=np.int64)
+    if len(panel) and (np.any(np.diff(panel) < 0) or panel[0] < 0 or panel[-1] >= len(setup.panels)):
+        raise NbsimError("a multi-panel pixel list holds each panel's pixels together, in the panels' order")
+    edges = [0, *(np.flatnonzero(np.diff(panel)) + 1).tolist(), len(panel)]
+    return [(int(panel[start]), start, stop) for start, stop in zip(edges[:-1], edges[1:], strict=True) if stop > start]
+
+
 class DiffractionModel(nn.Module):
     """Predicted photons at chosen pixels of one or more images, as a function of the refined quantities.
 
     `setups`: one resolved set-up per image. `pixels`: per image, (rows, cols) integer arrays of the pixels
-    to render. `refine`: names from `parameters.REFINABLE`; `shared`: those refined once for every image.
-    `lattice`: a lattice-system name, else each image's is read off its starting cell.
+    to render, or (panel, rows, cols) on a multi-panel detector (each panel's pixels together: one pixel list
+    of every panel, each pixel rendered with its panel's origin and axes). `refine`: names from
+    `parameters.REFINABLE`; `shared`: those refined once for every image. `lattice`: a lattice-system name,
+    else each image's is read off its starting cell. `groups`: the panel groups "panels" moves (one shift and
+    rotation each, shared by every image: nbsim.fit.panels).
     The parameter `internal` holds the dimensionless coordinates (zero at the start); `natural()` gives the
     quantities in their units. `forward()` returns one (pixels,) tensor of photons per image, every image's
     pixels in one kernel call where it can (`scattering`).
@@ -188,10 +219,10 @@ class DiffractionModel(nn.Module):
     torch.compile, compiled_pixel_photons). Both give the same photons and gradients.
     """
 
-    def __init__(self, setups: Sequence[Setup], pixels: Sequence[tuple[np.ndarray, np.ndarray]],
+    def __init__(self, setups: Sequence[Setup], pixels: Sequence[tuple[np.ndarray, ...]],
                  refine: Sequence[str] = (), shared: Sequence[str] = (), lattice: str | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
-                 compile: Compile | bool | str = Compile.AUTO):
+                 compile: Compile | bool | str = Compile.AUTO, groups: PanelGroups | None = None):
         super().__init__()
         if len(setups) != len(pixels):
             raise NbsimError(f"{len(setups)} set-ups but {len(pixels)} pixel lists")
@@ -199,6 +230,13 @@ class DiffractionModel(nn.Module):
         check_shared(check_names(list(shared), "shared"), refine)
         for setup in setups:
             check_fittable(setup, refine)
+        if "panels" in refine:
+            if groups is None:
+                raise NbsimError("refining panels needs their groups (nbsim.fit.panels.panel_groups)")
+            if any(setup.config.detector.panels != setups[0].config.detector.panels for setup in setups):
+                raise NbsimError("the images' panels are refined together, so every image must start from the same "
+                                 "detector (one panel file)")
+        self.groups = groups
         self.setups = list(setups)
         self.device = torch.device(device)
         self.dtype = dtype
@@ -206,27 +244,30 @@ class DiffractionModel(nn.Module):
         self.refine = [name for name in REFINABLE if name in refine]
         self.shared = [name for name in self.refine if name in shared]
         self.systems = [lattice_system(setup.lattice.cell_parameters(), lattice) for setup in setups]
-        self.starts = [starting_values(setup, system) for setup, system in zip(setups, self.systems, strict=True)]
+        self.starts = [starting_values(setup, system, len(groups or ()))
+                       for setup, system in zip(setups, self.systems, strict=True)]
         self.start_cells = [torch.tensor(s.lattice.cell_parameters(), dtype=torch.float64) for s in setups]
         self.start_rotations = [starting_rotation(cell, setup.lattice.real_A.detach())
                                 for cell, setup in zip(self.start_cells, setups, strict=True)]
         self.slots = self._layout()
         self.internal = nn.Parameter(torch.zeros(self.size, dtype=torch.float64))
         self.tables: list[TableTensors] = shared_tables(setups, self.device, dtype)
-        self.rows = [torch.as_tensor(np.asarray(r), dtype=dtype, device=self.device) for r, _ in pixels]
-        self.cols = [torch.as_tensor(np.asarray(c), dtype=dtype, device=self.device).view(-1, 1) for _, c in pixels]
+        self.rows = [torch.as_tensor(np.asarray(p[-2]), dtype=dtype, device=self.device) for p in pixels]
+        self.cols = [torch.as_tensor(np.asarray(p[-1]), dtype=dtype, device=self.device).view(-1, 1) for p in pixels]
+        self.runs = [panel_runs(setup, p) for setup, p in zip(setups, pixels, strict=True)]
+        """Per image, (panel, start, stop) of each panel's run of pixels (None: a single-panel detector)."""
         self.scattering: ScatteringPixels | None = None
         """Every image's pixels on the fit's compiled kernel (None: rendered image by image through autograd)."""
         if fixed_frame_fittable(self.setups, self.refine):
             self.scattering = scattering_pixels(self.setups, self.rows, self.cols, self.tables, self.device, dtype,
-                                                self.compile)
+                                                self.compile, self.runs)
 
     def _layout(self) -> list[Slot]:
         slots, offset = [], 0
         for name in self.refine:
             owners = [None] if name in self.shared else list(range(len(self.setups)))
             for image in owners:
-                q = quantity(name, self.systems[image or 0])
+                q = quantity(name, self.systems[image or 0], len(self.groups or ()))
                 slots.append(Slot(image, q, offset))
                 offset += q.size
         self.size = offset
@@ -240,14 +281,17 @@ class DiffractionModel(nn.Module):
 
     def natural(self, internal: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
         """Every quantity of every image in its units (refined ones as functions of `internal`)."""
+        return [self.image_natural(image, internal) for image in range(len(self.setups))]
+
+    def image_natural(self, image: int, internal: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """One image's quantities in their units (refined ones as functions of `internal`)."""
         internal = self.internal if internal is None else internal
-        values = [dict(start) for start in self.starts]
+        values = dict(self.starts[image])
         for slot in self.slots:
-            images = range(len(self.setups)) if slot.image is None else [slot.image]
-            for image in images:
-                values[image][slot.quantity.name] = to_natural(
-                    self.starts[image][slot.quantity.name], internal[slot.start:slot.stop], slot.quantity,
-                    self.systems[image])
+            if slot.image is None or slot.image == image:
+                values[slot.quantity.name] = to_natural(self.starts[image][slot.quantity.name],
+                                                        internal[slot.start:slot.stop], slot.quantity,
+                                                        self.systems[image])
         return values
 
     def cell(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -278,25 +322,38 @@ class DiffractionModel(nn.Module):
             config = config.with_options(wavelength_A=values["wavelength"][0])
         if "wavelength" in self.refine or geometry is not setup.geometry:
             sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
+        panels = setup.panels
+        if "panels" in self.refine:
+            panels = moved_panels(setup.panels, self.groups, values["panels"])
+            geometry = panels[0]
         mosaic = setup.mosaic
         if "mosaic" in self.refine:
             mosaic = dataclasses.replace(mosaic, spread_rad=torch.deg2rad(values["mosaic"][0]))
         cells = oriented_cells(lattice, setup.phi, geometry.spindle, mosaic)
-        return dataclasses.replace(setup, config=config, geometry=geometry, lattice=lattice, mosaic=mosaic,
-                                   cells_A=cells, sources=sources, n_cells=values["N"],
+        return dataclasses.replace(setup, config=config, geometry=geometry, panels=panels, lattice=lattice,
+                                   mosaic=mosaic, cells_A=cells, sources=sources, n_cells=values["N"],
                                    first_evaluation_cells_A=None)
 
     def render(self, image: int, values: dict[str, torch.Tensor]) -> torch.Tensor:
         """Photons at the image's selected pixels (pixels,), scale applied."""
         if self.scattering is not None and not self.tables[image].grid.requires_grad:
             return self._scattered([image], [values])[0]
-        inputs = kernel_inputs(self.image_setup(image, values), self.device, self.dtype, table=self.tables[image])
-        if self.compile is Compile.ON:
-            photons = compiled_pixel_photons(inputs.options)(self.rows[image], self.cols[image], inputs.tensors)
+        setup, table = self.image_setup(image, values), self.tables[image]
+        rows, cols = self.rows[image], self.cols[image]
+        if self.runs[image] is None:
+            photons = self._pixel_photons(setup, rows, cols, table)
         else:
-            photons = pixel_photons(self.rows[image], self.cols[image], inputs.tensors, inputs.options)
-        photons = photons.reshape(-1)
+            panels = setup.panel_setups()
+            photons = torch.cat([self._pixel_photons(panels[panel], rows[start:stop], cols[start:stop], table)
+                                 for panel, start, stop in self.runs[image]])
         return photons * values["scale"][0].to(device=self.device, dtype=self.dtype)
+
+    def _pixel_photons(self, setup: Setup, rows: torch.Tensor, cols: torch.Tensor, table: TableTensors) -> torch.Tensor:
+        """Photons (before the scale) at pixels of a single-panel set-up, (P,)."""
+        inputs = kernel_inputs(setup, self.device, self.dtype, table=table)
+        if self.compile is Compile.ON:
+            return compiled_pixel_photons(inputs.options)(rows, cols, inputs.tensors).reshape(-1)
+        return pixel_photons(rows, cols, inputs.tensors, inputs.options).reshape(-1)
 
     def forward(self, internal: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Photons at every image's selected pixels, one (pixels,) tensor each, at `internal` (default: the

@@ -5,7 +5,7 @@ restraints, as a function of the model's internal coordinates, image by image (`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,8 +25,9 @@ BACKGROUNDS = ("plane", "flat", "none")
 
 @dataclass(frozen=True)
 class FitImage:
-    """One observed image and its starting model: counts in photons (slow, fast), which pixels can be
-    used (unmasked, below the overload), and its observed spots where another program found them."""
+    """One observed image and its starting model: counts in photons (slow, fast), or (panels, slow, fast) of a
+    multi-panel detector, which pixels can be used (unmasked, below the overload, on a panel), and its observed
+    spots where another program found them."""
 
     name: str
     setup: Setup
@@ -58,7 +59,10 @@ class FitOptions:
     """Stop when an iteration changes the NLL by less than this fraction of its size (never below the dtype's
     rounding: `relative_change_stop`)."""
     restraints: dict[str, float] = field(default_factory=dict)
-    """Gaussian restraints towards the start: name → σ in the quantity's units (degrees for orientation)."""
+    """Gaussian restraints towards the start: name → σ in the quantity's units (degrees for orientation; mm of
+    the shifts and degrees of the rotations for panels)."""
+    groups: str | Mapping[str, Sequence[str]] = "modules"
+    """The panel groups "panels" moves: "modules", "all" or group name → panel names (nbsim.fit.panels)."""
     search_deg: float = 0.3
     """How far off the starting orientation may be: sets the coarse stage's broadening (0: no coarse stage)."""
     device: str = "cpu"
@@ -98,7 +102,7 @@ class Objective:
                  options: FitOptions):
         self.model = model
         self.options = options
-        self.counts = [torch.as_tensor(image.counts[b.rows, b.cols], dtype=torch.float64, device=model.device)
+        self.counts = [torch.as_tensor(b.take(image.counts), dtype=torch.float64, device=model.device)
                        for image, b in zip(images, boxes, strict=True)]
         self.flat = [torch.as_tensor(b.background, dtype=torch.float64, device=model.device) for b in boxes]
         self.planes_operators = [None if b.plane is None else b.plane.to(model.device) for b in boxes]
@@ -149,7 +153,7 @@ class Objective:
 
     def restraint_residuals(self, internal: torch.Tensor | None, images: Sequence[int] | None = None) -> torch.Tensor:
         """(images, R): (value − start)/σ of every restrained quantity's components, per image (default every
-        image)."""
+        image); a shared quantity's restraint counts once, in the first image's row (zeros in the others)."""
         values = self.model.natural(internal)
         rows = []
         for image in range(len(self.counts)) if images is None else images:
@@ -157,6 +161,8 @@ class Objective:
             changes = []
             for name, sigma in self.options.restraints.items():
                 change = values[image][name] - start[name]
+                if name in self.model.shared and image > 0:
+                    change = torch.zeros_like(change)
                 changes.append((torch.rad2deg(change) if name == "orientation" else change) / sigma)
             rows.append(torch.cat(changes))
         return torch.stack(rows)

@@ -1,6 +1,6 @@
 """What a fit reports: the JSON other tools read, the refined model as nanoBragg flags (so `nbsim`
-re-renders it), the refined experiments for a DIALS experiment list, and a picture of observed, model and
-residual counts on the fitted pixels."""
+re-renders it), the refined detector as a panel list, the refined experiments for a DIALS experiment list,
+and a picture of observed, model and residual counts on the fitted pixels."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..config import PanelConfig
 from ..io.atomic import atomic_write_with
 from ..io.dials_experiments import ExperimentStart, RefinedExperiment
+from ..model.geometry import DetectorGeometry, panel_config
 from ..nanobragg.flags import FLAGS, WAVELENGTH_FLAGS
 from ..resolve import R_E_SQR_M2
-from .parameters import rotation_matrix
+from .panels import MOVE_SIZE, PanelGroups, panel_names
+from .parameters import rotation_matrix, rotation_vector
 from .refine import FitResult
 
 REPLACED_FLAGS = ("-cell", "-mat", "-misset", "-misset_seed", "-N", "-Na", "-Nb", "-Nc", "-xtal_size", "-xtalsize",
@@ -59,9 +62,10 @@ def _numbers(values) -> list[str]:
     return [f"{float(v):.10g}" for v in values]
 
 
-def refined_flags(result: FitResult, image: int, argv: Sequence[str]) -> list[str]:
+def refined_flags(result: FitResult, image: int, argv: Sequence[str], panel_file: str | None = None) -> list[str]:
     """The image's starting flags with the refined crystal, beam and detector in place: N rounded to whole
-    cells (nanoBragg's -N is an integer; the JSON keeps the refined value)."""
+    cells (nanoBragg's -N is an integer; the JSON keeps the refined value); a multi-panel detector is placed by
+    its -panelfile, `panel_file` where given (the refined detector written by write_panel_file)."""
     model = result.model
     values = {name: value.detach() for name, value in model.natural()[image].items()}
     setup = model.setups[image]
@@ -75,9 +79,12 @@ def refined_flags(result: FitResult, image: int, argv: Sequence[str]) -> list[st
     spread = float(values["mosaic"][0])
     if spread > 0:
         flags += ["-mosaic", *_numbers([spread])]
-    flags += ["-distance", *_numbers(values["distance"]), "-Xbeam", *_numbers(values["beam"][:1]),
-              "-Ybeam", *_numbers(values["beam"][1:]), "-lambda", *_numbers(values["wavelength"]),
-              "-fluence", f"{fluence:.10g}"]
+    if setup.panels is None:
+        flags += ["-distance", *_numbers(values["distance"]), "-Xbeam", *_numbers(values["beam"][:1]),
+                  "-Ybeam", *_numbers(values["beam"][1:])]
+    elif panel_file is not None:
+        flags = [*without_flags(flags, ("-panelfile",)), "-panelfile", panel_file]
+    flags += ["-lambda", *_numbers(values["wavelength"]), "-fluence", f"{fluence:.10g}"]
     return flags
 
 
@@ -120,11 +127,12 @@ def _refined(model, name: str) -> bool:
 
 
 def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]],
-             experiments: Sequence[int] | None = None) -> dict:
+             experiments: Sequence[int] | None = None, panel_file: str | None = None) -> dict:
     """The fit as the JSON contract (docs/fitting.md): per shot the A matrix (rows a*, b*, c* in Å⁻¹ at
     φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread and their standard errors, and the DIALS
-    experiment it started from (`experiments`, each shot's number in the --expt list); the detector; the
-    outcome."""
+    experiment it started from (`experiments`, each shot's number in the --expt list); the detector (a single
+    panel's distance and beam centre, or a multi-panel detector's panels and each refined group's move); the
+    outcome. `panel_file`: where the refined detector was written (the flags place the panels by it)."""
     model = result.model
     natural = [{name: value.detach() for name, value in image_values.items()} for image_values in model.natural()]
     sigmas = [standard_errors(result, image) for image in range(len(result.images))]
@@ -144,23 +152,93 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]],
             "beam_y_mm": float(values["beam"][1]),
             "pixels": result.boxes[image].count,
             "shoeboxes": len(result.boxes[image].centres),
-            "flags": refined_flags(result, image, argv_per_image[image]),
+            "flags": refined_flags(result, image, argv_per_image[image], panel_file),
             "sigma": {"A_rotation_deg": sigma["orientation_deg"], "cell": sigma["cell"], "N": sigma["N"],
                       "scale": sigma["scale"][0], "mosaic_spread_deg": sigma["mosaic_spread_deg"][0],
                       "wavelength_A": sigma["wavelength_A"][0]},
         })
         if experiments is not None:
             shots[-1]["experiment"] = experiments[image]
+        if model.setups[image].panels is not None:
+            for key in ("distance_mm", "beam_x_mm", "beam_y_mm"):
+                del shots[-1][key]
     first, detector_values = sigmas[0], natural[0]
-    detector = {"distance_mm": float(detector_values["distance"][0]),
-                "beam_x_mm": float(detector_values["beam"][0]), "beam_y_mm": float(detector_values["beam"][1]),
-                "shared": [name for name in model.shared if name in ("distance", "beam", "wavelength")],
-                "sigma": {"distance_mm": first["distance_mm"][0], "beam_x_mm": first["beam_mm"][0],
-                          "beam_y_mm": first["beam_mm"][1]}}
+    shared = [name for name in model.shared if name in ("distance", "beam", "panels", "wavelength")]
+    if model.setups[0].panels is None:
+        detector = {"distance_mm": float(detector_values["distance"][0]),
+                    "beam_x_mm": float(detector_values["beam"][0]), "beam_y_mm": float(detector_values["beam"][1]),
+                    "shared": shared,
+                    "sigma": {"distance_mm": first["distance_mm"][0], "beam_x_mm": first["beam_mm"][0],
+                              "beam_y_mm": first["beam_mm"][1]}}
+    else:
+        detector = {"panels": panel_names(model.setups[0]), "shared": shared}
+        if model.groups is not None:
+            detector["groups"] = panel_group_moves(result)
     return {"shots": shots, "detector": detector, "converged": result.converged, "reason": result.reason,
             "iterations": result.iterations, "seconds": round(result.seconds, 3), "pixels": result.pixels,
             "negative_log_likelihood": result.nll, "refined": list(model.refine), "shared": list(model.shared),
-            "photon_scale_per_unit": R_E_SQR_M2}
+            "restraints": dict(result.restraints), "photon_scale_per_unit": R_E_SQR_M2}
+
+
+def panel_group_moves(result: FitResult) -> list[dict]:
+    """Each refined panel group's move from the detector the fit started with (the first image's): its panels, its
+    centre there (mm, lab frame), the shift of that centre (mm) and the rotation vector about it (degrees), as
+    the refined panels lie (however many stages moved them), and their standard errors (the last stage's)."""
+    model = result.model
+    groups: PanelGroups = model.groups
+    start, refined = result.images[0].setup.panels, refined_detector(result)
+    sigma = panel_sigmas(result)
+    names = panel_names(model.setups[0])
+    moves = []
+    for number, (name, members) in enumerate(zip(groups.names, groups.members, strict=True)):
+        before, after = [start[i] for i in members], [refined[i] for i in members]
+        centre = _centroid_m(before)
+        rotation = torch.linalg.solve(_frame(before[0]).T, _frame(after[0]).T).T
+        moves.append({"name": name, "panels": [names[i] for i in members],
+                      "centre_mm": (centre * 1000.0).tolist(),
+                      "shift_mm": ((_centroid_m(after) - centre) * 1000.0).tolist(),
+                      "rotation_deg": torch.rad2deg(rotation_vector(rotation)).tolist(),
+                      "sigma": {"shift_mm": sigma[number][:3], "rotation_deg": sigma[number][3:]}})
+    return moves
+
+
+def _frame(panel: DetectorGeometry) -> torch.Tensor:
+    """A panel's fast, slow and normal axes as the columns of a matrix (a move turns them all by its rotation)."""
+    return torch.stack([panel.fdet.detach(), panel.sdet.detach(), panel.odet.detach()], dim=1).double()
+
+
+def _centroid_m(panels: Sequence[DetectorGeometry]) -> torch.Tensor:
+    """The centroid of the panels' pixels (m)."""
+    weights = torch.tensor([float(g.pixels_f * g.pixels_s) for g in panels], dtype=torch.float64)
+    centres = torch.stack([g.pix0_m.detach().double() + g.pixels_f * g.pixel_size_m / 2.0 * g.fdet.detach().double()
+                           + g.pixels_s * g.pixel_size_m / 2.0 * g.sdet.detach().double() for g in panels])
+    return (centres * weights.unsqueeze(-1)).sum(dim=0) / weights.sum()
+
+
+def panel_sigmas(result: FitResult) -> list[list[float]]:
+    """Each group's standard errors (shift mm ×3, rotation degrees ×3) from the covariance of the last stage's
+    coordinates (NaN without one)."""
+    model = result.model
+    slot = next(slot for slot in model.slots if slot.quantity.name == "panels")
+    if result.covariance is None:
+        variance = torch.full((slot.quantity.size,), math.nan, dtype=torch.float64)
+    else:
+        variance = torch.diagonal(result.covariance)[slot.start:slot.stop].clamp(min=0.0)
+    sigma = (torch.sqrt(variance) * slot.quantity.step).reshape(-1, MOVE_SIZE)
+    return sigma.tolist()
+
+
+def refined_detector(result: FitResult) -> tuple[DetectorGeometry, ...]:
+    """The refined detector's panels (the first image's: the panels are shared), or its one panel."""
+    setup = result.model.refined_setups()[0]
+    return setup.panels or (setup.geometry,)
+
+
+def refined_panels(result: FitResult) -> tuple[PanelConfig, ...]:
+    """The refined detector as a panel list (`-panelfile`'s entries; a single-panel detector's one panel is named
+    "panel")."""
+    names = panel_names(result.model.setups[0]) or ["panel"]
+    return tuple(panel_config(name, panel) for name, panel in zip(names, refined_detector(result), strict=True))
 
 
 def refined_experiments(result: FitResult, starts: Sequence[ExperimentStart]) -> list[RefinedExperiment]:
@@ -190,7 +268,7 @@ def residual_picture(result: FitResult, path: str, boxes_per_image: int = 64) ->
         expected = [values.numpy() for values in result.expected]
     figure, axes = plt.subplots(len(result.images), 3, figsize=(12, 4 * len(result.images)), squeeze=False)
     for image, (fit_image, boxes) in enumerate(zip(result.images, result.boxes, strict=True)):
-        observed = fit_image.counts[boxes.rows, boxes.cols]
+        observed = boxes.take(fit_image.counts)
         tiles = [_tiles(boxes, data, boxes_per_image) for data in
                  (observed, expected[image], (observed - expected[image]) / np.sqrt(np.maximum(expected[image], 1e-3)))]
         top = max(np.nanmax(tiles[0]), np.nanmax(tiles[1]), 1e-9)

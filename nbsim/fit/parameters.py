@@ -18,11 +18,15 @@ import torch
 from ..errors import NbsimError
 from ..model.crystal import reciprocal_from_cell
 
-REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "wavelength", "background")
+REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "panels", "wavelength", "background")
 """Names `--refine` takes, in the order they are reported."""
 
 PER_IMAGE_ONLY = ("orientation", "scale", "background")
 """Quantities that belong to one image and cannot be shared."""
+SHARED_ONLY = ("panels",)
+"""Quantities of the detector every image shares: refined once for all of them (never per image)."""
+PANEL_STEP = 1e-3
+"""The panels' typical step: a micrometre of a group's shift (mm), a thousandth of a degree of its rotation."""
 
 ANGLE_TOLERANCE_DEG = 1e-3
 LENGTH_TOLERANCE = 1e-4
@@ -43,6 +47,10 @@ def check_shared(shared: list[str], refine: list[str]) -> None:
             raise NbsimError(f"{name} belongs to each image and cannot be shared")
         if name not in refine:
             raise NbsimError(f"{name} is shared but not refined: add it to --refine")
+    for name in SHARED_ONLY:
+        if name in refine and name not in shared:
+            raise NbsimError(f"{name} are the detector's, the same in every image: refine them once with --shared "
+                             f"{name}")
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,16 @@ def rotation_matrix(rotation_rad: torch.Tensor) -> torch.Tensor:
     return torch.eye(3, dtype=rotation_rad.dtype) + sin_term * skew + cos_term * (skew @ skew)
 
 
+def rotation_vector(rotation: torch.Tensor) -> torch.Tensor:
+    """The rotation vector (radians) of a rotation matrix: rotation_matrix's inverse, for angles below 180°."""
+    cosine = torch.clamp((torch.trace(rotation) - 1.0) / 2.0, -1.0, 1.0)
+    angle = torch.arccos(cosine)
+    axis = torch.stack([rotation[2, 1] - rotation[1, 2], rotation[0, 2] - rotation[2, 0],
+                        rotation[1, 0] - rotation[0, 1]])
+    sine = torch.sin(angle)
+    return axis / 2.0 if float(sine) < 1e-12 else axis * (angle / (2.0 * sine))
+
+
 def starting_rotation(cell_A_deg: torch.Tensor, real_A: torch.Tensor) -> torch.Tensor:
     """U with real_A = real_vectors(cell) · Uᵀ: the starting orientation, as the rotation nearest to the
     exact map (a MOSFLM matrix's rounding leaves it a hair from orthogonal)."""
@@ -154,8 +172,9 @@ class Quantity:
     log: bool
 
 
-def quantity(name: str, system: LatticeSystem) -> Quantity:
-    """The layout of a refinable quantity (the cell's size follows the lattice system)."""
+def quantity(name: str, system: LatticeSystem, panel_groups: int = 0) -> Quantity:
+    """The layout of a refinable quantity (the cell's size follows the lattice system, the panels' the number of
+    panel groups: a shift (mm) and a rotation vector (degrees) each)."""
     if name == "orientation":
         return Quantity(name, 3, math.radians(0.01), log=False)
     if name == "cell":
@@ -172,6 +191,8 @@ def quantity(name: str, system: LatticeSystem) -> Quantity:
         return Quantity(name, 1, 1e-5, log=True)
     if name == "background":
         return Quantity(name, 1, 0.05, log=True)
+    if name == "panels":
+        return Quantity(name, 6 * panel_groups, PANEL_STEP, log=False)
     raise NbsimError(f"unknown parameter {name!r}")
 
 

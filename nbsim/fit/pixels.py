@@ -3,7 +3,8 @@ the spots the observed image shows), less masked and overloaded pixels, and each
 plane fitted to its border.
 
 Only these pixels are rendered at each evaluation, so a fit costs in proportion to its spots, not to the
-detector.
+detector. A multi-panel detector's images are (panels, slow, fast) stacks: its spots are found panel by
+panel, a shoebox stays on its centre's panel, and its pixels are one list, each with its panel.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ spot."""
 @dataclass(frozen=True)
 class Shoeboxes:
     """Fitted pixels of one image: rows, cols (P,) and the shoebox each belongs to (P,); `centres` (B, 2)
-    the boxes' centre pixels (row, col); `background` (P,) photons of the flat background (zero unless
-    "flat"); `plane` the map from the residual counts − model to each box's background plane, fitted to the
-    box's border pixels (BackgroundPlanes; None unless "plane")."""
+    the boxes' centre pixels (row, col), (B, 3) (panel, row, col) on a multi-panel detector; `background` (P,)
+    photons of the flat background (zero unless "flat"); `plane` the map from the residual counts − model to
+    each box's background plane, fitted to the box's border pixels (BackgroundPlanes; None unless "plane");
+    `panel` (P,) each pixel's panel on a multi-panel detector (in order: a panel's pixels are one run), else
+    None."""
 
     rows: np.ndarray
     cols: np.ndarray
@@ -33,88 +36,103 @@ class Shoeboxes:
     centres: np.ndarray
     background: np.ndarray
     plane: BackgroundPlanes | None = None
+    panel: np.ndarray | None = None
 
     @property
     def count(self) -> int:
         """How many pixels are fitted."""
         return len(self.rows)
 
+    @property
+    def pixels(self) -> tuple[np.ndarray, ...]:
+        """The fitted pixels as an index of the image: (rows, cols), or (panel, rows, cols)."""
+        return (self.rows, self.cols) if self.panel is None else (self.panel, self.rows, self.cols)
+
+    def take(self, image: np.ndarray) -> np.ndarray:
+        """The image's values at the fitted pixels (P,)."""
+        return image[self.pixels]
+
 
 def local_maxima(image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pixels that are the maximum of their 3×3 neighbourhood and above zero, with their 3×3 sums,
-    brightest first."""
-    tensor = torch.as_tensor(image, dtype=torch.float64)[None, None]
+    """Pixels that are the maximum of their 3×3 neighbourhood and above zero, with their 3×3 sums, brightest
+    first: (pixels (N, 2) row, col, or (N, 3) panel, row, col of a (panels, slow, fast) stack; sums (N,)); a
+    panel's neighbourhoods end at its edges."""
+    tensor = torch.as_tensor(image, dtype=torch.float64).reshape(-1, 1, *image.shape[-2:])
     peaks = torch.nn.functional.max_pool2d(tensor, 3, stride=1, padding=1)
     sums = torch.nn.functional.avg_pool2d(tensor, 3, stride=1, padding=1, count_include_pad=False) * 9.0
-    is_peak = (tensor == peaks) & (tensor > 0)
-    rows, cols = np.nonzero(is_peak[0, 0].numpy())
-    values = sums[0, 0].numpy()[rows, cols]
+    is_peak = ((tensor == peaks) & (tensor > 0))[:, 0].reshape(image.shape).numpy()
+    where = np.nonzero(is_peak)
+    values = sums[:, 0].reshape(image.shape).numpy()[where]
     order = np.argsort(-values, kind="stable")
-    return rows[order], cols[order], values[order]
+    return np.stack(where, axis=1)[order], values[order]
 
 
 def predicted_spots(predicted: np.ndarray, max_spots: int, relative_floor: float = 1e-3) -> np.ndarray:
-    """Centres (row, col) of the brightest predicted spots (at most max_spots, none below relative_floor of
-    the brightest)."""
-    rows, cols, values = local_maxima(predicted)
+    """Centres (row, col), or (panel, row, col), of the brightest predicted spots (at most max_spots, none below
+    relative_floor of the brightest)."""
+    centres, values = local_maxima(predicted)
     keep = values >= relative_floor * (values[0] if len(values) else 0.0)
-    return np.stack([rows[keep], cols[keep]], axis=1)[:max_spots]
+    return centres[keep][:max_spots]
 
 
 def observed_spots(observed: np.ndarray, usable: np.ndarray, max_spots: int) -> np.ndarray:
     """Centres of the brightest significant spots of the observed image (3×3 sums SPOT_SIGNIFICANCE σ above
     the median of such sums)."""
     clean = np.where(usable, observed, 0.0)
-    rows, cols, values = local_maxima(clean)
+    centres, values = local_maxima(clean)
     median = float(np.median(values)) if len(values) else 0.0
     threshold = median + SPOT_SIGNIFICANCE * np.sqrt(max(median, 1.0))
-    keep = values > threshold
-    return np.stack([rows[keep], cols[keep]], axis=1)[:max_spots]
+    return centres[values > threshold][:max_spots]
 
 
 def shoeboxes(predicted: np.ndarray, observed: np.ndarray, usable: np.ndarray, size: int = 9,
               max_spots: int = 200, use_observed_spots: bool = True, background: str = "plane",
               given_spots: np.ndarray | None = None) -> Shoeboxes:
     """Shoeboxes of `size`×`size` pixels around the predicted spots (and the observed ones), clipped to the
-    detector; pixels not `usable` (masked, overloaded) are left out, and a pixel in several boxes counts
-    once. The observed spots are `given_spots` (centre pixels (row, col), such as DIALS's spot finder's)
+    detector (to the centre's panel of a (panels, slow, fast) stack: a box never holds two panels' pixels);
+    pixels not `usable` (masked, overloaded, a panel's padding) are left out, and a pixel in several boxes
+    counts once. The observed spots are `given_spots` (centre pixels (row, col), such as DIALS's spot finder's)
     where given, else the image's own (`observed_spots`). `background`: "plane" fits each box's border
     residuals (plane_operator), "flat" starts from the median of the boxes' borders (refined as one level per
     image), "none" is zero."""
     if size < 3 or size % 2 == 0:
         raise NbsimError(f"shoebox size must be an odd number of pixels, at least 3 (got {size})")
+    stacked = predicted.ndim == 3
     centres = predicted_spots(predicted, max_spots)
     if use_observed_spots:
         extra = observed_spots(observed, usable, max_spots) if given_spots is None else _on_detector(
-            np.asarray(given_spots, dtype=np.int64).reshape(-1, 2)[:max_spots], predicted.shape)
+            np.asarray(given_spots, dtype=np.int64).reshape(-1, predicted.ndim)[:max_spots], predicted.shape)
         if len(extra):
             centres = np.concatenate([centres, extra]) if len(centres) else extra
     if not len(centres):
         raise NbsimError("the starting model predicts no spots on the detector and the image shows none")
     half = size // 2
-    slow, fast = predicted.shape
+    slow, fast = predicted.shape[-2:]
     owner = np.full(predicted.shape, -1, dtype=np.int64)
     ring = np.zeros(predicted.shape, dtype=bool)
     boxes = []
-    for row, col in centres:
+    for centre in centres:
+        row, col = centre[-2:]
         r0, r1 = max(0, row - half), min(slow, row + half + 1)
         c0, c1 = max(0, col - half), min(fast, col + half + 1)
-        window = owner[r0:r1, c0:c1]
+        window = owner[(*centre[:-2], slice(r0, r1), slice(c0, c1))]
         if (window >= 0).all():
             continue
         index = len(boxes)
         window[window < 0] = index
-        boxes.append((row, col, r0, r1, c0, c1))
+        boxes.append((tuple(centre), (*centre[:-2], slice(r0, r1), slice(c0, c1)),
+                      (*centre[:-2], slice(r0 + 1, r1 - 1), slice(c0 + 1, c1 - 1))))
     owner[~usable] = -1
-    rows, cols = np.nonzero(owner >= 0)
-    box = owner[rows, cols]
+    where = np.nonzero(owner >= 0)
+    rows, cols = where[-2:]
+    box = owner[where]
     if not len(rows):
         raise NbsimError("every shoebox pixel is masked or overloaded")
     flat_level = 0.0
     if background == "flat":
-        for _, _, r0, r1, c0, c1 in boxes:
-            ring[r0:r1, c0:c1] = True
-            ring[r0 + 1:r1 - 1, c0 + 1:c1 - 1] = False
+        for _, whole, inner in boxes:
+            ring[whole] = True
+            ring[inner] = False
         ring &= usable
         flat_level = float(np.median(observed[ring])) if ring.any() else 0.0
     values = np.zeros(len(rows))
@@ -125,13 +143,13 @@ def shoeboxes(predicted: np.ndarray, observed: np.ndarray, usable: np.ndarray, s
         values[:] = max(flat_level, 0.0)
     elif background != "none":
         raise NbsimError(f"background must be plane, flat or none (got {background!r})")
-    return Shoeboxes(rows=rows, cols=cols, box=box, centres=np.array([b[:2] for b in boxes]), background=values,
-                     plane=plane)
+    return Shoeboxes(rows=rows, cols=cols, box=box, centres=np.array([b[0] for b in boxes]), background=values,
+                     plane=plane, panel=where[0] if stacked else None)
 
 
 def _on_detector(centres: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """The centres (row, col) that lie on a detector of `shape` (slow, fast)."""
-    inside = (centres[:, 0] >= 0) & (centres[:, 0] < shape[0]) & (centres[:, 1] >= 0) & (centres[:, 1] < shape[1])
+    """The centres ((panel,) row, col) that lie on a detector of `shape` ((panels,) slow, fast)."""
+    inside = np.all((centres >= 0) & (centres < np.array(shape)), axis=1)
     return centres[inside]
 
 

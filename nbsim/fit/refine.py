@@ -22,9 +22,11 @@ from ..modes import Compile
 from ..render import Renderer
 from ..resolve import Setup
 from .compiled import Variant, kernels_ready
+from .joint import information, joint_applies, minimise_joint, product_columns
 from .model import DiffractionModel, observed_oversample, smooth_oversample, with_oversample
 from .newton import evaluate, image_coordinates, minimise_fisher
 from .objective import FitImage, FitOptions, Objective, relative_change_stop
+from .panels import panel_groups, pixel_centres_m
 from .pixels import Shoeboxes, shoeboxes
 from .scattering import CRYSTAL_QUANTITIES, fixed_frame_fittable
 
@@ -39,6 +41,11 @@ stage's basin, 0.05 in −log L is at most 0.32 standard errors of any parameter
 node lookup of F makes the likelihood of broad search-stage spots rough at about that level."""
 SAMPLING_ROUNDS = 3
 """How many times the fit starts again when the refined crystal changes the sub-pixels its image needs."""
+PANEL_RESTRAINT = 0.1
+"""σ (mm of a group's shift, degrees of its rotation) of the restraint towards the start that refined panels get
+when none is given: a detector's metrology is known to about that before a fit, stills tell a module's tilt and
+its place along the beam poorly, and a rotation of the whole detector about the beam is the same image as a
+rotation of every crystal, which only a restraint places (docs/fitting.md, "Multi-panel detectors")."""
 
 
 @dataclass
@@ -57,6 +64,8 @@ class FitResult:
     history: list[float]
     expected: list[torch.Tensor]
     """Expected photons (model and background) at each image's fitted pixels, at the optimum."""
+    restraints: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The restraints the fit applied (the options', and refined panels' PANEL_RESTRAINT where not given)."""
 
     @property
     def pixels(self) -> int:
@@ -77,13 +86,19 @@ def choose_pixels(images: Sequence[FitImage], setups: Sequence[Setup], options: 
     for image, setup in zip(images, setups, strict=True):
         shape = setup.shape
         if tuple(image.counts.shape) != tuple(shape):
-            raise NbsimError(f"{image.name}: the image is {image.counts.shape[-1]}x{image.counts.shape[0]} pixels "
-                             f"but the model's detector is {shape[-1]}x{shape[0]}")
+            raise NbsimError(f"{image.name}: the image is {_described(image.counts.shape)} but the model's detector "
+                             f"is {_described(shape)}")
         boxes.append(shoeboxes(predicted_image(setup), image.counts, image.usable, options.shoebox_px,
                                options.max_spots, options.observed_spots, options.background, image.spots))
-        if not np.any(image.counts[boxes[-1].rows, boxes[-1].cols] > 0):
+        if not np.any(boxes[-1].take(image.counts) > 0):
             raise NbsimError(f"{image.name}: the shoeboxes hold no counts")
     return boxes
+
+
+def _described(shape: tuple[int, ...]) -> str:
+    """An image's shape as a reader says it: fast x slow pixels, and its panels."""
+    pixels = f"{shape[-1]}x{shape[-2]} pixels"
+    return pixels if len(shape) == 2 else f"{shape[0]} panels of up to {pixels}"
 
 
 def starting_scales(objective: Objective) -> None:
@@ -107,11 +122,14 @@ def hessian(objective: Objective, internal: torch.Tensor) -> torch.Tensor:
     """The Hessian of the objective in the internal coordinates: by autograd (Hessian-vector products); where
     the model renders on fixed scattering vectors (first derivatives only), the Fisher information of each
     image's block (the expected Hessian: `fisher_applies`, nbsim.fit.newton.evaluate), or, with quantities
-    shared there, central differences of gradients. Quantities of different images do not interact, so one
+    shared there, central differences of gradients; where the images share panels, the Fisher information of
+    every coordinate (nbsim.fit.joint). Quantities of different images do not interact, so one
     product (one pair of gradients) serves the k-th quantity of every image at once; shared quantities take
     one each."""
     model = objective.model
     size = model.size
+    if joint_applies(model):
+        return information(objective, internal, product_columns(model))
     if fisher_applies(model):
         coordinates = image_coordinates(objective)
         blocks = evaluate(objective, internal, coordinates, list(range(len(coordinates)))).blocks
@@ -170,8 +188,10 @@ def stage_objective(images: Sequence[FitImage], setups: Sequence[Setup], boxes: 
                     n_cells: Sequence[Sequence[float]] | None = None) -> Objective:
     """The objective of one stage of a fit: its model of `refine` on the boxes' pixels, with N started at
     `n_cells` where given, and each image's scale started from its counts."""
-    model = DiffractionModel(setups, [(b.rows, b.cols) for b in boxes], refine, options.shared, options.lattice,
-                             options.device, options.dtype, options.compile)
+    groups = panel_groups(setups[0], options.groups) if "panels" in refine else None
+    shared = [name for name in options.shared if name in refine]
+    model = DiffractionModel(setups, [b.pixels for b in boxes], refine, shared, options.lattice, options.device,
+                             options.dtype, options.compile, groups)
     for image, cells in enumerate(n_cells or []):
         model.set_start(image, "N", cells)
     objective = Objective(model, images, boxes, options)
@@ -184,13 +204,8 @@ def coarse_cells(setup: Setup, boxes: Shoeboxes, search_deg: float) -> list[floa
     """Unit cells per axis for the coarse stage: few enough that a spot at the fitted pixels' highest
     resolution stays on its reflection's rocking curve when the orientation is `search_deg` off (the
     rocking width 1/(N·a) at least the displacement |q|·δθ), never fewer than 3 nor more than the start."""
-    geometry = setup.geometry
-    rows = torch.as_tensor(boxes.rows, dtype=torch.float64)
-    cols = torch.as_tensor(boxes.cols, dtype=torch.float64)
-    pixel = geometry.pixel_size_m
-    positions = (geometry.pix0_m.detach() + (cols + 0.5).unsqueeze(-1) * pixel * geometry.fdet.detach()
-                 + (rows + 0.5).unsqueeze(-1) * pixel * geometry.sdet.detach())
-    cos_two_theta = (positions / positions.norm(dim=1, keepdim=True)) @ geometry.beam.detach()
+    positions = pixel_centres_m(setup, boxes.pixels)
+    cos_two_theta = (positions / positions.norm(dim=1, keepdim=True)) @ setup.geometry.beam.detach()
     wavelength = float(setup.sources.wavelength_A.detach().min())
     q_max = float(torch.sqrt(torch.clamp(2.0 - 2.0 * cos_two_theta, min=0.0)).max()) / wavelength
     lengths = setup.lattice.cell_parameters()[:3]
@@ -206,8 +221,9 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     and the mosaic spread (with the orientation refined, with the unit cells per axis cut so that the rocking
     curves span the search range) and places the shoeboxes again by its result, then a smooth stage refines
     everything asked (N too). The fit ends from there with the pixels sampled as the image was
-    (`observed_oversample`, followed as the refined crystal changes it). `progress(stage, iteration, nll,
-    gradient_max, seconds)` is called after each iteration."""
+    (`observed_oversample`, followed as the refined crystal changes it). Panels are refined from there: the
+    search places the crystals on the starting detector. `progress(stage, iteration, nll, gradient_max,
+    seconds)` is called after each iteration."""
     options.check()
     started = time.perf_counter()
     if not images:
@@ -215,10 +231,13 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     refine = list(options.refine)
     if options.background == "flat" and "background" not in refine:
         refine.append("background")
+    if "panels" in refine and "panels" not in options.restraints:
+        options = dataclasses.replace(options, restraints={**options.restraints, "panels": PANEL_RESTRAINT})
+    searched = [name for name in refine if name != "panels"]
     setups = [image.setup for image in images]
     boxes = choose_pixels(images, setups, options)
     if Compile.of(options.compile) is Compile.AUTO:
-        kernels_ready(fit_kernel_variants(setups, refine, options),
+        kernels_ready(fit_kernel_variants(setups, searched, options),
                       sum(b.count * setup.steps for b, setup in zip(boxes, setups, strict=True)))
 
     def report(stage: str) -> Callable[[int, float, float, float], None] | None:
@@ -227,8 +246,8 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     total_iterations = 0
     starting_n = [[float(n) for n in setup.n_cells] for setup in setups]
     if options.search_deg > 0:
-        coarse = [name for name in refine if name not in ("N", "mosaic")]
-        stages = ([("coarse", coarse)] if coarse else []) + ([("smooth", refine)] if refine != coarse else [])
+        coarse = [name for name in searched if name not in ("N", "mosaic")]
+        stages = ([("coarse", coarse)] if coarse else []) + ([("smooth", searched)] if searched != coarse else [])
         n_cells = None
         if "orientation" in refine:
             n_cells = [coarse_cells(setup, b, options.search_deg) for setup, b in zip(setups, boxes, strict=True)]
@@ -262,7 +281,7 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         nll = float(objective.of_expected(expected))
     return FitResult(images=list(images), model=model, boxes=boxes, converged=converged, reason=reason,
                      iterations=total_iterations, seconds=time.perf_counter() - started, nll=nll,
-                     covariance=covariance, history=history, expected=expected)
+                     covariance=covariance, history=history, expected=expected, restraints=dict(options.restraints))
 
 
 def smooth_stage(images: Sequence[FitImage], setups: Sequence[Setup], boxes: Sequence[Shoeboxes],
@@ -349,6 +368,8 @@ def minimise(objective: Objective, options: FitOptions,
         return True, "nothing to refine", 0, [float(objective().detach())]
     if options.optimizer == "adam":
         return _adam(objective, options, progress, started)
+    if options.optimizer in ("auto", "fisher") and joint_applies(model):
+        return minimise_joint(objective, options, progress, started, change_floor)
     if options.optimizer == "fisher" and not fisher_applies(model):
         raise NbsimError("the fisher optimizer needs images that share nothing and a refinement of the crystal "
                          f"only ({', '.join(CRYSTAL_QUANTITIES)}): use lbfgs")

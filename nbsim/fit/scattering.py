@@ -82,8 +82,17 @@ class ShotPixels:
 
 
 def shot_pixels(setup: Setup, rows: torch.Tensor, cols: torch.Tensor, table: TableTensors,
-                device: torch.device, dtype: torch.dtype) -> ShotPixels:
-    """A shot's fixed inputs for its pixels (rows (P,), cols (P, 1)) as the set-up renders them."""
+                device: torch.device, dtype: torch.dtype, runs: list[tuple[int, int, int]] | None = None) -> ShotPixels:
+    """A shot's fixed inputs for its pixels (rows (P,), cols (P, 1)) as the set-up renders them; on a multi-panel
+    detector, `runs` (panel, start, stop) say which panel renders which run of them (nbsim.fit.model.panel_runs)."""
+    if runs is not None:
+        panels = setup.panel_setups()
+        parts = [shot_pixels(panels[panel], rows[start:stop], cols[start:stop], table, device, dtype)
+                 for panel, start, stop in runs]
+        return ShotPixels(q=torch.cat([part.q for part in parts], dim=-1),
+                          weight=torch.cat([part.weight for part in parts], dim=-1),
+                          factor=torch.cat([part.factor for part in parts]), background=parts[0].background,
+                          orientations=parts[0].orientations, default_F=parts[0].default_F)
     with torch.no_grad():
         inputs = kernel_inputs(setup, device, dtype, table=table)
         tensors, options = inputs.tensors, inputs.options
@@ -143,11 +152,13 @@ class ScatteringPixels:
 
     def __init__(self, setups: Sequence[Setup], rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor],
                  tables: Sequence[TableTensors], device: torch.device, dtype: torch.dtype,
-                 value: CrystalKernel, gradient: CrystalKernel):
+                 value: CrystalKernel, gradient: CrystalKernel,
+                 runs: Sequence[list[tuple[int, int, int]] | None] | None = None):
         self.value, self.gradient = value, gradient
         self.device, self.dtype = device, dtype
-        shots = [shot_pixels(setup, r, c, table, device, dtype)
-                 for setup, r, c, table in zip(setups, rows, cols, tables, strict=True)]
+        shots = [shot_pixels(setup, r, c, table, device, dtype, panel_runs)
+                 for setup, r, c, table, panel_runs in zip(setups, rows, cols, tables, runs or [None] * len(setups),
+                                                           strict=True)]
         self.shots = shots
         keys: dict[tuple, list[int]] = {}
         for index, shot in enumerate(shots):
@@ -260,13 +271,13 @@ class ScatteringPixels:
 
 
 def scattering_pixels(setups: Sequence[Setup], rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor],
-                      tables: Sequence[TableTensors], device: torch.device, dtype: torch.dtype,
-                      compile: Compile) -> ScatteringPixels:
+                      tables: Sequence[TableTensors], device: torch.device, dtype: torch.dtype, compile: Compile,
+                      runs: Sequence[list[tuple[int, int, int]] | None] | None = None) -> ScatteringPixels:
     """The set-ups' pixels on the fit's kernel: compiled where `compile` and the cache allow
-    (nbsim.fit.compiled.crystal_kernel), else eager."""
+    (nbsim.fit.compiled.crystal_kernel), else eager; `runs`: each multi-panel shot's panel runs."""
     lookup = setups[0].lookup
     value, gradient = (crystal_kernel(Variant(lookup, gradients, dtype_name(dtype), device.type), compile)
                        for gradients in (False, True))
     if value.compiled != gradient.compiled:
         value, gradient = CrystalKernel(value.variant), CrystalKernel(gradient.variant)
-    return ScatteringPixels(setups, rows, cols, tables, device, dtype, value, gradient)
+    return ScatteringPixels(setups, rows, cols, tables, device, dtype, value, gradient, runs)

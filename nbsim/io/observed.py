@@ -16,7 +16,9 @@ what its header says of the detector's response (gain, saturation).
   detector stage's `detector_image` (ADU, offset and gain from the point's configuration) where the store
   has one, else the noise-free `image` (photons);
 * raw float32 (`-floatfile`): native-endian, slow-major; needs `shape` (slow, fast), and its byte count must
-  match.
+  match; of a multi-panel detector (`panels`: each panel's (slow, fast)), the panels one after another as
+  `-floatfile` stacks them, returned as (panels, slow, fast) zero-padded to the largest panel (as the NXmx
+  file and the renderer hold them).
 
 Errors (missing file, unknown format, a size that does not match `shape`, a frame or point that is not
 there) are one-line `InputFileError`s naming the file. `require_observed(specs)` makes the path and store checks
@@ -80,18 +82,25 @@ class ObservedImage:
         return bad
 
 
-def read_observed(spec: str, shape: tuple[int, int] | None = None,
-                  adc_offset_adu: float | None = None) -> ObservedImage:
+def read_observed(spec: str, shape: tuple[int, int] | None = None, adc_offset_adu: float | None = None,
+                  panels: Sequence[tuple[int, int]] | None = None) -> ObservedImage:
     """The frame `spec` names (see the module's docstring). `shape`: the (slow, fast) pixels the caller
     expects (required for raw float; checked for every format); `adc_offset_adu`: the offset to subtract,
-    overriding what the file says or the format's default."""
+    overriding what the file says or the format's default; `panels`: a multi-panel detector's (slow, fast) per
+    panel, in place of `shape` (the frame must then be (panels, slow, fast), zero-padded to the largest)."""
     path, selector = _split(spec)
-    image = _read_store(spec, path, selector) if path.is_dir() else _read_file(spec, path, selector, shape)
+    if panels is not None:
+        shape = (max(slow for slow, _ in panels), max(fast for _, fast in panels))
+    image = (_read_store(spec, path, selector) if path.is_dir()
+             else _read_file(spec, path, selector, shape, None if panels is None else tuple(panels)))
     if adc_offset_adu is not None:
         if not math.isfinite(adc_offset_adu):
             raise InputFileError(spec, f"the ADC offset must be finite (got {adc_offset_adu:g})")
         image = ObservedImage(image.name, image.counts + image.adc_offset_adu - adc_offset_adu, float(adc_offset_adu),
                               image.gain_adu_per_photon, image.overload_adu)
+    if panels is not None and (image.counts.ndim != 3 or len(image.counts) != len(panels)):
+        held = f"{len(image.counts)} panels" if image.counts.ndim == 3 else "one panel"
+        raise InputFileError(spec, f"the image holds {held}, the model's detector {len(panels)}")
     if shape is not None and tuple(image.counts.shape[-2:]) != tuple(shape):
         raise InputFileError(spec, f"the image has {_size(image.counts.shape[-2:])} pixels (slow x fast), the "
                                    f"model {_size(shape)}")
@@ -110,7 +119,8 @@ def _split(spec: str) -> tuple[Path, str | None]:
     return Path(path), selector
 
 
-def _read_file(spec: str, path: Path, selector: str | None, shape: tuple[int, int] | None) -> ObservedImage:
+def _read_file(spec: str, path: Path, selector: str | None, shape: tuple[int, int] | None,
+               panels: tuple[tuple[int, int], ...] | None = None) -> ObservedImage:
     head = read_head(path)
     if head.startswith(_HDF5_MAGIC):
         return _read_nxmx(spec, path, selector)
@@ -120,6 +130,8 @@ def _read_file(spec: str, path: Path, selector: str | None, shape: tuple[int, in
         return _read_smv(spec, path)
     if head.startswith(b"###CBF") or b"_array_data" in head:
         return _read_mini_cbf(spec, path)
+    if panels is not None:
+        return _read_stacked_panels(spec, path, panels)
     if shape is not None or path.suffix.lower() in RAW_FLOAT_SUFFIXES:
         return _read_raw_float(spec, path, shape)
     raise InputFileError(str(path), "unknown image format (not SMV, miniCBF, NXmx or a sweep store; a raw float "
@@ -218,6 +230,21 @@ def _read_raw_float(spec: str, path: Path, shape: tuple[int, int] | None) -> Obs
     if size != expected:
         raise InputFileError(str(path), f"{size} bytes, but a {_size(shape)} float32 image has {expected}")
     counts = np.fromfile(path, dtype=np.float32).reshape(int(shape[0]), int(shape[1])).astype(np.float64)
+    return ObservedImage(spec, counts, 0.0, 1.0, None)
+
+
+def _read_stacked_panels(spec: str, path: Path, panels: tuple[tuple[int, int], ...]) -> ObservedImage:
+    """A multi-panel -floatfile: each panel's slow × fast float32 pixels one after another, as (panels, slow, fast)
+    zero-padded to the largest panel."""
+    sizes = [slow * fast for slow, fast in panels]
+    expected, size = 4 * sum(sizes), path.stat().st_size
+    if size != expected:
+        raise InputFileError(str(path), f"{size} bytes, but {len(panels)} panels of float32 ({sum(sizes)} pixels, "
+                                        f"-floatfile's stacking) have {expected}")
+    values = np.fromfile(path, dtype=np.float32).astype(np.float64)
+    counts = np.zeros((len(panels), max(s for s, _ in panels), max(f for _, f in panels)))
+    for index, ((slow, fast), start) in enumerate(zip(panels, np.cumsum([0, *sizes[:-1]]), strict=True)):
+        counts[index, :slow, :fast] = values[start:start + slow * fast].reshape(slow, fast)
     return ObservedImage(spec, counts, 0.0, 1.0, None)
 
 

@@ -1,17 +1,21 @@
 """Multi-panel detectors (-panelfile): nbsim's own YAML panel list, or a CrystFEL geometry file read by
 cfelpyutils (`load_crystfel_geometry`), both checked for degenerate and overlapping panels
-(docs/formats.md). Every error names the file and the panel."""
+(docs/formats.md); both written back (`write_panel_file`, `write_crystfel_geometry`: a fit's refined
+detector); the panel groups a fit moves (`read_panel_groups`). Every error names the file and the panel."""
 
 from __future__ import annotations
 
 import math
+import re
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..config import PanelConfig, Vector3
-from ..errors import InputFileError
+from ..errors import InputFileError, NbsimError
+from .atomic import atomic_write_text
 from .text import read_text
 
 PANEL_KEYS = {"name", "pixels", "pixel_mm", "fdet", "sdet", "odet", "pix0_mm"}
@@ -216,3 +220,107 @@ class _Frame:
         count_f, count_s = self.counts
         inside = (t > 0) & np.isfinite(t) & (u > 0) & (u < count_f) & (v > 0) & (v < count_s)
         return bool(inside.any())
+
+
+def write_panel_file(path: str | Path, panels: Sequence[PanelConfig]) -> None:
+    """`panels` as nbsim's YAML panel list (what -panelfile reads; every number in full precision)."""
+    import yaml
+
+    entries = []
+    for p in panels:
+        entry = {"name": p.name, "pixels": [p.pixels_f, p.pixels_s], "pixel_mm": p.pixel_size_mm,
+                 "fdet": list(p.fdet_vector), "sdet": list(p.sdet_vector)}
+        if p.odet_vector is not None:
+            entry["odet"] = list(p.odet_vector)
+        entry["pix0_mm"] = list(p.pix0_mm)
+        entries.append(entry)
+    atomic_write_text(path, yaml.safe_dump({"panels": entries}, sort_keys=False, default_flow_style=None))
+
+
+CRYSTFEL_PANEL_NAME = re.compile(r"[A-Za-z0-9_]+")
+"""Panel names a CrystFEL geometry can hold (its keys are NAME/field; `bad...` names bad regions, `rigid_group...`
+its groups)."""
+
+
+def write_crystfel_geometry(path: str | Path, panels: Sequence[PanelConfig],
+                            groups: Mapping[str, Sequence[str]] | None = None) -> None:
+    """`panels` as a CrystFEL geometry: the data laid out as nbsim's NXmx writes it (/entry/data/data, frames ×
+    panels × slow × fast: `dim0 = %`, each panel's `dim1` its index, `dim2 = ss`, `dim3 = fs`), res = 1/pixel,
+    fs and ss in CrystFEL's frame (the inverse of `CRYSTFEL_TO_LAB`), the first pixel's corner as corner_x,
+    corner_y (pixels) and clen + coffset (m; clen the panels' mean); `groups` (name → panel names) as rigid
+    groups (`check_crystfel_panels` says what cannot be written)."""
+    lab_to_crystfel = CRYSTFEL_TO_LAB.T
+    corners = [[float(v) for v in lab_to_crystfel @ (np.array(p.pix0_mm) / 1000.0)] for p in panels]
+    clen = float(np.mean([corner[2] for corner in corners]))
+    lines = [f"; {len(panels)} panels written by nbsim (nbsim.io.panels.write_crystfel_geometry)",
+             f"clen = {clen!r}", "adu_per_photon = 1", "data = /entry/data/data", "dim0 = %", "dim2 = ss",
+             "dim3 = fs", ""]
+    check_crystfel_panels(panels)
+    for index, (p, corner) in enumerate(zip(panels, corners, strict=True)):
+        fast = lab_to_crystfel @ _unit(p.fdet_vector)
+        slow = lab_to_crystfel @ _unit(p.sdet_vector)
+        pixel_m = p.pixel_size_mm / 1000.0
+        lines += [f"{p.name}/dim1 = {index}", f"{p.name}/min_fs = 0", f"{p.name}/max_fs = {p.pixels_f - 1}",
+                  f"{p.name}/min_ss = 0", f"{p.name}/max_ss = {p.pixels_s - 1}", f"{p.name}/res = {1.0 / pixel_m!r}",
+                  f"{p.name}/fs = {_crystfel_direction(fast)}", f"{p.name}/ss = {_crystfel_direction(slow)}",
+                  f"{p.name}/corner_x = {corner[0] / pixel_m!r}", f"{p.name}/corner_y = {corner[1] / pixel_m!r}",
+                  f"{p.name}/coffset = {corner[2] - clen!r}", ""]
+    for name, members in (groups or {}).items():
+        lines.append(f"rigid_group_{name} = {','.join(members)}")
+    if groups:
+        lines.append(f"rigid_group_collection_nbsim = {','.join(groups)}")
+    atomic_write_text(path, "\n".join(lines).rstrip("\n") + "\n")
+
+
+def check_crystfel_panels(panels: Sequence[PanelConfig]) -> None:
+    """A one-line error for a panel a CrystFEL geometry cannot hold: a name other than letters, digits and _ (or
+    one CrystFEL reads as a bad region or a rigid group), an odet other than fdet × sdet (CrystFEL takes the
+    normal from the axes)."""
+    for p in panels:
+        if not CRYSTFEL_PANEL_NAME.fullmatch(p.name) or p.name.startswith(("bad", "rigid_group")):
+            raise NbsimError(f"panel {p.name!r} cannot be named in a CrystFEL geometry (letters, digits and _ only, "
+                             "not starting with bad or rigid_group)")
+        normal = np.cross(_unit(p.fdet_vector), _unit(p.sdet_vector))
+        if p.odet_vector is not None and not np.allclose(_unit(p.odet_vector), normal / np.linalg.norm(normal)):
+            raise NbsimError(f"panel {p.name!r}: its odet is not fdet x sdet, which a CrystFEL geometry cannot say")
+
+
+def _unit(vector: Vector3) -> np.ndarray:
+    array = np.array(vector, dtype=np.float64)
+    return array / np.linalg.norm(array)
+
+
+def _crystfel_direction(vector: np.ndarray) -> str:
+    """A direction as CrystFEL writes one (+0.5x -0.25y +0z): fixed-point numbers, since its reader splits the
+    terms at every sign (an exponent's too)."""
+    return " ".join(f"{value:+.15f}{axis}" for value, axis in zip(vector, "xyz", strict=True))
+
+
+def read_panel_groups(path: str | Path, panel_names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The panel groups of a YAML (or JSON) file: a mapping of group name to its panels' names, each panel in one
+    group at most (panels no group names stay where they are); one-line errors for anything else, a panel name
+    the detector does not have included."""
+    import yaml
+
+    text = read_text(path)
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or error
+        raise InputFileError(str(path), f"not valid YAML or JSON ({problem})") from None
+    if not isinstance(document, dict) or not document:
+        raise InputFileError(str(path), "a groups file maps each group's name to a list of its panels' names")
+    groups: dict[str, tuple[str, ...]] = {}
+    owner: dict[str, str] = {}
+    for name, members in document.items():
+        if not (isinstance(members, list) and members and all(isinstance(m, str) for m in members)):
+            raise InputFileError(str(path), f"group {name!r}: a list of at least one panel name")
+        for member in members:
+            if member not in panel_names:
+                known = ", ".join(panel_names[:8]) + (", ..." if len(panel_names) > 8 else "")
+                raise InputFileError(str(path), f"group {name!r}: no panel {member!r} (the detector's panels: {known})")
+            if member in owner:
+                raise InputFileError(str(path), f"panel {member!r} is in groups {owner[member]!r} and {name!r}")
+            owner[member] = str(name)
+        groups[str(name)] = tuple(members)
+    return groups

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CONVENTIONS, DetectorConfig, scalar_value
+from ..config import CONVENTIONS, DetectorConfig, PanelConfig, scalar_value
 from ..errors import NbsimError
 from ..vectors import as_float64, cross, dot, norm, radians, rotate_about_axis, rotate_xyz, unit
 
@@ -197,21 +197,43 @@ def panel_geometries(config: DetectorConfig) -> tuple[DetectorGeometry, ...]:
     main = build_geometry(config)
     placed = []
     for panel in config.panels or ():
-        pixel = _m(panel.pixel_size_mm)
         fdet, sdet = unit(_vec(panel.fdet_vector)), unit(_vec(panel.sdet_vector))
         odet = unit(cross(fdet, sdet) if panel.odet_vector is None else _vec(panel.odet_vector))
-        pix0 = _vec(panel.pix0_mm) / 1000.0
-        ratio = dot(main.beam, odet)
-        if scalar_value(ratio) == 0.0:
-            ratio = torch.full_like(ratio, 2.2250738585072014e-308)
-        beam_hit = dot(pix0, odet) / ratio * main.beam - pix0
-        beam_x, beam_y = float(dot(fdet, beam_hit)), float(dot(sdet, beam_hit))
-        placed.append(_placed(fdet, sdet, odet, pix0, main.beam, main.polar, main.spindle, main.vertical, ratio,
-                              panel.pixels_f, panel.pixels_s, pixel, pixel * panel.pixels_f, pixel * panel.pixels_s,
-                              float(dot(pix0, odet) / ratio), (beam_x, beam_y, -float(dot(pix0, fdet)),
-                                                               -float(dot(pix0, sdet))),
-                              0.0, main.twotheta_axis, "beam", "custom"))
+        placed.append(placed_panel(fdet, sdet, odet, _vec(panel.pix0_mm) / 1000.0, panel.pixels_f, panel.pixels_s,
+                                   _m(panel.pixel_size_mm), main))
     return tuple(placed)
+
+
+def placed_panel(fdet: torch.Tensor, sdet: torch.Tensor, odet: torch.Tensor, pix0_m: torch.Tensor, pixels_f: int,
+                 pixels_s: int, pixel_size_m: float, main: DetectorGeometry) -> DetectorGeometry:
+    """A flat panel with these unit axes and first pixel's outer corner (m; tensors, kept differentiable: a fit
+    moves panels) under `main`'s beam, polarization and spindle, its beam centre, close point and distance
+    derived as the C derives them for a custom-convention detector."""
+    ratio = dot(main.beam, odet)
+    if scalar_value(ratio) == 0.0:
+        ratio = torch.full_like(ratio, 2.2250738585072014e-308)
+    corner, fast, slow, normal = (v.detach() for v in (pix0_m, fdet, sdet, odet))
+    beam_hit = dot(corner, normal) / ratio.detach() * main.beam - corner
+    beam_x, beam_y = float(dot(fast, beam_hit)), float(dot(slow, beam_hit))
+    return _placed(fdet, sdet, odet, pix0_m, main.beam, main.polar, main.spindle, main.vertical, ratio, pixels_f,
+                   pixels_s, pixel_size_m, pixel_size_m * pixels_f, pixel_size_m * pixels_s,
+                   float(dot(corner, normal) / ratio.detach()), (beam_x, beam_y, -float(dot(corner, fast)),
+                                                                 -float(dot(corner, slow))),
+                   0.0, main.twotheta_axis, "beam", "custom")
+
+
+def panel_config(name: str, panel: DetectorGeometry) -> PanelConfig:
+    """A placed panel as the entry of a panel list that places it again (`-panelfile`: mm, unit vectors)."""
+
+    def numbers(vector: torch.Tensor) -> tuple[float, float, float]:
+        x, y, z = (float(v) for v in vector.detach().double())
+        return x, y, z
+
+    x, y, z = numbers(panel.pix0_m)
+    return PanelConfig(name=name, pixels_f=panel.pixels_f, pixels_s=panel.pixels_s,
+                       pixel_size_mm=panel.pixel_size_m * 1000.0, fdet_vector=numbers(panel.fdet),
+                       sdet_vector=numbers(panel.sdet), odet_vector=numbers(panel.odet),
+                       pix0_mm=(x * 1000.0, y * 1000.0, z * 1000.0))
 
 
 def single_panel_flags(panel: DetectorGeometry) -> list[str]:
