@@ -147,6 +147,11 @@ def test_the_merge_sad_benchmark_at_a_tiny_size(tmp_path):
     assert record["start_correlation"] == pytest.approx(0.5, abs=1e-4)
     assert len(record["by_shell"]) == merge_workloads.SHELLS
     assert sum(shell["reflections"] for shell in record["by_shell"]) == record["measured_reflections"] > 0
+    assert record["resolution_A"] == record["cycles"][-1]["resolution_A"]  # the merge's own, from its signal
+    within = [shell["cc"] for shell in record["by_shell"] if record["resolution_A"] is not None
+              and shell["d_min_A"] >= record["resolution_A"] - 1e-6]
+    assert record["shells_to_resolution"] == len(within)
+    assert record["cc_lowest_shell_to_resolution"] == (min(within) if within else None)
 
     folder = next((tmp_path / "sad" / "merge").iterdir())
     truth_mtz = gemmi.read_mtz_file(str(folder / "truth.mtz"))
