@@ -70,6 +70,8 @@ SHELLS = 6
 STRONG_SIGMAS = 5.0
 """`cc_strong` takes the merged amplitudes of at least this many of their sigmas."""
 PROBE_SHOTS = 2
+RESOLUTION_TOLERANCE = 0.01
+"""How far (relative) a shell's limit may lie beyond the merge's resolution and still count as within it."""
 DIALS_SHOTS_PER_SHOT = 4
 """The DIALS route takes this many times the merge's shots: the issue's acceptance, nbsim's CCano* from N shots at
 least the route's from 4N."""
@@ -237,9 +239,11 @@ def score(merged_path: str, truth_path: str, shells: int = SHELLS, start_path: s
 def to_resolution(record: dict, resolution_A: float | None) -> dict:
     """The acceptance's figure: the data's resolution (the merge's last cycle: where the measured amplitudes'
     mean |F|/σ falls below nbsim.merge's RESOLUTION_F_OVER_SIGMA) and the lowest CC(|F|, truth) of the scored
-    shells within it (a shell counts when its highest-resolution reflection is at or below that resolution)."""
-    within = [shell["cc"] for shell in record["by_shell"]
-              if resolution_A is not None and shell["d_min_A"] is not None and shell["d_min_A"] >= resolution_A - 1e-6]
+    shells within it (a shell counts when its highest-resolution reflection is at or below that resolution,
+    within RESOLUTION_TOLERANCE: the merge's d are of its shots' mean starting cell, the score's of the
+    truth's)."""
+    within = [shell["cc"] for shell in record["by_shell"] if resolution_A is not None and shell["d_min_A"] is not None
+              and shell["d_min_A"] >= resolution_A * (1 - RESOLUTION_TOLERANCE)]
     return {"resolution_A": resolution_A, "shells_to_resolution": len(within),
             "cc_lowest_shell_to_resolution": None if not within or None in within else min(within)}
 

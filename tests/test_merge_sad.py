@@ -149,7 +149,7 @@ def test_the_merge_sad_benchmark_at_a_tiny_size(tmp_path):
     assert sum(shell["reflections"] for shell in record["by_shell"]) == record["measured_reflections"] > 0
     assert record["resolution_A"] == record["cycles"][-1]["resolution_A"]  # the merge's own, from its signal
     within = [shell["cc"] for shell in record["by_shell"] if record["resolution_A"] is not None
-              and shell["d_min_A"] >= record["resolution_A"] - 1e-6]
+              and shell["d_min_A"] >= record["resolution_A"] * (1 - merge_workloads.RESOLUTION_TOLERANCE)]
     assert record["shells_to_resolution"] == len(within)
     assert record["cc_lowest_shell_to_resolution"] == (min(within) if within else None)
 
