@@ -48,8 +48,10 @@ def argument_parser() -> argparse.ArgumentParser:
                            epilog="Example: nbsim fit shot_00001.img --refine orientation,cell,N,scale --json fit.json "
                                   "-- -model model.cif -cell 50 60 70 90 90 90 -misset 10 20 30 -N 14 -distance 150 "
                                   "-detpixels 512 -pixel 0.2")
-    parser.add_argument("images", nargs="*", help="observed frames: SMV (.img), miniCBF, NXmx (FILE#N for frame N), "
-                                                  "raw float (.bin), or STORE.zarr#POINT")
+    parser.add_argument("images", nargs="*",
+                        help="observed frames: SMV (.img), miniCBF, NXmx (FILE#N for frame N; a -panelfile detector's "
+                             "panels as its modules), raw float (.bin; a -panelfile detector's panels one after "
+                             "another), or STORE.zarr#POINT")
     parser.add_argument("--refine", type=_names, default=["orientation", "cell", "N", "scale"],
                         help="what to refine, comma-separated: orientation, cell, N, mosaic, scale, distance, beam, "
                              "panels, wavelength, background (default orientation,cell,N,scale)")

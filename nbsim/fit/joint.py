@@ -7,10 +7,10 @@ panel group's move (serving every group at once: a pixel sees only its own panel
 shots and panels costs about as many products as one shot has coordinates plus six. The information
 Σ_p w_p ∂λ_p ∂λ_pᵀ (w_p = 1/(λ_p + σ²), Poisson counts; the expected Hessian of the negative log-likelihood) is
 assembled from blocks of pixels that share their image and group, the restraints add their Gauss–Newton
-terms, and the step (B + μ·diag B) δ = −g (g the objective's gradient, by reverse-mode autograd) is kept when
-the whole objective falls; μ follows Nielsen's rule. The products cost some thirty evaluations of the model, so
-one matrix serves up to REUSED_STEPS steps while its quadratic model foretells their falls (the gradient is
-always the point's own).
+terms, and the step (B + μ·b·I) δ = −g (g the objective's gradient, by reverse-mode autograd) is kept when
+the whole objective falls (`scaled_step`); μ follows Nielsen's rule. The products cost some thirty
+evaluations of the model, so one matrix serves up to REUSED_STEPS steps while its quadratic model foretells their
+falls (the gradient is always the point's own).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .model import DiffractionModel
-from .newton import ACCEPTED_RATIO, INITIAL_DAMPING, damped_step, fisher_weights, newton_decrement
+from .newton import ACCEPTED_RATIO, INITIAL_DAMPING, fisher_weights, newton_decrement
 from .objective import FitOptions, Objective, relative_change_stop
 from .panels import MOVE_SIZE
 
@@ -31,15 +31,21 @@ LARGEST_STEP = 100.0
 """The most a step moves any coordinate, in typical steps (0.1 mm of a panel group's shift, 0.1° of its rotation,
 1° of a crystal's): a still's likelihood is far from quadratic over more, and a poorly determined direction
 (a panel's tilt, its place along the beam) would otherwise take steps of millimetres the data reject."""
+STALL_STEPS, STALL_FALL = 5, 0.05
+"""The fit also stops when STALL_STEPS accepted steps together lower −log L by less than STALL_FALL: it is then creeping
+through the roughness of the likelihood (the nearest-node lookup of F: a step that moves the crystal moves some of
+its pixels' steps between reflections' cells, a jump the Fisher model does not see), √(2·0.05) = 0.32 standard
+errors at most, as a search stage's tolerance (nbsim.fit.refine.SEARCH_TOLERANCE)."""
 REUSED_STEPS = 3
 """Accepted steps one information matrix serves (each step's gradient is its own) while the falls they bring are
 at least GOOD_RATIO of the falls its quadratic model predicts; a stop judged on an older matrix is judged again on
 a fresh one."""
 GOOD_RATIO = 0.5
-DECREMENT_FLOOR = 1e-4
+DECREMENT_FLOOR = 1e-3
 """A fall of −log L the fit stops short of: the Newton decrement ½gᵀB⁻¹g below it puts every coordinate within
-√(2·1e-4) = 0.014 standard errors of the optimum of the quadratic model (a still's likelihood then creeps along
-its poorly determined directions for many more steps)."""
+√(2·1e-3) = 0.045 standard errors of the optimum of the quadratic model. The likelihood is rough below about that
+(the nearest-node lookup of F: a spot's steps crossing between reflections' cells), and a still's likelihood
+creeps along its poorly determined directions for many more steps."""
 
 
 def joint_applies(model: DiffractionModel) -> bool:
@@ -142,7 +148,7 @@ def information(objective: Objective, internal: torch.Tensor, layout: Columns) -
             block = derivatives[keep][:, start:stop].detach()
             at = target[keep]
             result[at.unsqueeze(-1), at] += (block * weights[start:stop]) @ block.T
-    if options.restraints:
+    if objective.restraints:
         rows = torch.autograd.functional.jacobian(lambda point: objective.restraint_residuals(point).reshape(-1), x)
         result += rows.T @ rows
     return result
@@ -163,11 +169,12 @@ def minimise_joint(objective: Objective, options: FitOptions,
 
     damping, growth, age = INITIAL_DAMPING, 2.0, 0
     history: list[float] = []
+    accepted = [state.value]
     reason = _stop_reason(state, options.gradient_tolerance, small(state.value))
     iteration = 0
     while not reason and iteration < options.max_iterations:
         iteration += 1
-        step = damped_step(state.information, state.gradient, damping)
+        step = scaled_step(state.information, state.gradient, damping)
         step = step * min(1.0, LARGEST_STEP / max(float(step.abs().max()), 1e-300))
         predicted = -float(state.gradient @ step + 0.5 * step @ state.information @ step)
         with torch.no_grad():
@@ -198,6 +205,10 @@ def minimise_joint(objective: Objective, options: FitOptions,
                     model.internal.copy_(x)
                 return False, f"the likelihood became NaN or infinite at iteration {iteration}", iteration, history
         history.append(state.value)
+        if accepted[-1] != state.value:
+            accepted.append(state.value)
+        if not reason and len(accepted) > STALL_STEPS and accepted[-1 - STALL_STEPS] - accepted[-1] < STALL_FALL:
+            reason = f"-log L fell by less than {STALL_FALL:g} in {STALL_STEPS} steps (the likelihood's roughness)"
         if progress is not None:
             progress(iteration, state.value, float(state.gradient.abs().max()), time.perf_counter() - started)
     with torch.no_grad():
@@ -205,6 +216,16 @@ def minimise_joint(objective: Objective, options: FitOptions,
     if not reason:
         return False, f"iteration cap ({options.max_iterations}) reached", iteration, history
     return True, reason, iteration, history
+
+
+def scaled_step(information: torch.Tensor, gradient: torch.Tensor, damping: float) -> torch.Tensor:
+    """The Levenberg–Marquardt step (B + μ·b·I) δ = −g, b the largest diagonal element of B: Marquardt's damping in
+    the fit's coordinates, each a typical step of its quantity. Damping each coordinate by its own diagonal (as
+    nbsim.fit.newton does for one shot) holds back the combinations of well-measured coordinates that the images
+    measure poorly together, such as every crystal and module turning at once, and there a joint fit crept."""
+    largest = float(torch.diagonal(information).max().clamp(min=1e-300))
+    return torch.linalg.solve(information + damping * largest * torch.eye(len(gradient), dtype=information.dtype),
+                              -gradient)
 
 
 def _stop_reason(state: State, gradient_tolerance: float, small: float) -> str:

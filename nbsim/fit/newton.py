@@ -75,7 +75,7 @@ def evaluate(objective: Objective, internal: torch.Tensor, coordinates: list[tor
     gradient = torch.autograd.grad(terms.sum(), x, retain_graph=True)[0]
     backgrounds = torch.stack([values[image]["background"][0] for image in images]).unsqueeze(-1)
     jacobian = _rows(torch.cat([parameters, backgrounds], dim=1), x)
-    restrained = _rows(objective.restraint_residuals(x, images), x) if options.restraints else None
+    restrained = _rows(objective.restraint_residuals(x, images), x) if objective.restraints else None
     blocks = []
     for row, image in enumerate(images):
         positions = coordinates[image]

@@ -107,6 +107,8 @@ class Objective:
         self.flat = [torch.as_tensor(b.background, dtype=torch.float64, device=model.device) for b in boxes]
         self.planes_operators = [None if b.plane is None else b.plane.to(model.device) for b in boxes]
         self.planes = [self._planes(image, torch.zeros_like(counts)) for image, counts in enumerate(self.counts)]
+        self.restraints = {name: sigma for name, sigma in options.restraints.items() if name in model.refine}
+        """The options' restraints on what this model refines (a fit's search stages refine less than it)."""
 
     def _planes(self, image: int, photons: torch.Tensor) -> torch.Tensor:
         """Each box's plane through its border's counts less `photons` (not below zero)."""
@@ -147,7 +149,7 @@ class Objective:
         likelihoods = torch.stack([negative_log_likelihood(photons, self.counts[image], self.options.readout_photons,
                                                            self.options.likelihood)
                                    for photons, image in zip(expected, images, strict=True)])
-        if not self.options.restraints:
+        if not self.restraints:
             return likelihoods
         return likelihoods + 0.5 * torch.square(self.restraint_residuals(internal, images)).sum(dim=1)
 
@@ -159,7 +161,7 @@ class Objective:
         for image in range(len(self.counts)) if images is None else images:
             start = self.model.starts[image]
             changes = []
-            for name, sigma in self.options.restraints.items():
+            for name, sigma in self.restraints.items():
                 change = values[image][name] - start[name]
                 if name in self.model.shared and image > 0:
                     change = torch.zeros_like(change)

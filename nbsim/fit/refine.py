@@ -221,9 +221,10 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     and the mosaic spread (with the orientation refined, with the unit cells per axis cut so that the rocking
     curves span the search range) and places the shoeboxes again by its result, then a smooth stage refines
     everything asked (N too). The fit ends from there with the pixels sampled as the image was
-    (`observed_oversample`, followed as the refined crystal changes it). Panels are refined from there: the
-    search places the crystals on the starting detector. `progress(stage, iteration, nll, gradient_max,
-    seconds)` is called after each iteration."""
+    (`observed_oversample`, followed as the refined crystal changes it). Panels are refined last: the search and
+    a first pass of the last stage (to SEARCH_TOLERANCE) refine the crystals on the starting detector, each shot
+    on its own, then everything is refined together. `progress(stage, iteration, nll, gradient_max, seconds)` is
+    called after each iteration."""
     options.check()
     started = time.perf_counter()
     if not images:
@@ -261,9 +262,14 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     for sampling_round in range(SAMPLING_ROUNDS):
         setups = [with_oversample(setup, observed_oversample(setup)) for setup in setups]
         if sampling_round == 0 and options.search_deg > 0 and "N" in refine:
-            objective = objective_from_searched_or_starting_n(images, setups, boxes, refine, options, starting_n)
+            objective = objective_from_searched_or_starting_n(images, setups, boxes, searched, options, starting_n)
         else:
-            objective = stage_objective(images, setups, boxes, refine, options)
+            objective = stage_objective(images, setups, boxes, searched, options)
+        if searched != refine:
+            _, _, iterations, more = minimise(objective, options, report("fit"), started, SEARCH_TOLERANCE)
+            total_iterations += iterations
+            history += more
+            objective = stage_objective(images, objective.model.refined_setups(), boxes, refine, options)
         converged, reason, iterations, more = refine_with_planes(objective, options, report("fit"), started)
         total_iterations += iterations
         history += more
