@@ -397,19 +397,28 @@ def test_a_job_planning_again_names_the_planning_processs_batches(tmp_path):
     assert kept_batch_sizes(path, other, False, lambda: {("s", 64): 5}) == {("s", 64): 5}
 
 
-def test_validating_shots_whose_counts_are_given_imports_no_torch(tmp_path):
-    """-sampling advised needs PyTorch only where it computes an advice: a dataset whose arguments give the
-    mosaic domains (and no rotation) validates and plans its points, as every Snakemake start does, without
-    importing it (each start saves a PyTorch import, about 1.5 s of CPU)."""
+def test_planning_imports_no_torch_where_it_computes_no_count(tmp_path):
+    """Validation and the batch cost model need PyTorch only to compute counts (a sampling advice, a point's
+    steps per pixel): a dataset whose arguments give the mosaic domains (and no rotation) validates, and a
+    sweep of one point per size and variant gets its batches (a point each, whatever it costs), without
+    importing it, as every Snakemake start plans (each saves a PyTorch import, about 1.5 s of CPU)."""
+    sweep = dataset_config(size=32)
+    del sweep["sweep"]["draws"], sweep["sweep"]["batch_size"]
+    sweep["sweep"].update(sizes=[32, 64], dtypes=["float32", "float64"])
     script = ("import json, sys\n"
               "from pathlib import Path\n"
+              "from nbsim.sweep.batching import Timing, batch_sizes\n"
+              "from nbsim.sweep.plan import StructureMemo\n"
               "from nbsim.sweep.validate import validate_config\n"
-              "points = validate_config(json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))\n"
-              "print(len(points), 'torch' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(dataset_config()), str(SCHEMA), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+              "dataset, sweep, schema, base = *map(json.loads, sys.argv[1:3]), *map(Path, sys.argv[3:])\n"
+              "shots = validate_config(dataset, schema, base)\n"
+              "sizes = batch_sizes(sweep, validate_config(sweep, schema, base), base, StructureMemo(None), "
+              "Timing(1, 1), 2, False)\n"
+              "print(json.dumps([len(shots), sorted(sizes.values()), 'torch' in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(dataset_config()), json.dumps(sweep), str(SCHEMA),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == [str(DRAWS["count"]), "False"]
+    assert json.loads(done.stdout) == [DRAWS["count"], [1, 1], False]
 
 
 def test_shots_take_the_advised_sampling_unless_told(tmp_path):

@@ -16,6 +16,7 @@ jobs twice as short or long, still tens of seconds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,15 +76,23 @@ def batch_sizes(config: dict, points: list[Point], base: Path, memo: StructureMe
             variants.add(("float64", "cpu", bool(config["reference"].get("compile", True))))
         variant = (members[0].dtype, members[0].device, members[0].compile)
         along_axes = [p for p in members if (p.dtype, p.device, p.compile) == variant]
-        cost_s = 0.0
-        for sample in dict.fromkeys(along_axes[i] for i in _sample_indices(len(along_axes))):
-            simulation = point_config(config, sample, base)
-            pixels = sum(p.pixels_f * p.pixels_s for p in simulation.detector.panels or (simulation.detector,))
-            steps = memo.steps_per_pixel(simulation)
-            cost_s = max(cost_s, max(point_cost_s(pixels, steps, device, compiled, dtype, timing)
-                                     for dtype, device, compiled in variants))
-        sizes[key] = _batch_size(len(along_axes), cost_s, parallel_jobs)
+        sizes[key] = _batch_size(len(along_axes), functools.partial(
+            _costliest_s, config, along_axes, variants, base, memo, timing), parallel_jobs)
     return sizes
+
+
+def _costliest_s(config: dict, points: list[Point], variants: set[tuple[str, str, bool]], base: Path,
+                 memo: StructureMemo, timing: Timing) -> float:
+    """The estimate of the costliest of the points' samples in the costliest variant (its steps per pixel
+    import PyTorch unless `memo` knows them)."""
+    cost_s = 0.0
+    for sample in dict.fromkeys(points[i] for i in _sample_indices(len(points))):
+        simulation = point_config(config, sample, base)
+        pixels = sum(p.pixels_f * p.pixels_s for p in simulation.detector.panels or (simulation.detector,))
+        steps = memo.steps_per_pixel(simulation)
+        cost_s = max(cost_s, max(point_cost_s(pixels, steps, device, compiled, dtype, timing)
+                                 for dtype, device, compiled in variants))
+    return cost_s
 
 
 def kept_batch_sizes(path: Path, config: dict, planning: bool,
@@ -116,9 +125,13 @@ def _sample_indices(count: int) -> list[int]:
     return sorted({round(i * (count - 1) / max(1, SAMPLES_PER_GROUP - 1)) for i in range(SAMPLES_PER_GROUP)})
 
 
-def _batch_size(count: int, cost_s: float, parallel_jobs: int) -> int:
-    """Points per batch for `count` points of `cost_s` each."""
-    batches = max(1, math.ceil(count * cost_s / TARGET_JOB_S))
-    if parallel_jobs > 1:  # whole rounds of jobs side by side; fewer points than jobs: one point each
-        batches = parallel_jobs * math.ceil(batches / parallel_jobs) if count >= parallel_jobs else count
+def _batch_size(count: int, cost_s: Callable[[], float], parallel_jobs: int) -> int:
+    """Points per batch for `count` points of `cost_s()` each. One point, or fewer points than jobs run side
+    by side, make a batch each whatever they cost: estimated only where it decides (a Snakemake start of a
+    sweep of single points imports no PyTorch for it)."""
+    if count == 1 or count < parallel_jobs:
+        return 1
+    batches = max(1, math.ceil(count * cost_s() / TARGET_JOB_S))
+    if parallel_jobs > 1:  # whole rounds of jobs side by side
+        batches = parallel_jobs * math.ceil(batches / parallel_jobs)
     return max(1, math.ceil(count / min(batches, count)))
