@@ -110,6 +110,12 @@ class BeamConfig:
     spectrum: tuple[tuple[float, float], ...] | None = None
     """Weighted channels (-spectrumfile rows): wavelength (Å), weight each. Each channel is a source along
     every divergence direction, its intensity weighted by weight/Σweights (docs/physics.md, Spectra)."""
+    spectrum_shift_eV: Scalar = 0.0
+    """-spectrum_shift: eV added to every channel's energy (a spectrometer's calibration offset)."""
+    spectrum_stretch: Scalar = 1.0
+    """-spectrum_stretch: each channel's energy moved from the spectrum's weighted mean energy by this many times
+    its offset (1: as given); with the shift, E′ = Ē + shift + stretch·(E − Ē), diffBragg's λ = λ0 + λ1·λ in
+    energy about the mean (`shifted_spectrum`)."""
     kahn_polarization: float = 0.0
     no_polarization: bool = False
     fluence_photons_per_m2: float = 1.25932015286227e29
@@ -421,6 +427,8 @@ def check_spectrum(config: BeamConfig) -> None:
 
     spectrum = config.spectrum
     if spectrum is None:
+        if scalar_value(config.spectrum_shift_eV) != 0 or scalar_value(config.spectrum_stretch) != 1:
+            raise NbsimError("-spectrum_shift and -spectrum_stretch move a spectrum's channels: give -spectrumfile")
         return
     if not spectrum:
         raise NbsimError("the spectrum has no channels")
@@ -431,10 +439,37 @@ def check_spectrum(config: BeamConfig) -> None:
             raise NbsimError(f"spectrum channel {index + 1}: weight {weight:g} must not be negative")
     if not sum(weight for _, weight in spectrum) > 0:
         raise NbsimError("the spectrum's weights sum to 0")
+    shift_eV, stretch = scalar_value(config.spectrum_shift_eV), scalar_value(config.spectrum_stretch)
+    if not (math.isfinite(shift_eV) and stretch > 0 and math.isfinite(stretch)):
+        raise NbsimError(f"the spectrum's shift must be finite and its stretch above 0 (got {shift_eV:g} eV, "
+                         f"{stretch:g})")
+    if min(shifted_energies_eV(spectrum, shift_eV, stretch)) <= 0:
+        raise NbsimError(f"a spectrum shift of {shift_eV:g} eV and stretch of {stretch:g} make a channel's energy, "
+                         "and its wavelength, non-positive")
     if config.sources is not None:
         raise NbsimError("-spectrumfile and -sourcefile both give the sources: use one")
     if config.dispersion_percent != 0:
         raise NbsimError("-spectrumfile and -dispersion both give the wavelengths: use one")
+
+
+def shifted_energies_eV(spectrum: tuple[tuple[float, float], ...], shift_eV: Scalar = 0.0,
+                        stretch: Scalar = 1.0) -> list[Scalar]:
+    """Each channel's energy E moved to Ē + shift + stretch·(E − Ē), Ē the spectrum's weighted mean energy
+    (h·c = 12398.42 eV·Å, nanoBragg's); differentiable where the shift or stretch is a tensor."""
+    from .sensors import HC_EV_A
+
+    total = sum(weight for _, weight in spectrum)
+    mean_eV = sum(HC_EV_A / wavelength * weight for wavelength, weight in spectrum) / total
+    return [mean_eV + shift_eV + stretch * (HC_EV_A / wavelength - mean_eV) for wavelength, _ in spectrum]
+
+
+def shifted_spectrum(spectrum: tuple[tuple[float, float], ...], shift_eV: Scalar = 0.0,
+                     stretch: Scalar = 1.0) -> list[tuple[Scalar, float]]:
+    """A spectrum's channels, (wavelength in Å, weight), moved by a shift and stretch (`shifted_energies_eV`)."""
+    from .sensors import HC_EV_A
+
+    return [(HC_EV_A / energy_eV, weight)
+            for energy_eV, (_, weight) in zip(shifted_energies_eV(spectrum, shift_eV, stretch), spectrum, strict=True)]
 
 
 def spectrum_mean_wavelength_A(spectrum: tuple[tuple[float, float], ...]) -> float:

@@ -65,10 +65,10 @@ def run_c_reference(binary: str, argv: list[str], warmup: int, repeats: int,
 
 def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
     """nanoBragg's arguments for an nbsim command line. The C has no -spectrumfile: it becomes a -sourcefile
-    (written to `sourcefile`) of the same sources, every divergence direction times every channel, which
-    the C weighs equally, and the nominal -lambda. The C's image then equals nbsim's for equal weights. A
-    -detector_model becomes its flags (the C renders its module gaps, which nbsim leaves out), and
-    `-sampling advised` the -phisteps and -mosaic_dom it sets."""
+    (written to `sourcefile`) of the same sources (moved as -spectrum_shift and -spectrum_stretch say), every
+    divergence direction times every channel, which the C weighs equally, and the nominal -lambda. The C's
+    image then equals nbsim's for equal weights. A -detector_model becomes its flags (the C renders its module
+    gaps, which nbsim leaves out), and `-sampling advised` the -phisteps and -mosaic_dom it sets."""
     argv = expand_detector_model(argv)
     if SAMPLING_FLAG not in argv and "-spectrumfile" not in argv:
         return argv
@@ -80,8 +80,9 @@ def c_arguments(argv: list[str], sourcefile: Path) -> list[str]:
     sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
     sourcefile.write_text("".join(f"{x!r} {y!r} {z!r} 1 {wavelength * 1e-10!r}\n" for (x, y, z), wavelength
                                   in zip(sources.positions_m.tolist(), sources.wavelength_A.tolist(), strict=True)))
-    index = argv.index("-spectrumfile")
-    rest = argv[:index] + argv[index + 2:]
+    spectrum_flags = ("-spectrumfile", "-spectrum_shift", "-spectrum_stretch")
+    at = [i for i, arg in enumerate(argv) if arg in spectrum_flags]
+    rest = [arg for i, arg in enumerate(argv) if i not in at and i - 1 not in at]
     given = any(flag in argv for flag in WAVELENGTH_FLAGS)
     nominal = [] if given else ["-lambda", repr(float(config.beam.wavelength_A))]
     return [*rest, *nominal, "-sourcefile", str(sourcefile)]

@@ -54,7 +54,9 @@ def argument_parser() -> argparse.ArgumentParser:
                              "another), or STORE.zarr#POINT")
     parser.add_argument("--refine", type=_names, default=["orientation", "cell", "N", "scale"],
                         help="what to refine, comma-separated: orientation, cell, N, mosaic, scale, distance, beam, "
-                             "panels, wavelength, background (default orientation,cell,N,scale)")
+                             "panels, wavelength, spectrum (a shot's spectrum's shift in eV and stretch: "
+                             "-spectrumfile, or the frame's; with cell, the cell keeps its scale), background "
+                             "(default orientation,cell,N,scale)")
     parser.add_argument("--shared", type=_names, default=[],
                         help="quantities refined once for all images (e.g. distance,beam; panels always); others are "
                              "per image")
@@ -132,6 +134,28 @@ def advised_sampling(config, argv: list[str]) -> tuple:
     return advised, flags
 
 
+def with_frame_spectrum(config, image: str, argv: list[str]):
+    """The model with the spectrum its frame carries (an NXmx beam's, a store shot's `sase` draw) where the flags
+    give no wavelengths of their own (-spectrumfile, -sourcefile, -dispersion): the shot's spectrum, whose shift
+    and stretch `--refine spectrum` fits. Its weighted mean wavelength is the nominal one unless -lambda or
+    -energy gives it."""
+    from ..config import spectrum_mean_wavelength_A
+    from ..io.observed import observed_spectrum
+    from ..nanobragg.flags import WAVELENGTH_FLAGS
+
+    beam = config.beam
+    if beam.spectrum is not None or beam.sources is not None or beam.dispersion_percent != 0:
+        return config
+    spectrum = observed_spectrum(image)
+    if spectrum is None:
+        return config
+    print(f"nbsim fit: {image}: the frame's spectrum ({len(spectrum)} channels) in the model (-spectrumfile FILE "
+          "chooses another)", file=sys.stderr)
+    if any(flag in argv for flag in WAVELENGTH_FLAGS):
+        return config.with_options(spectrum=spectrum)
+    return config.with_options(spectrum=spectrum, wavelength_A=spectrum_mean_wavelength_A(spectrum))
+
+
 def _starts(path: str | None) -> dict[str, dict]:
     if path is None:
         return {}
@@ -158,6 +182,9 @@ def main(argv: list[str]) -> int:
     check_shared(check_names(options.shared, "shared"), check_names(options.refine, "refined"))
     if options.groups is not None and "panels" not in options.refine:
         raise NbsimError("fit: --groups says which panels --refine panels moves together: add panels to --refine")
+    if "spectrum" in options.refine and "cell" in options.refine:
+        print("nbsim fit: the cell keeps its scale beside the spectrum (a still's image is the same for a cell "
+              "scaled by 1 + e and energies by 1/(1 + e)); its shape is refined", file=sys.stderr)
     for path in (options.json, options.flags, options.plot, options.expt_out, options.panels_out, options.geom_out):
         if path is not None:
             check_writable(path)
@@ -176,6 +203,12 @@ def main(argv: list[str]) -> int:
     configs = [parse(list(argv))[0] for argv in argv_per_image]
     if experiments:
         configs = [config.with_options(**start.overrides) for config, start in zip(configs, experiments, strict=True)]
+    configs = [with_frame_spectrum(config, image, argv)
+               for config, image, argv in zip(configs, images, argv_per_image, strict=True)]
+    from ..fit.model import check_spectrum_refinable
+
+    for config, image in zip(configs, images, strict=True):
+        check_spectrum_refinable(config, options.refine, image)
     for index, config in enumerate(configs):
         configs[index], extra = advised_sampling(config, argv_per_image[index])
         argv_per_image[index] = argv_per_image[index] + extra
@@ -337,7 +370,9 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
     for shot in document["shots"]:
         cell = " ".join(f"{v:.4f}" for v in shot["cell"])
         n_cells = " ".join(f"{v:.2f}" for v in shot["N"])
-        print(f"{shot['image']}: cell {cell}  N {n_cells}  scale {shot['scale']:.5g}  "
+        spectrum = (f"  spectrum shift {shot['spectrum']['shift_eV']:+.3f} eV stretch {shot['spectrum']['stretch']:.5f}"
+                    if "spectrum" in shot else "")
+        print(f"{shot['image']}: cell {cell}  N {n_cells}  scale {shot['scale']:.5g}{spectrum}  "
               f"({shot['pixels']} pixels in {shot['shoeboxes']} shoeboxes)")
     detector = document["detector"]
     if "distance_mm" in detector:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import INT32_MAX_COUNT, DetectorConfig, PanelConfig, scalar_value
+from ..config import INT32_MAX_COUNT, DetectorConfig, PanelConfig, scalar_value, shifted_spectrum
 from ..detector import direct_beam_px
 from ..detector.response import OVERLOAD_ADU
 from ..errors import NbsimError
@@ -236,7 +236,10 @@ def experiment_record(setup: Setup, noise_seed: int | None, saturation_counts: i
         modules=tuple(DetectorModule(panel.name, p.pixel_size_m, p.pixels_f, p.pixels_s, _plain(p.pix0_m),
                                      _plain(p.fdet), _plain(p.sdet))
                       for panel, p in zip(setup.config.detector.panels or (), setup.panels or (), strict=True)),
-        spectrum=beam.spectrum, adc_offset_adu=pedestal_adu,
+        spectrum=None if beam.spectrum is None else tuple(
+            (float(wavelength), weight) for wavelength, weight in
+            shifted_spectrum(beam.spectrum, beam.spectrum_shift_eV, beam.spectrum_stretch)),
+        adc_offset_adu=pedestal_adu,
         gain_adu_per_photon=setup.config.response.gain_adu_per_photon if noise_seed is not None else 1.0,
         sensor_material=setup.config.detector.sensor_material, saturation_counts=saturation_counts,
         gaps=setup.gaps)

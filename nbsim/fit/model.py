@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config import SimulationConfig, scalar_value
 from ..errors import NbsimError
 from ..kernel.inputs import KernelOptions, KernelTensors, TableTensors, kernel_inputs, table_tensors
 from ..kernel.physics import prepare_pixels, sum_steps
@@ -96,6 +97,8 @@ def starting_values(setup: Setup, system: LatticeSystem, panel_groups: int = 0) 
         "distance": torch.tensor([float(geometry.distance_m) * 1e3], dtype=torch.float64),
         "beam": torch.tensor([geometry.beam_x_m * 1e3, geometry.beam_y_m * 1e3], dtype=torch.float64),
         "wavelength": torch.tensor([float(config.beam.wavelength_A)], dtype=torch.float64),
+        "spectrum": torch.tensor([scalar_value(config.beam.spectrum_shift_eV),
+                                  scalar_value(config.beam.spectrum_stretch)], dtype=torch.float64),
         "background": torch.ones(1, dtype=torch.float64),
         "panels": torch.zeros(6 * panel_groups, dtype=torch.float64),
     }
@@ -181,7 +184,22 @@ def check_fittable(setup: Setup, refine: Sequence[str]) -> None:
     if "mosaic" in refine and not (config.crystal.mosaic_spread_deg or 0) > 0:
         raise NbsimError("refining the mosaic spread needs a starting spread: give -mosaic DEG (> 0)")
     if "wavelength" in refine and (config.beam.sources is not None or config.beam.spectrum is not None):
-        raise NbsimError("refining the wavelength needs one beam wavelength, not a -sourcefile or -spectrumfile")
+        raise NbsimError("refining the wavelength needs one beam wavelength, not a -sourcefile or -spectrumfile: "
+                         "refine the spectrum")
+    check_spectrum_refinable(config, refine)
+
+
+def check_spectrum_refinable(config: SimulationConfig, refine: Sequence[str], image: str = "") -> None:
+    """A refined spectrum needs one of at least two weighted channels (one-line errors; `image` names the shot)."""
+    if "spectrum" not in refine:
+        return
+    named = f"{image}: " if image else ""
+    if config.beam.spectrum is None:
+        raise NbsimError(f"{named}refining the spectrum needs the shot's spectrum (-spectrumfile, or a frame that "
+                         "carries one): this shot has one wavelength")
+    if sum(1 for _, weight in config.beam.spectrum if weight > 0) < 2:
+        raise NbsimError(f"{named}refining the spectrum needs at least two weighted channels (one wavelength has "
+                         "no stretch): refine the wavelength")
 
 
 def panel_runs(setup: Setup, pixels: tuple[np.ndarray, ...]) -> list[tuple[int, int, int]] | None:
@@ -213,6 +231,8 @@ class DiffractionModel(nn.Module):
     quantities in their units. `forward()` returns one (pixels,) tensor of photons per image, every image's
     pixels in one kernel call where it can (`scattering`).
 
+    `cell_scale_held`: the cell keeps its scale (default: where the spectrum is refined beside it).
+
     `compile`: where only the crystal is refined (nbsim.fit.scattering), "auto" renders every image's pixels
     with the fit's compiled kernel (nbsim.fit.compiled) when the cache holds it, "on" builds it first when it
     does not; "off", and every other refinement, render eagerly through autograd ("on": through
@@ -222,7 +242,8 @@ class DiffractionModel(nn.Module):
     def __init__(self, setups: Sequence[Setup], pixels: Sequence[tuple[np.ndarray, ...]],
                  refine: Sequence[str] = (), shared: Sequence[str] = (), lattice: str | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
-                 compile: Compile | bool | str = Compile.AUTO, groups: PanelGroups | None = None):
+                 compile: Compile | bool | str = Compile.AUTO, groups: PanelGroups | None = None,
+                 cell_scale_held: bool | None = None):
         super().__init__()
         if len(setups) != len(pixels):
             raise NbsimError(f"{len(setups)} set-ups but {len(pixels)} pixel lists")
@@ -243,6 +264,11 @@ class DiffractionModel(nn.Module):
         self.compile = Compile.of(compile)
         self.refine = [name for name in REFINABLE if name in refine]
         self.shared = [name for name in self.refine if name in shared]
+        self.cell_scale_held = "cell" in self.refine and (
+            "spectrum" in self.refine if cell_scale_held is None else cell_scale_held)
+        """A still's image is the same for a cell scaled by 1 + ε and a spectrum whose energies are scaled by
+        1/(1 + ε) (h = R·q, q ∝ E): refined beside the spectrum, the cell keeps its scale (the geometric mean of
+        its free lengths) and the spectrum's shift and stretch take it."""
         self.systems = [lattice_system(setup.lattice.cell_parameters(), lattice) for setup in setups]
         self.starts = [starting_values(setup, system, len(groups or ()))
                        for setup, system in zip(setups, self.systems, strict=True)]
@@ -260,14 +286,14 @@ class DiffractionModel(nn.Module):
         """Every image's pixels on the fit's compiled kernel (None: rendered image by image through autograd)."""
         if fixed_frame_fittable(self.setups, self.refine):
             self.scattering = scattering_pixels(self.setups, self.rows, self.cols, self.tables, self.device, dtype,
-                                                self.compile, self.runs)
+                                                self.compile, self.runs, spectral="spectrum" in self.refine)
 
     def _layout(self) -> list[Slot]:
         slots, offset = [], 0
         for name in self.refine:
             owners = [None] if name in self.shared else list(range(len(self.setups)))
             for image in owners:
-                q = quantity(name, self.systems[image or 0], len(self.groups or ()))
+                q = quantity(name, self.systems[image or 0], len(self.groups or ()), scale_held=self.cell_scale_held)
                 slots.append(Slot(image, q, offset))
                 offset += q.size
         self.size = offset
@@ -320,7 +346,10 @@ class DiffractionModel(nn.Module):
             geometry = build_geometry(config.detector)
         if "wavelength" in self.refine:
             config = config.with_options(wavelength_A=values["wavelength"][0])
-        if "wavelength" in self.refine or geometry is not setup.geometry:
+        if "spectrum" in self.refine:
+            shift_eV, stretch = values["spectrum"]
+            config = config.with_options(spectrum_shift_eV=shift_eV, spectrum_stretch=stretch)
+        if "wavelength" in self.refine or "spectrum" in self.refine or geometry is not setup.geometry:
             sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
         panels = setup.panels
         if "panels" in self.refine:
@@ -370,36 +399,43 @@ class DiffractionModel(nn.Module):
     def _scattered(self, images: list[int], values: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Photons at the pixels of `images` (values: each one's), all from one kernel call per group."""
         real = [self.real_vectors(image, v) for image, v in zip(images, values, strict=True)]
-        photons = self.scattering.render(images, real, [v["N"] for v in values], self.tables)
+        photons = self.scattering.render(images, real, [v["N"] for v in values], self.tables,
+                                         [v["spectrum"] for v in values])
         return [photons_at * v["scale"][0].to(device=self.device, dtype=self.dtype)
                 for photons_at, v in zip(photons, values, strict=True)]
 
     def kernel_parameters(self, values: Sequence[dict[str, torch.Tensor]], images: Sequence[int]) -> torch.Tensor:
-        """(len(images), 13): each image's real cell vectors R (9, rows a, b, c), N (3) and scale, from its values
-        (differentiable): what the photons of a model on `scattering` depend on."""
+        """(len(images), 13 or 15): each image's real cell vectors R (9, rows a, b, c), N (3), its spectrum's shift
+        and stretch where they are refined (2), and scale, from its values (differentiable): what the photons of a
+        model on `scattering` depend on."""
+        spectral = self.scattering is not None and self.scattering.spectral
         return torch.stack([torch.cat([self.real_vectors(image, values[image]).reshape(9), values[image]["N"],
-                                       values[image]["scale"]]) for image in images])
+                                       *([values[image]["spectrum"]] if spectral else []), values[image]["scale"]])
+                            for image in images])
 
     def photon_derivatives(self, values: Sequence[dict[str, torch.Tensor]],
                            images: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image of `images`, the photons at its pixels (P,) and their derivatives in kernel_parameters
-        (13, P), by the fit's kernel (a model on `scattering` only; no autograd graph)."""
+        (13 or 15, P), by the fit's kernel (a model on `scattering` only; no autograd graph)."""
         with torch.no_grad():
             rows = {image: row for row, image in enumerate(images)}
             parameters = self.kernel_parameters(values, images).to(device=self.device, dtype=self.dtype)
+            spectra = parameters[:, 12:14] if self.scattering.spectral else None
             found = {}
             for number, chosen, table in self.scattering.calls(images, self.tables):
                 kernel = self.scattering.kernel_for(number, chosen, table)
                 at = [rows[image] for image in chosen]
-                total, by_n, by_real = kernel(parameters[at, :9], parameters[at, 9:12], True)
+                outputs = kernel(parameters[at, :9], parameters[at, 9:12], None if spectra is None else spectra[at],
+                                 True)
                 counts = [self.scattering.shots[image].count for image in chosen]
-                pieces = zip(chosen, *(torch.split(x, counts, dim=-1) for x in (total, by_n, by_real)), strict=True)
-                for image, image_total, image_n, image_real in pieces:
-                    shot, scale = self.scattering.shots[image], parameters[rows[image], 12]
+                for image, image_total, *image_derivatives in zip(
+                        chosen, *(torch.split(x, counts, dim=-1) for x in outputs), strict=True):
+                    shot, scale = self.scattering.shots[image], parameters[rows[image], -1]
                     unscaled = shot.factor * (shot.background + image_total)
+                    by_n, by_real, *by_spectrum = image_derivatives
                     scaled_factor = shot.factor * scale
-                    derivatives = torch.cat([image_real * scaled_factor, image_n * scaled_factor,
-                                             unscaled.unsqueeze(0)])
+                    derivatives = torch.cat([by_real * scaled_factor, by_n * scaled_factor,
+                                             *(part * scaled_factor for part in by_spectrum), unscaled.unsqueeze(0)])
                     found[image] = (unscaled * scale, derivatives)
         return [found[image] for image in images]
 

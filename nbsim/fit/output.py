@@ -25,7 +25,7 @@ REPLACED_FLAGS = ("-cell", "-mat", "-misset", "-misset_seed", "-N", "-Na", "-Nb"
                   "-xtal_width", "-xtal_y", "-sample_width", "-sample_y", "-xtal_depth", "-xtal_z",
                   "-sample_depth", "-sample_z", "-mosaic", "-mosaicity", "-mosaic_spread", "-distance",
                   "-close_distance", "-Xbeam", "-Ybeam", *WAVELENGTH_FLAGS, "-fluence", "-flux", "-exposure",
-                  "-beamsize")
+                  "-beamsize", "-spectrum_shift", "-spectrum_stretch")
 """Flags a refined model replaces (whichever of them the start gave)."""
 
 
@@ -85,6 +85,9 @@ def refined_flags(result: FitResult, image: int, argv: Sequence[str], panel_file
     elif panel_file is not None:
         flags = [*without_flags(flags, ("-panelfile",)), "-panelfile", panel_file]
     flags += ["-lambda", *_numbers(values["wavelength"]), "-fluence", f"{fluence:.10g}"]
+    if "-spectrumfile" in flags:
+        flags += ["-spectrum_shift", *_numbers(values["spectrum"][:1]), "-spectrum_stretch",
+                  *_numbers(values["spectrum"][1:])]
     return flags
 
 
@@ -93,7 +96,8 @@ def _reported(model, image: int, internal: torch.Tensor) -> dict[str, torch.Tens
     values = model.natural(internal)[image]
     return {"cell": model.cell(image, values), "N": values["N"], "scale": values["scale"],
             "mosaic_spread_deg": values["mosaic"], "orientation_deg": torch.rad2deg(values["orientation"]),
-            "distance_mm": values["distance"], "beam_mm": values["beam"], "wavelength_A": values["wavelength"]}
+            "distance_mm": values["distance"], "beam_mm": values["beam"], "wavelength_A": values["wavelength"],
+            "spectrum": values["spectrum"]}
 
 
 def standard_errors(result: FitResult, image: int) -> dict[str, list[float]]:
@@ -122,17 +126,18 @@ def standard_errors(result: FitResult, image: int) -> dict[str, list[float]]:
 
 def _refined(model, name: str) -> bool:
     own = {"cell": "cell", "N": "N", "scale": "scale", "mosaic_spread_deg": "mosaic", "orientation_deg": "orientation",
-           "distance_mm": "distance", "beam_mm": "beam", "wavelength_A": "wavelength"}
+           "distance_mm": "distance", "beam_mm": "beam", "wavelength_A": "wavelength", "spectrum": "spectrum"}
     return own[name] in model.refine
 
 
 def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]],
              experiments: Sequence[int] | None = None, panel_file: str | None = None) -> dict:
     """The fit as the JSON contract (docs/fitting.md): per shot the A matrix (rows a*, b*, c* in Å⁻¹ at
-    φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread and their standard errors, and the DIALS
-    experiment it started from (`experiments`, each shot's number in the --expt list); the detector (a single
-    panel's distance and beam centre, or a multi-panel detector's panels and each refined group's move); the
-    outcome. `panel_file`: where the refined detector was written (the flags place the panels by it)."""
+    φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread and their standard errors, a shot with a
+    spectrum its shift and stretch, and the DIALS experiment it started from (`experiments`, each shot's number
+    in the --expt list); the detector (a single panel's distance and beam centre, or a multi-panel detector's
+    panels and each refined group's move); the outcome. `panel_file`: where the refined detector was written (the
+    flags place the panels by it)."""
     model = result.model
     natural = [{name: value.detach() for name, value in image_values.items()} for image_values in model.natural()]
     sigmas = [standard_errors(result, image) for image in range(len(result.images))]
@@ -157,6 +162,9 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]],
                       "scale": sigma["scale"][0], "mosaic_spread_deg": sigma["mosaic_spread_deg"][0],
                       "wavelength_A": sigma["wavelength_A"][0]},
         })
+        if model.setups[image].config.beam.spectrum is not None:
+            shots[-1]["spectrum"] = {"shift_eV": float(values["spectrum"][0]), "stretch": float(values["spectrum"][1]),
+                                     "sigma": {"shift_eV": sigma["spectrum"][0], "stretch": sigma["spectrum"][1]}}
         if experiments is not None:
             shots[-1]["experiment"] = experiments[image]
         if model.setups[image].panels is not None:

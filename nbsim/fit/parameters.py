@@ -18,10 +18,11 @@ import torch
 from ..errors import NbsimError
 from ..model.crystal import reciprocal_from_cell
 
-REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "panels", "wavelength", "background")
+REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "panels", "wavelength", "spectrum",
+             "background")
 """Names `--refine` takes, in the order they are reported."""
 
-PER_IMAGE_ONLY = ("orientation", "scale", "background")
+PER_IMAGE_ONLY = ("orientation", "scale", "spectrum", "background")
 """Quantities that belong to one image and cannot be shared."""
 SHARED_ONLY = ("panels",)
 """Quantities of the detector every image shares: refined once for all of them (never per image)."""
@@ -164,21 +165,47 @@ def misorientation_deg(a_matrix: torch.Tensor | np.ndarray, reference: torch.Ten
 @dataclass(frozen=True)
 class Quantity:
     """One refinable quantity's layout: its length in the flat vector, its typical step, and whether it is
-    refined on a logarithmic scale (positive by construction)."""
+    refined on a logarithmic scale (positive by construction). `scale_held`: a cell whose free lengths keep
+    their geometric mean (`held_scale_basis`)."""
 
     name: str
     size: int
     step: float
     log: bool
+    scale_held: bool = False
 
 
-def quantity(name: str, system: LatticeSystem, panel_groups: int = 0) -> Quantity:
-    """The layout of a refinable quantity (the cell's size follows the lattice system, the panels' the number of
-    panel groups: a shift (mm) and a rotation vector (degrees) each)."""
+SPECTRUM_STEPS = (0.1, 1e-3)
+"""Typical steps of a spectrum's shift (eV, about 1e-5 of an X-ray energy, the wavelength's) and its stretch.
+Both move additively: a logarithmic stretch let a damped Newton step on the broad spots of a search stage
+(where the stretch and N both widen the rocking curves) run it to exp(−745) = 0, where its gradient
+vanishes; a stretch at or below 0 is a rejected step (nbsim.fit.scattering)."""
+
+
+def free_lengths(system: LatticeSystem) -> int:
+    """How many of the lattice system's free cell parameters are lengths (they come first)."""
+    return sum(1 for index in system.free if index < 3)
+
+
+def held_scale_basis(lengths: int) -> torch.Tensor:
+    """(lengths, lengths − 1): orthonormal changes of the log lengths that keep their sum (Helmert's contrasts):
+    a cell refined beside a spectrum's shift keeps its scale, which a still cannot tell from the shift."""
+    basis = torch.zeros(lengths, max(lengths - 1, 0), dtype=torch.float64)
+    for column in range(lengths - 1):
+        basis[:column + 1, column] = 1.0
+        basis[column + 1, column] = -(column + 1.0)
+        basis[:, column] /= math.sqrt((column + 1.0) * (column + 2.0))
+    return basis
+
+
+def quantity(name: str, system: LatticeSystem, panel_groups: int = 0, scale_held: bool = False) -> Quantity:
+    """The layout of a refinable quantity (the cell's size follows the lattice system, one length fewer where
+    its scale is held; the panels' the number of panel groups: a shift (mm) and a rotation vector (degrees)
+    each)."""
     if name == "orientation":
         return Quantity(name, 3, math.radians(0.01), log=False)
     if name == "cell":
-        return Quantity(name, len(system.free), 1e-4, log=True)
+        return Quantity(name, len(system.free) - (1 if scale_held else 0), 1e-4, log=True, scale_held=scale_held)
     if name == "N":
         return Quantity(name, 3, 0.02, log=True)
     if name in ("mosaic", "scale"):
@@ -193,20 +220,26 @@ def quantity(name: str, system: LatticeSystem, panel_groups: int = 0) -> Quantit
         return Quantity(name, 1, 0.05, log=True)
     if name == "panels":
         return Quantity(name, 6 * panel_groups, PANEL_STEP, log=False)
+    if name == "spectrum":
+        return Quantity(name, 2, SPECTRUM_STEPS[0], log=False)
     raise NbsimError(f"unknown parameter {name!r}")
 
 
 def to_natural(start: torch.Tensor, internal: torch.Tensor, q: Quantity, system: LatticeSystem) -> torch.Tensor:
     """A quantity's value from its start and its internal (dimensionless) coordinates. The cell's angles
-    move additively in steps of 0.01°, its lengths multiplicatively."""
+    move additively in steps of 0.01°, its lengths multiplicatively (with the scale held, along the
+    contrasts of `held_scale_basis`); a spectrum's shift (eV) and stretch additively."""
     if q.name == "cell":
-        values = []
-        for position, index in enumerate(system.free):
-            if index < 3:
-                values.append(start[position] * torch.exp(internal[position] * q.step))
-            else:
-                values.append(start[position] + internal[position] * 0.01)
-        return torch.stack(values)
+        lengths = free_lengths(system)
+        if q.scale_held:
+            length_steps = held_scale_basis(lengths) @ internal[:lengths - 1]
+            angle_steps = internal[lengths - 1:]
+        else:
+            length_steps, angle_steps = internal[:lengths], internal[lengths:]
+        return torch.cat([start[:lengths] * torch.exp(length_steps * q.step),
+                          start[lengths:] + angle_steps * 0.01])
+    if q.name == "spectrum":
+        return start + internal * torch.tensor(SPECTRUM_STEPS, dtype=internal.dtype)
     if q.log:
         return start * torch.exp(internal * q.step)
     return start + internal * q.step

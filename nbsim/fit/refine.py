@@ -187,11 +187,12 @@ def stage_objective(images: Sequence[FitImage], setups: Sequence[Setup], boxes: 
                     refine: Sequence[str], options: FitOptions,
                     n_cells: Sequence[Sequence[float]] | None = None) -> Objective:
     """The objective of one stage of a fit: its model of `refine` on the boxes' pixels, with N started at
-    `n_cells` where given, and each image's scale started from its counts."""
+    `n_cells` where given, and each image's scale started from its counts; the cell keeps its scale in every
+    stage of a fit that refines the spectrum (whose shift the search stages leave to the last)."""
     groups = panel_groups(setups[0], options.groups) if "panels" in refine else None
     shared = [name for name in options.shared if name in refine]
     model = DiffractionModel(setups, [b.pixels for b in boxes], refine, shared, options.lattice, options.device,
-                             options.dtype, options.compile, groups)
+                             options.dtype, options.compile, groups, cell_scale_held="spectrum" in options.refine)
     for image, cells in enumerate(n_cells or []):
         model.set_start(image, "N", cells)
     objective = Objective(model, images, boxes, options)
@@ -220,11 +221,14 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     smooth likelihood, every pixel averaged over its area (`smooth_stage`): a coarse stage refines all but N
     and the mosaic spread (with the orientation refined, with the unit cells per axis cut so that the rocking
     curves span the search range) and places the shoeboxes again by its result, then a smooth stage refines
-    everything asked (N too). The fit ends from there with the pixels sampled as the image was
-    (`observed_oversample`, followed as the refined crystal changes it). Panels are refined last: the search and
-    a first pass of the last stage (to SEARCH_TOLERANCE) refine the crystals on the starting detector, each shot
-    on its own, then everything is refined together. `progress(stage, iteration, nll, gradient_max, seconds)` is
-    called after each iteration."""
+    everything asked (N too) but the spectrum: on area-averaged pixels its stretch and N both widen the spots,
+    and the stretch ran to 0 (a monochromatic beam) with N low, a minimum the last stage did not leave; a few
+    eV of shift move the spots far less than a search has to. The shoeboxes are placed, and the search stages
+    render, with a spectrum binned into `SEARCH_CHANNELS` channels (`with_binned_spectrum`). The fit ends from
+    there with the pixels sampled as the image was (`observed_oversample`, followed as the refined crystal
+    changes it). Panels are refined last: the search and a first pass of the last stage (to SEARCH_TOLERANCE)
+    refine the crystals on the starting detector, each shot on its own, then everything is refined together.
+    `progress(stage, iteration, nll, gradient_max, seconds)` is called after each iteration."""
     options.check()
     started = time.perf_counter()
     if not images:
@@ -247,8 +251,9 @@ def fit(images: Sequence[FitImage], options: FitOptions,
     total_iterations = 0
     starting_n = [[float(n) for n in setup.n_cells] for setup in setups]
     if options.search_deg > 0:
-        coarse = [name for name in searched if name not in ("N", "mosaic")]
-        stages = ([("coarse", coarse)] if coarse else []) + ([("smooth", searched)] if searched != coarse else [])
+        search = [name for name in searched if name != "spectrum"]
+        coarse = [name for name in search if name not in ("N", "mosaic")]
+        stages = ([("coarse", coarse)] if coarse else []) + ([("smooth", search)] if search != coarse else [])
         n_cells = None
         if "orientation" in refine:
             n_cells = [coarse_cells(setup, b, options.search_deg) for setup, b in zip(setups, boxes, strict=True)]

@@ -20,6 +20,9 @@ what its header says of the detector's response (gain, saturation).
   `-floatfile` stacks them, returned as (panels, slow, fast) zero-padded to the largest panel (as the NXmx
   file and the renderer hold them).
 
+`observed_spectrum(spec)` gives the spectrum a frame carries: an NXmx file's polychromatic beam, or the
+spectrum a store's shot was rendered with (a dataset's `sase` draw).
+
 Errors (missing file, unknown format, a size that does not match `shape`, a frame or point that is not
 there) are one-line `InputFileError`s naming the file. `require_observed(specs)` makes the path and store checks
 before any work (the command line's, for every shot at once: each store read once).
@@ -37,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import shifted_spectrum
 from ..errors import InputFileError
 from .images import read_head, read_smv
 from .paths import require_file
@@ -195,6 +199,54 @@ def _read_nxmx(spec: str, path: Path, selector: str | None) -> ObservedImage:
     response = _response_records(notes.decode() if isinstance(notes, bytes) else str(notes))
     adc = response.get("adc_offset_adu", 0.0)
     return ObservedImage(spec, counts - adc, adc, response.get("gain_adu_per_photon", 1.0), saturation)
+
+
+def observed_spectrum(spec: str) -> tuple[tuple[float, float], ...] | None:
+    """The spectrum a frame carries, as (wavelength in Å, weight) channels: an NXmx file's polychromatic beam
+    (NXbeam's incident_wavelength with incident_wavelength_weights), or the spectrum a store's shot was rendered
+    with (its point's configuration: a dataset's `sase` draw); None for one wavelength or a format without one.
+    A spectrum with a non-positive wavelength, a negative weight or no weight at all is a one-line error."""
+    path, selector = _split(spec)
+    if path.is_dir():
+        _, point = _locate(spec, _store_index(path), selector)
+        beam = (point.get("config") or {}).get("beam") or {}
+        if not beam.get("spectrum"):
+            return None
+        channels = [(float(wavelength), float(weight)) for wavelength, weight in beam["spectrum"]]
+        _check_channels(spec, channels)
+        return tuple((float(wavelength), weight) for wavelength, weight in
+                     shifted_spectrum(tuple(channels), float(beam.get("spectrum_shift_eV", 0.0)),
+                                      float(beam.get("spectrum_stretch", 1.0))))
+    if not read_head(path).startswith(_HDF5_MAGIC):
+        return None
+    import h5py
+
+    with h5py.File(path, "r") as handle:
+        entry = _nx_child(handle, "NXentry")
+        instrument = entry.get("instrument") if entry is not None else None
+        beam = _nx_child(instrument, "NXbeam") if instrument is not None else None
+        if beam is None or "incident_wavelength_weights" not in beam:
+            return None
+        wavelengths = np.asarray(beam["incident_wavelength"][()], dtype=np.float64).reshape(-1)
+        weights = np.asarray(beam["incident_wavelength_weights"][()], dtype=np.float64).reshape(-1)
+    if len(wavelengths) != len(weights):
+        raise InputFileError(spec, f"its beam has {len(wavelengths)} wavelengths but {len(weights)} weights")
+    channels = list(zip(wavelengths.tolist(), weights.tolist(), strict=True))
+    _check_channels(spec, channels)
+    return tuple(channels)
+
+
+def _check_channels(spec: str, channels: list[tuple[float, float]]) -> None:
+    """A frame's spectrum: positive finite wavelengths, weights not negative and not all zero."""
+    if not channels:
+        raise InputFileError(spec, "its spectrum has no channels")
+    for wavelength, weight in channels:
+        if not (wavelength > 0 and math.isfinite(wavelength)):
+            raise InputFileError(spec, f"its spectrum has a wavelength of {wavelength:g} A (must be positive)")
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise InputFileError(spec, f"its spectrum has a weight of {weight:g} (must not be negative)")
+    if not sum(weight for _, weight in channels) > 0:
+        raise InputFileError(spec, "its spectrum's weights sum to 0 (no weight)")
 
 
 def _nx_child(group, nx_class: str):

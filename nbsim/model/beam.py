@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import BeamConfig
+from ..config import BeamConfig, shifted_spectrum
 from ..errors import NbsimError
 from ..vectors import rotate_about_axis, unit
 
@@ -125,10 +125,11 @@ def source_count(config: BeamConfig) -> int:
 
 def _channels(config: BeamConfig, wavelength0_A: torch.Tensor,
               dispersion: StepRange) -> list[tuple[torch.Tensor, float]]:
-    """(wavelength in Å, weight) of each channel along a divergence direction: the spectrum's, or
-    nanoBragg's dispersion steps (equal weights)."""
+    """(wavelength in Å, weight) of each channel along a divergence direction: the spectrum's (shifted and
+    stretched as the configuration says, differentiably), or nanoBragg's dispersion steps (equal weights)."""
     if config.spectrum is not None:
-        return [(torch.tensor(wavelength, dtype=torch.float64), weight) for wavelength, weight in config.spectrum]
+        return [(torch.as_tensor(wavelength, dtype=torch.float64), weight) for wavelength, weight
+                in shifted_spectrum(config.spectrum, config.spectrum_shift_eV, config.spectrum_stretch)]
     return [(wavelength0_A * (1.0 + dispersion.step * j - dispersion.range / 2.0), 1.0)
             for j in range(dispersion.steps)]
 

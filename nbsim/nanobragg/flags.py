@@ -163,6 +163,10 @@ TABLE: tuple[Flag, ...] = (
     Flag(NBSIM, "-nxmxfile", P1, "FILE", "NeXus NXmx HDF5 of the counts, with the geometry", "none"),
     Flag(NBSIM, "-spectrumfile", P1, "FILE", "weighted spectrum, one channel a line: wavelength (Å) or energy (eV, "
          "header energy_eV) and weight; the image is the weighted sum (docs/physics.md)", "one wavelength"),
+    Flag(NBSIM, "-spectrum_shift", N1, "EV", "eV added to every -spectrumfile channel's energy (what nbsim fit "
+         "--refine spectrum reports)", "0"),
+    Flag(NBSIM, "-spectrum_stretch", N1, "S", "each -spectrumfile channel's energy moved from the weighted mean "
+         "energy by S times its offset (with the shift: E' = mean + shift + S (E - mean))", "1"),
     Flag(NBSIM, "-panelfile", P1, "FILE", "multi-panel detector: nbsim's YAML panel list or a CrystFEL .geom file "
          "(docs/formats.md)", "one panel"),
     Flag(NBSIM, "-sensor_material", (WORD,), "Si|CdTe", "sensor material: with -detector_thick and no -detector_abs, "
