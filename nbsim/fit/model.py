@@ -35,6 +35,7 @@ from ..resolve import (
     requested_oversample,
     sampling_distance_m,
 )
+from ..sensors import HC_EV_A
 from ..vectors import cross, dot
 from .panels import PanelGroups, moved_panels
 from .parameters import (
@@ -141,6 +142,41 @@ def smooth_oversample(setup: Setup) -> int:
     fringes = _fringes(setup)
     needed = math.ceil(SMOOTH_SAMPLES_PER_FRINGE * fringes.crystal_size_m / fringes.reciprocal_pixel_m)
     return max(2, needed, setup.oversample)
+
+
+SEARCH_CHANNELS = 8
+"""Channels a search stage renders a spectrum with (`with_binned_spectrum`): the search needs the spectrum's
+place and width, not its spikes, and every channel costs as much as a wavelength."""
+
+
+def with_spectrum(setup: Setup, spectrum: tuple[tuple[float, float], ...]) -> Setup:
+    """The set-up with these spectrum channels in place of its own (its shift and stretch kept; the steps, and
+    with them the photon scale r_e²·fluence/steps, follow the source count)."""
+    config = setup.config.with_options(spectrum=spectrum)
+    geometry = setup.geometry
+    sources = build_sources(config.beam, geometry.beam, geometry.polar, geometry.vertical)
+    return dataclasses.replace(setup, config=config, sources=sources,
+                               steps=setup.steps // setup.sources.count * sources.count)
+
+
+def with_binned_spectrum(setup: Setup, channels: int = SEARCH_CHANNELS) -> Setup:
+    """The set-up with its spectrum summed into at most `channels` bins of equal energy width, each at its
+    channels' weighted mean energy with their summed weight: the spectrum's weighted mean energy, on which the
+    shift and stretch act, stays as it was. A set-up without a spectrum, with one of few channels, or with
+    anomalous tables per channel, as it is."""
+    spectrum = setup.config.beam.spectrum
+    if spectrum is None or len(spectrum) <= channels or setup.channel_grids:
+        return setup
+    energies = np.array([HC_EV_A / wavelength for wavelength, _ in spectrum])
+    weights = np.array([weight for _, weight in spectrum])
+    edges = np.linspace(energies.min(), energies.max(), channels + 1)
+    bins = np.clip(np.searchsorted(edges, energies, side="right") - 1, 0, channels - 1)
+    summed = np.bincount(bins, weights, channels)
+    centres = np.bincount(bins, weights * energies, channels)
+    kept = summed > 0
+    return with_spectrum(setup, tuple((HC_EV_A / float(energy), float(weight))
+                                      for energy, weight in zip(centres[kept] / summed[kept], summed[kept],
+                                                                strict=True)))
 
 
 def shared_tables(setups: Sequence[Setup], device: torch.device, dtype: torch.dtype) -> list[TableTensors]:

@@ -23,7 +23,14 @@ from ..render import Renderer
 from ..resolve import Setup
 from .compiled import Variant, kernels_ready
 from .joint import information, joint_applies, minimise_joint, product_columns
-from .model import DiffractionModel, observed_oversample, smooth_oversample, with_oversample
+from .model import (
+    DiffractionModel,
+    observed_oversample,
+    smooth_oversample,
+    with_binned_spectrum,
+    with_oversample,
+    with_spectrum,
+)
 from .newton import evaluate, image_coordinates, minimise_fisher
 from .objective import FitImage, FitOptions, Objective, relative_change_stop
 from .panels import panel_groups, pixel_centres_m
@@ -240,7 +247,8 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         options = dataclasses.replace(options, restraints={**options.restraints, "panels": PANEL_RESTRAINT})
     searched = [name for name in refine if name != "panels"]
     setups = [image.setup for image in images]
-    boxes = choose_pixels(images, setups, options)
+    binned = [with_binned_spectrum(setup) for setup in setups]
+    boxes = choose_pixels(images, binned, options)
     if Compile.of(options.compile) is Compile.AUTO:
         kernels_ready(fit_kernel_variants(setups, searched, options),
                       sum(b.count * setup.steps for b, setup in zip(boxes, setups, strict=True)))
@@ -257,12 +265,16 @@ def fit(images: Sequence[FitImage], options: FitOptions,
         n_cells = None
         if "orientation" in refine:
             n_cells = [coarse_cells(setup, b, options.search_deg) for setup, b in zip(setups, boxes, strict=True)]
+        searching = binned
         for stage, names in stages:
-            setups, iterations = smooth_stage(images, setups, boxes, names, options, report(stage), started, n_cells)
+            searching, iterations = smooth_stage(images, searching, boxes, names, options, report(stage), started,
+                                                 n_cells)
             total_iterations += iterations
             if stage == "coarse":
-                boxes = choose_pixels(images, setups, options)
+                boxes = choose_pixels(images, searching, options)
             n_cells = None
+        setups = [each if setup.config.beam.spectrum is None else with_spectrum(each, setup.config.beam.spectrum)
+                  for each, setup in zip(searching, setups, strict=True)]
     history: list[float] = []
     for sampling_round in range(SAMPLING_ROUNDS):
         setups = [with_oversample(setup, observed_oversample(setup)) for setup in setups]
