@@ -17,10 +17,11 @@ Target (issue 39): ≤ 3 min on 2 cores, every shot converged, the median shot w
 The fit's compiled kernel is built (or found cached) before the timed fit; its build is reported apart.
 `fit_panels`: one `nbsim fit` command refining the panels of a JUNGFRAU-like detector (8 modules of 512 × 256
 pixels of 0.15 mm, 2 × 4 modules with the JUNGFRAU 4M's gaps of 0.6 and 2.7 mm, 120 mm from the sample, λ 1.3 Å)
-with 20 stills of the shipped model (N 10, no mosaic spread, -oversample 1), every module displaced from the
-start (`-panelfile` of the nominal layout) by a shift of 0.05–0.1 mm and a rotation of 0.05–0.1° about its
-centre, each in a random direction, less the part no still can see (a rotation of the whole detector about the
-beam, which is a rotation of every crystal: docs/fitting.md, "Multi-panel detectors"); the crystals from
+with 20 stills of the shipped model (N 10, no mosaic spread, -oversample 1, fluence 1e27: `--fluence F`), every
+module displaced from the start (`-panelfile` of the nominal layout) by a shift of 0.05–0.1 mm and a rotation of
+0.05–0.1° about its centre, each in a random direction, less the part no still can see (a rotation of the whole
+detector about the beam, which is a rotation of every crystal: docs/fitting.md, "Multi-panel detectors"); the
+crystals from
 per-shot starts as fit_100_stills's, refined per shot (`--refine orientation,cell,N,scale,panels --shared
 panels --groups modules`). Target (issue 39): every module's centre within 5 µm and its rotation within
 0.005°. `--in-plane` draws shifts across the beam and rotations about it only (a module mounted flat).
@@ -52,6 +53,9 @@ MODULE_GAPS_MM = (0.6, 2.7)
 """The JUNGFRAU 4M's gaps between modules (8 and 36 pixels of 75 µm): along fast, along slow."""
 MODULE_LAYOUT = (2, 4)
 PANEL_DISTANCE_MM = 120.0
+PANEL_FLUENCE = 1e27
+"""The stills' fluence (photons/m²; fit_still's 1e26 gives half the modules' tilts 0.01-0.02° off, within 1.5
+standard errors: docs/fitting.md)."""
 MAX_MODULE_POSITION_MM = 0.005
 MAX_MODULE_ROTATION_DEG = 0.005
 
@@ -297,7 +301,8 @@ def moved_module(panel: dict, shift, rotation_deg) -> dict:
             "pix0_mm": (centre + shift + turn @ (np.array(panel["pix0_mm"]) - centre)).tolist()}
 
 
-def measure_panels(quick: bool, device: str = "cpu", in_plane: bool = False) -> dict:
+def measure_panels(quick: bool, device: str = "cpu", in_plane: bool = False,
+                   fluence: float = PANEL_FLUENCE) -> dict:
     """fit_panels (see the module docstring): the stills and starts written, the kernel built, one `nbsim fit`
     command timed, every module's refined move compared with the truth's."""
     import resource
@@ -324,9 +329,9 @@ def measure_panels(quick: bool, device: str = "cpu", in_plane: bool = False) -> 
     (folder / "truth.yaml").write_text(yaml.safe_dump(
         {"panels": [moved_module(panel, *move) for panel, move in zip(start_panels, moves, strict=True)]}))
 
-    def crystal(cell: str, misset: str, n_cells: str, fluence: str = "1e26") -> list[str]:
-        return (f"-model {MODEL} -lambda 1.3 -oversample 1 -fluence {fluence} -cell {cell} -misset {misset} "
-                f"-N {n_cells}").split()
+    def crystal(cell: str, misset: str, n_cells: str, scale: float = 1.0) -> list[str]:
+        return (f"-model {MODEL} -lambda 1.3 -oversample 1 -fluence {fluence * scale:g} -cell {cell} "
+                f"-misset {misset} -N {n_cells}").split()
 
     starts, truths, names = {}, [], []
     for shot in range(shots):
@@ -346,7 +351,7 @@ def measure_panels(quick: bool, device: str = "cpu", in_plane: bool = False) -> 
         starts[name] = {"misset": misset, "cell": [*lengths, 90, 90, 90]}
     (folder / "starts.json").write_text(json.dumps({"images": starts}))
     write_hkl(folder / "reference.hkl", truth.p1_table.reflections)
-    flags = crystal(*START, fluence="3e26")
+    flags = crystal(*START, scale=3.0)
     flags[flags.index("-model"):flags.index("-model") + 2] = ["-hkl", "reference.hkl"]
     build_s = sum(ensure_package(Variant("nearest", gradients, "float64", device))[1] for gradients in (False, True))
     command = [sys.executable, "-m", "nbsim.cli", "fit", *names, "--starts", "starts.json", "--refine",
@@ -375,6 +380,7 @@ def measure_panels(quick: bool, device: str = "cpu", in_plane: bool = False) -> 
     lengths = [max(abs(found - true) / true for found, true in zip(shot["cell"][:3], (50, 60, 70), strict=True))
                for shot in document["shots"]]
     return {"detector": f"8 modules of {pixels[0]}x{pixels[1]}", "shots": shots, "in_plane": in_plane,
+            "fluence": fluence,
             "seconds": seconds, "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "kernel_build_s": build_s, "converged": document["converged"], "reason": document["reason"],
             "iterations": document["iterations"], "pixels": document["pixels"], "threads": torch.get_num_threads(),
@@ -519,4 +525,6 @@ if __name__ == "__main__":
                 "fit_panels": measure_panels}
     measure = measures[sys.argv[1]]
     extra = {"in_plane": True} if "--in-plane" in sys.argv else {}
+    if "--fluence" in sys.argv:
+        extra["fluence"] = float(sys.argv[sys.argv.index("--fluence") + 1])
     print(json.dumps(measure(quick, device, **extra)))

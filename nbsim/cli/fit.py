@@ -222,22 +222,19 @@ def main(argv: list[str]) -> int:
 
 
 def _panel_groups(options: argparse.Namespace, configs: list):
-    """The panel groups --refine panels moves (--groups: modules, all or a file of groups), checked against the
-    detector before any work; and the refined detector's panel names checked against --geom-out's format."""
+    """The panel groups --refine panels moves (--groups: modules, all or a file of groups, read and checked against
+    the detector's panels before any work); the refined detector checked against --geom-out's format."""
     panels = configs[0].detector.panels
     if options.geom_out and panels:
         from ..io.panels import check_crystfel_panels
 
         check_crystfel_panels(panels)
-    if "panels" not in options.refine:
-        return "modules"
-    if panels is None:
-        raise NbsimError("fit: --refine panels moves the panels of a multi-panel detector (-panelfile: a YAML panel "
-                         "list or a CrystFEL .geom); this detector is one panel: refine its place with distance,beam")
-    if any(config.detector.panels != panels for config in configs):
-        raise NbsimError("fit: the images' panels are refined together, so every image must start from the same "
-                         "detector (one -panelfile)")
     grouping = options.groups or "modules"
+    if "panels" not in options.refine:
+        return grouping
+    from ..fit.panels import check_refinable
+
+    check_refinable([config.detector for config in configs])
     if grouping in ("modules", "all"):
         return grouping
     require_file(grouping)

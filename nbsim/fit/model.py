@@ -37,7 +37,7 @@ from ..resolve import (
 )
 from ..sensors import HC_EV_A
 from ..vectors import cross, dot
-from .panels import PanelGroups, moved_panels
+from .panels import PanelGroups, check_refinable, moved_panels
 from .parameters import (
     REFINABLE,
     LatticeSystem,
@@ -288,11 +288,9 @@ class DiffractionModel(nn.Module):
         for setup in setups:
             check_fittable(setup, refine)
         if "panels" in refine:
+            check_refinable([setup.config.detector for setup in setups])
             if groups is None:
                 raise NbsimError("refining panels needs their groups (nbsim.fit.panels.panel_groups)")
-            if any(setup.config.detector.panels != setups[0].config.detector.panels for setup in setups):
-                raise NbsimError("the images' panels are refined together, so every image must start from the same "
-                                 "detector (one panel file)")
         self.groups = groups
         self.setups = list(setups)
         self.device = torch.device(device)

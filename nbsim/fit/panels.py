@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import DetectorConfig
 from ..errors import NbsimError
 from ..model.geometry import DetectorGeometry, placed_panel
 from ..resolve import Setup
@@ -49,12 +50,21 @@ def panel_names(setup: Setup) -> list[str]:
     return [panel.name for panel in setup.config.detector.panels or ()]
 
 
+def check_refinable(detectors: Sequence[DetectorConfig]) -> None:
+    """One-line errors, from the images' detector configurations alone (before any work), for panels a fit cannot
+    refine: a single-panel detector's, or those of images that start from different panel lists."""
+    if detectors[0].panels is None:
+        raise NbsimError("--refine panels moves the panels of a multi-panel detector (-panelfile: a YAML panel list "
+                         "or a CrystFEL .geom); this detector is one panel: refine its place with distance,beam")
+    if any(detector.panels != detectors[0].panels for detector in detectors):
+        raise NbsimError("the images' panels are refined together, so every image must start from the same "
+                         "detector (one panel file)")
+
+
 def panel_groups(setup: Setup, grouping: str | Mapping[str, Sequence[str]]) -> PanelGroups:
     """The groups of a multi-panel set-up's panels: "modules" (each panel a group of its own, named after it),
     "all" (one group), or a mapping of group names to panel names (a panel no group names stays where it is)."""
-    if setup.panels is None:
-        raise NbsimError("--refine panels moves the panels of a multi-panel detector (-panelfile: a YAML panel list "
-                         "or a CrystFEL .geom); this detector is one panel: refine its place with distance,beam")
+    check_refinable([setup.config.detector])
     names = panel_names(setup)
     if grouping == "modules":
         groups = {name: [name] for name in names}
