@@ -17,7 +17,8 @@ says which targets each figure meets, and writes everything as JSON. The sweep w
 `cli_answers` in
 benchmarks/answers.py, the detector's (`noise_c`, `noise_philox`) in benchmarks/detector_workloads.py,
 `panels_4x2048` (shots per second of a 4-panel detector) in benchmarks/panel_workloads.py,
-`gradients` in benchmarks/gradient_workloads.py, `fit_gradient`, `fit_still` and `fit_100_stills` in
+`gradients` in benchmarks/gradient_workloads.py, `fit_gradient`, `fit_still`, `fit_100_stills` and `fit_panels`
+(the modules of a JUNGFRAU-like detector refined with 20 stills: 20 minutes on 2 busy cores) in
 benchmarks/fit_workloads.py, `merge_sad` (an SAD experiment merged by `nbsim merge`) in
 benchmarks/merge_workloads.py.
 `--quick` shrinks every detector for a smoke run; its figures are not the targets' figures.
