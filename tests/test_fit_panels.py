@@ -93,6 +93,20 @@ def test_a_stacked_floatfile_reads_back_as_its_panels_and_shoeboxes_stay_on_thei
     np.testing.assert_array_equal(boxes.take(image.counts), image.counts[boxes.panel, boxes.rows, boxes.cols])
 
 
+def test_a_multi_panel_nxmx_frame_reads_back_as_its_panels(displaced, tmp_path, monkeypatch, capsys):
+    """`-nxmxfile` of a -panelfile detector (frames x panels x slow x fast, padded) is what the fit reads."""
+    monkeypatch.chdir(tmp_path)
+    flags = [*CRYSTAL, "-misset", *MISSETS[0].split(), "-panelfile", str(displaced / "start.yaml")]
+    assert main([*flags, "-nxmxfile", "frame.nxs", "-scale", "1"]) == 0
+    capsys.readouterr()
+    setup = _start(displaced)
+    image = read_fit_image("frame.nxs", setup)
+    photons = Renderer(setup, dtype=torch.float64, compile="off")().numpy()
+    assert image.counts.shape == (3, SLOW, FAST)
+    np.testing.assert_array_equal(image.usable, panel_pixels(setup))
+    assert np.abs(image.counts - photons)[image.usable].max() <= 0.5 + 1e-6 * photons.max()
+
+
 def test_every_panels_pixels_render_as_the_renderer_renders_them(displaced):
     """One pixel list of every panel: on the crystal's fixed scattering vectors, and through autograd with the
     panel groups at their start; and a group moved as the truth's module was renders the truth's image."""
