@@ -480,3 +480,25 @@ def test_cli_merge_resumes_from_its_last_cycle(start_mtz, tmp_path, capsys):
     page = (resumed / "report.html").read_text()
     assert "data:image/png;base64," in page and page.count("<tr><td>") == 3  # the start and both cycles
     assert (resumed / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_shots_refined_spectrum_is_rebuilt_with_it(tmp_path):
+    """--refine spectrum in a merge: a shot's set-up is rebuilt with its refined spectrum's shift and stretch
+    (what the F step's design matrix renders with), and its values read them back."""
+    from nbsim.io.text import HC_EV_A
+    from nbsim.merge.state import rebuilt_setup, shot_values
+    from nbsim.resolve import resolve
+
+    (tmp_path / "spectrum.txt").write_text("1.0 1\n1.002 2\n1.004 1\n")
+    start = resolve(nbsim.config_from_args(
+        f"-default_F 100 -cell 50 60 70 90 90 90 -N 5 -detpixels 32 -spectrumfile {tmp_path / 'spectrum.txt'}"
+        .split()))
+    values = shot_values(start, start, None)
+    assert values["spectrum"] == [0.0, 1.0]
+    values["spectrum"] = [-4.0, 1.1]
+    rebuilt = rebuilt_setup(start, values, ["orientation", "cell", "spectrum"], None, 1)
+    given = HC_EV_A / start.sources.wavelength_A.numpy()
+    mean = (given * [1, 2, 1]).sum() / 4
+    np.testing.assert_allclose(HC_EV_A / rebuilt.sources.wavelength_A.numpy(), mean - 4 + 1.1 * (given - mean),
+                               rtol=1e-12)
+    assert shot_values(start, rebuilt, None)["spectrum"] == pytest.approx([-4.0, 1.1])

@@ -32,7 +32,7 @@ from ..io.atomic import atomic_write_with
 from ..resolve import Setup
 
 CHECKPOINT_VERSION = 1
-SETUP_QUANTITIES = ("mosaic", "distance", "beam", "wavelength")
+SETUP_QUANTITIES = ("mosaic", "distance", "beam", "wavelength", "spectrum")
 """Refined quantities a set-up is rebuilt with only where refined (the crystal's are always rebuilt)."""
 
 
