@@ -100,9 +100,10 @@ def test_the_c_noise_images_follow_their_float_images(name):
         _follows_poisson(image.counts[usable] + adc, expected[usable])
 
 
-def _batch_store(folder, detector: bool = True):
+def _batch_store(folder, detector: bool = True, beam: dict | None = None):
     """A batch store of three points of a -phi series (arbitrary images: a photon image and its 16-bit
-    detector image, offset 40), its records, and the collated sweep.zarr built from it."""
+    detector image, offset 40; `beam`: their configurations' beam), its records, and the collated sweep.zarr
+    built from it."""
     from nbsim.sweep.collate import point_rows, write_collated_store
     from nbsim.sweep.store import BatchStore, write_json
 
@@ -119,7 +120,8 @@ def _batch_store(folder, detector: bool = True):
             images["detector_image"] = (generator.poisson(photons) + 40).astype(np.uint16)
         entry = {"name": point, "reference": "", "size": 16, "status": "ok", "images": sorted(images),
                  "axes": {"size": 16, "dtype": "float32", "device": "cpu", "compile": "off", "phi": phi},
-                 "config": {"response": {"adc_offset_adu": 40.0, "gain_adu_per_photon": 1.0}}}
+                 "config": {"response": {"adc_offset_adu": 40.0, "gain_adu_per_photon": 1.0},
+                            **({"beam": beam} if beam else {})}}
         store.write(index, images, entry)
         entries.append({**entry, "index": index})
         written.append(images)
@@ -144,6 +146,25 @@ def test_a_shot_of_a_batch_store_or_a_collated_sweep(tmp_path):
         read_observed(f"{collated}#size=16")
     with pytest.raises(InputFileError, match="name one as STORE#POINT"):
         read_observed(str(collated))
+
+
+def test_a_store_shot_carries_the_spectrum_it_was_rendered_with(tmp_path):
+    """A dataset's shot (a `sase` draw) gives the fit its spectrum, moved as its configuration says, from a batch
+    store or a collated one; a store shot of one wavelength has none; a spectrum without weight is one line."""
+    from nbsim.io.observed import observed_spectrum
+
+    spectrum = [[1.0, 1.0], [1.01, 3.0]]
+    batch, collated, points, _ = _batch_store(tmp_path / "a", beam={"spectrum": spectrum, "spectrum_shift_eV": 2.0})
+    mean_eV = (12398.42 / 1.0 + 3 * 12398.42 / 1.01) / 4
+    for spec in (f"{batch}#{points[1]}", f"{collated}#phi=0.5"):
+        found = observed_spectrum(spec)
+        assert [weight for _, weight in found] == [1.0, 3.0]
+        assert sum(12398.42 / wavelength * weight for wavelength, weight in found) / 4 == pytest.approx(mean_eV + 2.0)
+    plain, _, plain_points, _ = _batch_store(tmp_path / "b")
+    assert observed_spectrum(f"{plain}#{plain_points[0]}") is None
+    weightless, _, weightless_points, _ = _batch_store(tmp_path / "c", beam={"spectrum": [[1.0, 0.0], [1.01, 0.0]]})
+    with pytest.raises(InputFileError, match="weights sum to 0"):
+        observed_spectrum(f"{weightless}#{weightless_points[0]}")
 
 
 def test_a_store_without_a_detector_stage_gives_its_photons(tmp_path):
