@@ -90,7 +90,6 @@ def test_the_spectrums_gradients_on_the_fits_kernel_are_autograds(spectra):
     torch.testing.assert_close(basis.T @ basis, torch.eye(2, dtype=torch.float64))
 
 
-@pytest.mark.slow
 def test_a_spectrum_5_eV_off_comes_back_with_the_crystal(spectra):
     """Issue 39's spectra case at small scale: a still rendered with a SASE spectrum, fitted from a start whose
     spectrum is 5 eV off: the shift comes back within 0.5 eV, and the crystal as well as from the true
