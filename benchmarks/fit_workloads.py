@@ -35,6 +35,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -400,17 +401,27 @@ def _run(name: str, quick: bool, folder: Path) -> dict:
     return {"command": ["python", "benchmarks/fit_workloads.py", name], "result": json.loads(lines[-1])}
 
 
-def gradient_verdict(record: dict) -> str:
+def _verdict(record: dict, misses_of: Callable[[dict], list[str]]) -> str:
+    """A workload's verdict: "failed: ..." for a record with an error, else "met" or "missed (...)" with what
+    `misses_of(result)` lists against the targets."""
     if "error" in record:
         return "failed: " + record["error"]
-    result = record["result"]
+    misses = misses_of(record["result"])
+    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+
+
+def gradient_verdict(record: dict) -> str:
+    return _verdict(record, _gradient_misses)
+
+
+def _gradient_misses(result: dict) -> list[str]:
     best = min(result["eager"]["value_and_gradient_s"], result["compiled"]["value_and_gradient_s"])
     misses = []
     if best > MAX_VALUE_AND_GRADIENT_S:
         misses.append(f"value and gradient {best:.2f} s")
     if result["gradient_vs_compiled_forward"] > MAX_FORWARD_RATIO:
         misses.append(f"gradient {result['gradient_vs_compiled_forward']:.1f}× slower than the compiled forward")
-    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+    return misses
 
 
 def gradient_row(name: str, record: dict) -> str:
@@ -426,9 +437,10 @@ def gradient_row(name: str, record: dict) -> str:
 
 
 def still_verdict(record: dict) -> str:
-    if "error" in record:
-        return "failed: " + record["error"]
-    r = record["result"]
+    return _verdict(record, _still_misses)
+
+
+def _still_misses(r: dict) -> list[str]:
     misses = []
     if r["seconds"] > MAX_FIT_S:
         misses.append(f"{r['seconds']:.1f} s")
@@ -438,13 +450,14 @@ def still_verdict(record: dict) -> str:
         misses.append(f"length {max(r['length_errors']) * 100:.3f} %")
     if max(abs(n - 10) / 10 for n in r["N"]) > 0.1:
         misses.append(f"N {r['N']}")
-    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+    return misses
 
 
 def stills_verdict(record: dict) -> str:
-    if "error" in record:
-        return "failed: " + record["error"]
-    r = record["result"]
+    return _verdict(record, _stills_misses)
+
+
+def _stills_misses(r: dict) -> list[str]:
     misses = []
     if r["seconds"] > MAX_STILLS_S:
         misses.append(f"{r['seconds']:.0f} s")
@@ -454,7 +467,7 @@ def stills_verdict(record: dict) -> str:
         misses.append(f"median orientation {r['median_misorientation_deg']:.4f}°")
     if r["median_length_error"] > 5e-4:
         misses.append(f"median length {r['median_length_error'] * 100:.3f} %")
-    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+    return misses
 
 
 def stills_row(name: str, record: dict) -> str:
@@ -470,9 +483,10 @@ def stills_row(name: str, record: dict) -> str:
 
 
 def panels_verdict(record: dict) -> str:
-    if "error" in record:
-        return "failed: " + record["error"]
-    r = record["result"]
+    return _verdict(record, _panels_misses)
+
+
+def _panels_misses(r: dict) -> list[str]:
     misses = []
     if r["max_position_error_mm"] > MAX_MODULE_POSITION_MM:
         misses.append(f"a module {r['max_position_error_mm'] * 1000:.1f} um off")
@@ -480,7 +494,7 @@ def panels_verdict(record: dict) -> str:
         misses.append(f"a module turned {r['max_rotation_error_deg']:.4f} deg off")
     if not r["converged"]:
         misses.append(f"not converged ({r['reason']})")
-    return "met" if not misses else "missed (" + "; ".join(misses) + ")"
+    return misses
 
 
 def panels_row(name: str, record: dict) -> str:
