@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args
 
@@ -420,6 +421,22 @@ def option_names() -> set[str]:
     return set().union(*(_field_names(part()) for part in option_parts()))
 
 
+def spectrum_channels_problem(spectrum: Sequence[tuple[float, float]]) -> str | None:
+    """What is wrong with a spectrum's (wavelength in Å, weight) channels (None: nothing): no channels, a
+    wavelength not positive, a weight negative, or weights summing to 0. One check for a -spectrumfile's
+    configuration and a frame's own spectrum, each naming its source before it."""
+    if not spectrum:
+        return "no channels"
+    for index, (wavelength_A, weight) in enumerate(spectrum):
+        if not (wavelength_A > 0 and math.isfinite(wavelength_A)):
+            return f"channel {index + 1}'s wavelength {wavelength_A:g} A must be positive"
+        if not (weight >= 0 and math.isfinite(weight)):
+            return f"channel {index + 1}'s weight {weight:g} must not be negative"
+    if not sum(weight for _, weight in spectrum) > 0:
+        return "weights sum to 0 (no weight)"
+    return None
+
+
 def check_spectrum(config: BeamConfig) -> None:
     """A spectrum is at least one channel of positive wavelength and non-negative weight, the weights summing
     to more than 0, and the only source of wavelengths (neither -sourcefile nor -dispersion beside it)."""
@@ -430,15 +447,9 @@ def check_spectrum(config: BeamConfig) -> None:
         if scalar_value(config.spectrum_shift_eV) != 0 or scalar_value(config.spectrum_stretch) != 1:
             raise NbsimError("-spectrum_shift and -spectrum_stretch move a spectrum's channels: give -spectrumfile")
         return
-    if not spectrum:
-        raise NbsimError("the spectrum has no channels")
-    for index, (wavelength_A, weight) in enumerate(spectrum):
-        if not (wavelength_A > 0 and math.isfinite(wavelength_A)):
-            raise NbsimError(f"spectrum channel {index + 1}: wavelength {wavelength_A:g} A must be positive")
-        if not (weight >= 0 and math.isfinite(weight)):
-            raise NbsimError(f"spectrum channel {index + 1}: weight {weight:g} must not be negative")
-    if not sum(weight for _, weight in spectrum) > 0:
-        raise NbsimError("the spectrum's weights sum to 0")
+    problem = spectrum_channels_problem(spectrum)
+    if problem:
+        raise NbsimError(f"the spectrum: {problem}")
     shift_eV, stretch = scalar_value(config.spectrum_shift_eV), scalar_value(config.spectrum_stretch)
     if not (math.isfinite(shift_eV) and stretch > 0 and math.isfinite(stretch)):
         raise NbsimError(f"the spectrum's shift must be finite and its stretch above 0 (got {shift_eV:g} eV, "

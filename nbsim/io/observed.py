@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import shifted_spectrum
+from ..config import shifted_spectrum, spectrum_channels_problem
 from ..errors import InputFileError
 from .images import read_head, read_smv
 from .paths import require_file
@@ -238,15 +238,9 @@ def observed_spectrum(spec: str) -> tuple[tuple[float, float], ...] | None:
 
 def _check_channels(spec: str, channels: list[tuple[float, float]]) -> None:
     """A frame's spectrum: positive finite wavelengths, weights not negative and not all zero."""
-    if not channels:
-        raise InputFileError(spec, "its spectrum has no channels")
-    for wavelength, weight in channels:
-        if not (wavelength > 0 and math.isfinite(wavelength)):
-            raise InputFileError(spec, f"its spectrum has a wavelength of {wavelength:g} A (must be positive)")
-        if not (weight >= 0 and math.isfinite(weight)):
-            raise InputFileError(spec, f"its spectrum has a weight of {weight:g} (must not be negative)")
-    if not sum(weight for _, weight in channels) > 0:
-        raise InputFileError(spec, "its spectrum's weights sum to 0 (no weight)")
+    problem = spectrum_channels_problem(channels)
+    if problem:
+        raise InputFileError(spec, f"its spectrum: {problem}")
 
 
 def _nx_child(group, nx_class: str):
