@@ -112,12 +112,12 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         config = config.with_options(panels=read_panel_file(panel_file), panel_file=panel_file)
         state.write_pgm = state.calculate_noise = False
         state.intfile = None
+    config = config.with_options(spectrum_shift_eV=float(nbsim_options.get("-spectrum_shift", 0.0)),
+                                 spectrum_stretch=float(nbsim_options.get("-spectrum_stretch", 1.0)))
     if "-spectrumfile" in nbsim_options:
-        config = _with_spectrum(config, nbsim_options["-spectrumfile"], any(flag in argv for flag in WAVELENGTH_FLAGS),
-                                float(nbsim_options.get("-spectrum_shift", 0.0)),
-                                float(nbsim_options.get("-spectrum_stretch", 1.0)))
-    elif "-spectrum_shift" in nbsim_options or "-spectrum_stretch" in nbsim_options:
-        raise NbsimError("-spectrum_shift and -spectrum_stretch move a spectrum's channels: give -spectrumfile")
+        config = _with_spectrum(config, nbsim_options["-spectrumfile"], any(flag in argv for flag in WAVELENGTH_FLAGS))
+    else:  # a shift or stretch without a spectrum is refused here, as check_spectrum says
+        check_spectrum(config.beam)
     config, attenuation_source = _with_sensor(_with_cell_from_file(config), given, applied, model)
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
@@ -321,17 +321,17 @@ def _config_from_state(state: CState) -> SimulationConfig:
     return SimulationConfig(crystal=crystal, beam=beam, detector=detector, structure=structure)
 
 
-def _with_spectrum(config: SimulationConfig, path: str, wavelength_given: bool, shift_eV: float,
-                   stretch: float) -> SimulationConfig:
-    """The -spectrumfile's channels, moved by -spectrum_shift and -spectrum_stretch; the weighted mean wavelength of
-    the channels rendered is the nominal one (nanoBragg's lambda0: a -mat matrix's scale, the automatic
-    oversample, the headers) unless -lambda or -energy gives it."""
+def _with_spectrum(config: SimulationConfig, path: str, wavelength_given: bool) -> SimulationConfig:
+    """The -spectrumfile's channels, moved by the configuration's -spectrum_shift and -spectrum_stretch; the weighted
+    mean wavelength of the channels rendered is the nominal one (nanoBragg's lambda0: a -mat matrix's scale, the
+    automatic oversample, the headers) unless -lambda or -energy gives it."""
     spectrum = read_spectrum_file(path)
-    config = config.with_options(spectrum=spectrum, spectrum_shift_eV=shift_eV, spectrum_stretch=stretch)
+    config = config.with_options(spectrum=spectrum)
     check_spectrum(config.beam)
     if wavelength_given:
         return config
-    shifted = tuple(shifted_spectrum(spectrum, shift_eV, stretch))
+    beam = config.beam
+    shifted = tuple(shifted_spectrum(spectrum, beam.spectrum_shift_eV, beam.spectrum_stretch))
     return config.with_options(wavelength_A=spectrum_mean_wavelength_A(shifted))
 
 
