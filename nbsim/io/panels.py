@@ -39,15 +39,20 @@ def read_panel_file(path: str | Path) -> tuple[PanelConfig, ...]:
     return panels
 
 
-def _read_yaml(path: str, text: str) -> tuple[PanelConfig, ...]:
+def _yaml_document(path: str, text: str, kind: str = "YAML"):
+    """The YAML document in `text`; a one-line error naming the file and the line where it is not `kind`."""
     import yaml
 
     try:
-        document = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        raise InputFileError(path, f"not valid YAML ({getattr(error, 'problem', None) or error})",
+        raise InputFileError(path, f"not valid {kind} ({getattr(error, 'problem', None) or error})",
                              None if mark is None else mark.line + 1) from None
+
+
+def _read_yaml(path: str, text: str) -> tuple[PanelConfig, ...]:
+    document = _yaml_document(path, text)
     if not isinstance(document, dict) or not isinstance(document.get("panels"), list) or not document["panels"]:
         raise InputFileError(path, "a panel file holds 'panels:', a list of at least one panel")
     if set(document) != {"panels"}:
@@ -300,14 +305,7 @@ def read_panel_groups(path: str | Path, panel_names: Sequence[str]) -> dict[str,
     """The panel groups of a YAML (or JSON) file: a mapping of group name to its panels' names, each panel in one
     group at most (panels no group names stay where they are); one-line errors for anything else, a panel name
     the detector does not have included."""
-    import yaml
-
-    text = read_text(path)
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        problem = getattr(error, "problem", None) or error
-        raise InputFileError(str(path), f"not valid YAML or JSON ({problem})") from None
+    document = _yaml_document(str(path), read_text(path), "YAML or JSON")
     if not isinstance(document, dict) or not document:
         raise InputFileError(str(path), "a groups file maps each group's name to a list of its panels' names")
     groups: dict[str, tuple[str, ...]] = {}
