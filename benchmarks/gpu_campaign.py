@@ -459,6 +459,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     options = _parser().parse_args(argv)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # the sweep's tables are read with nbsim's own code, installed or not
     if options.c_binary and not os.access(options.c_binary, os.X_OK):
         print(f"gpu_campaign: the C binary {options.c_binary} is missing or not executable", file=sys.stderr)
         return 2
