@@ -138,14 +138,14 @@ def test_stills_name_their_image_and_frame(tmp_path):
 
 def test_bad_experiment_lists_are_one_line(tmp_path):
     config = parse(BASE)[0]
-    two_panels = _expt(config)
-    two_panels["detector"][0]["panels"] *= 2
+    overlapping = _expt(config)
+    overlapping["detector"][0]["panels"] *= 2  # two panels in one place
     unindexed = _expt(config)
     del unindexed["experiment"][0]["crystal"]
     cases = {"missing.expt": None, "text.expt": "not json", "list.expt": json.dumps([1]),
-             "panels.expt": json.dumps(two_panels), "unindexed.expt": json.dumps(unindexed)}
+             "panels.expt": json.dumps(overlapping), "unindexed.expt": json.dumps(unindexed)}
     messages = {"missing.expt": "no such file", "text.expt": "not a DIALS experiment list (JSON",
-                "list.expt": "no ExperimentList", "panels.expt": "a detector of 2 panels",
+                "list.expt": "no ExperimentList", "panels.expt": "panel 'panel1' overlaps panel 'panel0'",
                 "unindexed.expt": "has no crystal (index it first)"}
     for name, text in cases.items():
         if text is not None:

@@ -19,7 +19,13 @@ from nbsim.cli import main
 from nbsim.cli.fit import _experiment_shots
 from nbsim.errors import InputFileError, NbsimError
 from nbsim.fit.pixels import shoeboxes
-from nbsim.io.dials_experiments import RefinedExperiment, mini_cbf_a_matrix, read_experiment_list, write_experiment_list
+from nbsim.io.dials_experiments import (
+    PanelPlacement,
+    RefinedExperiment,
+    mini_cbf_a_matrix,
+    read_experiment_list,
+    write_experiment_list,
+)
 from nbsim.io.dials_reflections import read_reflection_table
 from nbsim.model.geometry import build_geometry
 from nbsim.nanobragg.arguments import parse
@@ -28,12 +34,14 @@ from .conftest import REPO_ROOT
 from .test_dials_experiments import BASE, _expt, _misorientation_deg, _rotation
 
 
-def _refl(path, identifiers: dict[int, str], ids, centroids, intensities=None) -> None:
-    """A reflection table as DIALS writes it (flex.reflection_table.as_msgpack's layout)."""
+def _refl(path, identifiers: dict[int, str], ids, centroids, intensities=None, panels=None) -> None:
+    """A reflection table as DIALS writes it (flex.reflection_table.as_msgpack's layout); `panels`: each spot's
+    panel (all 0 when not given)."""
     rows = len(ids)
+    panels = np.zeros(rows) if panels is None else panels
     data = {"id": ["int", [rows, np.asarray(ids, "<i4").tobytes()]],
             "xyzobs.px.value": ["vec3<double>", [rows, np.asarray(centroids, "<f8").tobytes()]],
-            "panel": ["std::size_t", [rows, np.zeros(rows, "<u8").tobytes()]]}
+            "panel": ["std::size_t", [rows, np.asarray(panels, "<u8").tobytes()]]}
     if intensities is not None:
         data["intensity.sum.value"] = ["double", [rows, np.asarray(intensities, "<f8").tobytes()]]
     path.write_bytes(msgpack.packb(["dials::af::reflection_table", 1,
@@ -110,9 +118,9 @@ def _written_back(tmp_path) -> tuple[dict, RefinedExperiment]:
     np.testing.assert_allclose(start.to_nanobragg.T @ start_geometry.pix0_m.numpy() * 1000.0, expected_origin,
                                atol=1e-9)
     turn = _rotation((1.0, 2.0, 3.0), 0.7)
-    refined = RefinedExperiment(start, start.a_matrix_per_A @ turn.T * 1.002, 1.31,
-                                start_geometry.pix0_m.numpy() * 1000.0 + np.array([0.3, -0.1, 0.05]),
-                                turn @ start_geometry.fdet.numpy(), turn @ start_geometry.sdet.numpy())
+    refined = RefinedExperiment(start, start.a_matrix_per_A @ turn.T * 1.002, 1.31, (PanelPlacement(
+        start_geometry.pix0_m.numpy() * 1000.0 + np.array([0.3, -0.1, 0.05]), turn @ start_geometry.fdet.numpy(),
+        turn @ start_geometry.sdet.numpy()),))
     write_experiment_list(tmp_path / "refined.expt", tmp_path / "start.expt", [refined])
     return document, refined
 
@@ -121,7 +129,8 @@ def test_refined_experiments_written_back_read_back_as_refined(tmp_path):
     """The writer inverts the reader: what was refined reads back exactly; what was not is kept."""
     document, refined = _written_back(tmp_path)
     config = parse(BASE)[0]
-    a_matrix, pix0_mm, fast, slow = refined.a_matrix_per_A, refined.pix0_mm, refined.fast, refined.slow
+    [panel] = refined.panels
+    a_matrix, pix0_mm, fast, slow = refined.a_matrix_per_A, panel.origin_mm, panel.fast, panel.slow
     written = json.loads((tmp_path / "refined.expt").read_text())
     assert written["experiment"][0]["identifier"] == "lattice-0"
     assert "B_covariance" not in written["crystal"][0]
@@ -290,9 +299,10 @@ def test_dxtbx_reads_the_written_models_where_nbsim_put_them(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     dxtbx = json.loads(done.stdout.strip().splitlines()[-1])
     to_dials = refined.start.to_nanobragg.T
-    np.testing.assert_allclose(dxtbx["origin"], to_dials @ refined.pix0_mm, atol=1e-9)
-    np.testing.assert_allclose(dxtbx["fast"], to_dials @ refined.fast, atol=1e-12)
-    np.testing.assert_allclose(dxtbx["slow"], to_dials @ refined.slow, atol=1e-12)
+    [panel] = refined.panels
+    np.testing.assert_allclose(dxtbx["origin"], to_dials @ panel.origin_mm, atol=1e-9)
+    np.testing.assert_allclose(dxtbx["fast"], to_dials @ panel.fast, atol=1e-12)
+    np.testing.assert_allclose(dxtbx["slow"], to_dials @ panel.slow, atol=1e-12)
     assert dxtbx["wavelength"] == 1.31
     # dxtbx's A (columns a*, b*, c*) at φ = 0 in the lab: the refined rows turned into DIALS's frame
     np.testing.assert_allclose(np.array(dxtbx["A"]).reshape(3, 3), to_dials @ refined.a_matrix_per_A.T, atol=1e-14)

@@ -184,8 +184,8 @@ def test_the_crystfel_geometry_holds_the_groups_and_the_data_layout(displaced, t
     write_crystfel_geometry(tmp_path / "truth.geom", panels, {"side": ["m2"], "others": ["m0", "m1"]})
     geometry = load_crystfel_geometry(str(tmp_path / "truth.geom"))
     assert geometry.detector["rigid_groups"] == {"side": ["m2"], "others": ["m0", "m1"]}
-    assert [geometry.detector["panels"][p.name]["dim_structure"] for p in panels] == [
-        ["%", index, "ss", "fs"] for index in range(3)]
+    assert [geometry.detector["panels"][p.name]["dim_structure"] for p in panels] == [["%", "ss", "fs"]] * 3
+    assert [geometry.detector["panels"][p.name]["orig_min_ss"] for p in panels] == [0, SLOW, 2 * SLOW]
     for back, panel in zip(read_panel_file(tmp_path / "truth.geom"), panels, strict=True):
         assert back.pix0_mm == pytest.approx(panel.pix0_mm, abs=1e-9)
         assert back.fdet_vector == pytest.approx(panel.fdet_vector, abs=1e-12)

@@ -101,7 +101,7 @@ def test_each_tilted_panel_equals_its_single_panel_custom_render(tmp_path):
 def test_floatfile_stacks_the_panels_and_nxmx_has_one_module_per_panel(tmp_path, monkeypatch):
     """-floatfile holds each panel's slow x fast pixels in the file's order; the NXmx file read back with the
     nxmx reader places every module's pixels where the panel's are (frame-free: distance from the sample and
-    angle from the beam) and holds each panel's counts in its data slab."""
+    angle from the beam) and holds each panel's counts in its data slab, the panels one below the other."""
     nxmx = pytest.importorskip("nxmx")
     import h5py
 
@@ -119,11 +119,11 @@ def test_floatfile_stacks_the_panels_and_nxmx_has_one_module_per_panel(tmp_path,
         entry = nxmx.NXmx(handle).entries[0]
         detector = entry.instruments[0].detectors[0]
         data = entry.data[0][entry.data[0].signal]
-        assert data.shape == (1, 3, 36, 48)
+        assert data.shape == (1, 3 * 36, 48)
         assert len(detector.modules) == 3
         for index, (module, g) in enumerate(zip(detector.modules, geometries, strict=True)):
-            np.testing.assert_array_equal(module.data_origin, [index, 0, 0])
-            np.testing.assert_array_equal(module.data_size, [1, g.pixels_s, g.pixels_f])
+            np.testing.assert_array_equal(module.data_origin, [index * 36, 0])
+            np.testing.assert_array_equal(module.data_size, [g.pixels_s, g.pixels_f])
             chain = nxmx.get_dependency_chain(module.fast_pixel_direction)
             placement = nxmx.get_cumulative_transformation(chain[1:])[0]
             fast = placement[:3, :3] @ module.fast_pixel_direction.vector
@@ -136,7 +136,7 @@ def test_floatfile_stacks_the_panels_and_nxmx_has_one_module_per_panel(tmp_path,
                 assert np.linalg.norm(theirs) == pytest.approx(np.linalg.norm(ours), rel=1e-12)
                 assert theirs[2] / np.linalg.norm(theirs) == pytest.approx(
                     ours @ g.beam.numpy() / np.linalg.norm(ours), rel=1e-12)
-            counts = data[0, index]
+            counts = data[0, index * 36:(index + 1) * 36]
             panel = image[index, :g.pixels_s, :g.pixels_f]
             # int32 counts: no -adc pedestal and no 16-bit clamp (docs/formats.md)
             expected_counts = np.floor(np.maximum(panel.astype(np.float32).astype(np.float64) * 3, 0) + 0.5)

@@ -291,7 +291,8 @@ def _absolute_image(image: str) -> str:
 
 
 def _dials_spots(path: str, experiments: list, max_spots: int) -> list:
-    """Each experiment's spots in DIALS's reflection table `path` (centre pixels, brightest first)."""
+    """Each experiment's spots in DIALS's reflection table `path` (centre pixels, brightest first; on a
+    multi-panel detector (panel, row, col), DIALS's panel k being the image's k-th)."""
     require_file(path)
     from ..io.dials_reflections import read_reflection_table
 
@@ -299,7 +300,8 @@ def _dials_spots(path: str, experiments: list, max_spots: int) -> list:
     if not table.covers([start.identifier for start in experiments]):
         raise InputFileError(path, "its spots belong to none of the experiments of the --expt list (give the "
                                    ".refl written with that list: dials.index's indexed.refl)")
-    return [table.spots(start.identifier, start.number, max_spots) for start in experiments]
+    return [table.spots(start.identifier, start.number, max_spots, start.overrides.get("panels") is not None)
+            for start in experiments]
 
 
 def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per_image: list[list[str]],

@@ -12,7 +12,7 @@ import torch
 
 from ..config import PanelConfig
 from ..io.atomic import atomic_write_with
-from ..io.dials_experiments import ExperimentStart, RefinedExperiment
+from ..io.dials_experiments import ExperimentStart, PanelPlacement, RefinedExperiment
 from ..model.geometry import DetectorGeometry, panel_config
 from ..nanobragg.flags import FLAGS, WAVELENGTH_FLAGS
 from ..resolve import R_E_SQR_M2
@@ -250,18 +250,19 @@ def refined_panels(result: FitResult) -> tuple[PanelConfig, ...]:
 
 
 def refined_experiments(result: FitResult, starts: Sequence[ExperimentStart]) -> list[RefinedExperiment]:
-    """Each image's refined crystal, wavelength and detector panel (nanoBragg's frame), for the DIALS
-    experiment it started from (`starts[image]`): what nbsim.io.dials_experiments.write_experiment_list
-    writes."""
+    """Each image's refined crystal, wavelength and detector panels (nanoBragg's frame), for the DIALS experiment
+    it started from (`starts[image]`): what nbsim.io.dials_experiments.write_experiment_list writes."""
     refined = []
     for setup, start in zip(result.model.refined_setups(), starts, strict=True):
-        geometry = setup.geometry
-        refined.append(RefinedExperiment(
-            start=start, a_matrix_per_A=setup.lattice.reciprocal_per_A.detach().cpu().double().numpy(),
-            wavelength_A=float(setup.config.beam.wavelength_A),
-            pix0_mm=geometry.pix0_m.detach().cpu().double().numpy() * 1000.0,
-            fast=geometry.fdet.detach().cpu().double().numpy(), slow=geometry.sdet.detach().cpu().double().numpy()))
+        panels = tuple(PanelPlacement(origin_mm=_array(panel.pix0_m) * 1000.0, fast=_array(panel.fdet),
+                                      slow=_array(panel.sdet)) for panel in setup.panels or (setup.geometry,))
+        refined.append(RefinedExperiment(start=start, a_matrix_per_A=_array(setup.lattice.reciprocal_per_A),
+                                         wavelength_A=float(setup.config.beam.wavelength_A), panels=panels))
     return refined
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().double().numpy()
 
 
 def residual_picture(result: FitResult, path: str, boxes_per_image: int = 64) -> None:

@@ -188,14 +188,13 @@ def _axis(group, name: str, values, kind: str, vector, depends_on: str, units: s
                           "offset": np.zeros(3), "offset_units": "mm", "units": units, "depends_on": depends_on})
 
 
-def _module(detector, module: DetectorModule, panel: int | None, before_twotheta) -> None:
-    """One NXdetector_module: its data slab (`panel`: its index in a multi-panel frame, else None), the offset
-    of its first pixel's corner and its pixel directions."""
-    group = detector.create_group(module.name if panel is None else _group_name(module.name, panel))
+def _module(detector, module: DetectorModule, name: str, data_origin: tuple[int, int], before_twotheta) -> None:
+    """One NXdetector_module: its slab of the frame (from `data_origin`, (slow, fast)), the offset of its first
+    pixel's corner and its pixel directions."""
+    group = detector.create_group(name)
     group.attrs["NX_class"] = "NXdetector_module"
-    slab = (module.pixels_slow, module.pixels_fast)
-    group["data_origin"] = np.array([0, 0] if panel is None else [panel, 0, 0], dtype=np.int64)
-    group["data_size"] = np.array(slab if panel is None else (1, *slab), dtype=np.int64)
+    group["data_origin"] = np.array(data_origin, dtype=np.int64)
+    group["data_size"] = np.array((module.pixels_slow, module.pixels_fast), dtype=np.int64)
     origin_mm = before_twotheta(module.origin_m) * 1000.0
     pixel_mm = module.pixel_size_m * 1000.0
     distance_mm = float(np.linalg.norm(origin_mm))
@@ -209,9 +208,11 @@ def _module(detector, module: DetectorModule, panel: int | None, before_twotheta
           f"{path}/module_offset", "mm")
 
 
-def _group_name(name: str, index: int) -> str:
-    """A panel's module group: module_<index>_<its name, letters, digits and _ only>."""
-    return f"module_{index}_" + re.sub(r"\W", "_", name)
+def _group_name(name: str, index: int, count: int) -> str:
+    """A panel's module group: module_<index>_<its name, letters, digits and _ only>, the index zero-padded to
+    the width of the last one's so that the groups sort in the panels' order (readers such as dxtbx take the
+    modules in the order HDF5 lists them: by name)."""
+    return f"module_{index:0{len(str(count - 1))}d}_" + re.sub(r"\W", "_", name)
 
 
 def _write_wavelengths(beam, record: ExperimentRecord) -> None:
@@ -233,8 +234,10 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
     those), the beam, and the sample's ω axis and orientation, in the McStas frame. Each frame's ω range is
     `omega` to `omega_end` and its exposure `frame_time` (and `count_time`): dxtbx reads a frame's oscillation
     and exposure from those, so one frame imports as a one-image sweep, not a still. A multi-panel record's
-    frames are (panels, slow, fast), zero-padded to the largest panel, and each panel is an NXdetector_module
-    named after it whose data_origin (panel, 0, 0) and data_size (1, slow, fast) cut it out."""
+    frames are (panels, slow, fast), zero-padded to the largest panel, written as one (panels × slow, fast)
+    image, the panels one below the other; each panel is an NXdetector_module named after it whose
+    data_origin (panel × slow, 0) and data_size (its slow, its fast) cut it out (a 2-D slab: what dxtbx 3.12,
+    Debian's DIALS, reads; it refuses NXmx's (panels, slow, fast) slabs)."""
     import h5py
 
     r = record
@@ -247,8 +250,8 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
 
     modules = r.modules or (DetectorModule("module", r.pixel_size_m, r.pixels_fast, r.pixels_slow, r.origin_m,
                                            r.fast_axis, r.slow_axis),)
-    frame_shape = ((r.pixels_slow, r.pixels_fast) if not r.modules else
-                   (len(modules), max(m.pixels_slow for m in modules), max(m.pixels_fast for m in modules)))
+    slab_slow = max(m.pixels_slow for m in modules)
+    frame_shape = (len(modules) * slab_slow, max(m.pixels_fast for m in modules))
     a_matrix = np.array(r.a_matrix_per_A, dtype=np.float64)
 
     def write(temporary: Path) -> None:
@@ -288,7 +291,8 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             placement.attrs["NX_class"] = "NXtransformations"
             _axis(placement, "two_theta", r.twotheta_deg, "rotation", twotheta_axis, ".", "deg")
             for index, module in enumerate(modules):
-                _module(detector, module, index if r.modules else None, before_twotheta)
+                name = _group_name(module.name, index, len(modules)) if r.modules else module.name
+                _module(detector, module, name, (index * slab_slow, 0), before_twotheta)
             if not r.modules:
                 for name, value, units in (("distance", r.distance_m * 1000.0, "mm"),
                                            ("beam_center_x", r.beam_fast_px, "pixel"),
@@ -320,7 +324,7 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
                                          compression="gzip", compression_opts=1)
             written = 0
             for frame in frames:
-                counts[written] = with_gaps(frame, r)
+                counts[written] = with_gaps(frame, r).reshape(frame_shape)
                 written += 1
             if written != shape[0]:
                 raise NbsimError(f"{written} frames for {shape[0]} omega values")

@@ -17,17 +17,21 @@ Each experiment becomes `SimulationConfig.with_options(**overrides)` keys:
   (nanoBragg's -Xbeam/-Ybeam), `pixel_size_mm`, `pixels_f`, `pixels_s`; any other (a refined tilt, another
   spindle or polarization) in the `custom` convention with its vectors, `beam_x_mm`/`beam_y_mm` then being
   where the beam meets the detector from the first pixel's corner along fast and slow (mm), and
-  `distance_mm` the distance along the beam;
+  `distance_mm` the distance along the beam; a detector of several panels (a tiled XFEL detector) as
+  `panels` (`PanelConfig`s, in DIALS's order: panel k of the detector is panel k of the image), each panel
+  where DIALS places it, beside the first panel's place in the options above (whose convention gives the
+  beam, polarization and spindle the panels are rendered under); the panels are checked as a panel file's
+  are (nbsim.io.panels.check_panels: none overlapping, each facing away from the sample);
 * a rotation scan: `phi_start_deg` and `osc_range_deg` of the experiment's first image.
 
 Not converted: the polarization fraction (nanoBragg's -polar stays the caller's), scan-varying models, a
-multi-axis goniometer and multi-panel detectors (one-line errors). A detector's hierarchy root, in whose frame
-dxtbx writes the panel's vectors, is composed with them.
+multi-axis goniometer, rectangular pixels (one-line errors). dxtbx writes each panel's vectors in the frame of
+the hierarchy group it hangs from, each group's in its parent's: the chain of groups is composed with them.
 
 The way back, `write_experiment_list`: each refined experiment (`RefinedExperiment`: its crystal's A matrix,
-its wavelength and panel in nanoBragg's frame) replaces its experiment's models in a copy of the list it was
-read from, turned back by the transpose of the same rotations, so that DIALS (dials.integrate,
-dials.ssx_integrate) predicts with nbsim's refined models.
+its wavelength and every panel's place in nanoBragg's frame) replaces its experiment's models in a copy of the
+list it was read from, turned back by the inverse of the same rotations (each panel into its group's frame, the
+groups kept), so that DIALS (dials.integrate, dials.ssx_integrate) predicts with nbsim's refined models.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from ..config import PanelConfig
 from ..errors import InputFileError
 from .atomic import atomic_write_text
+from .panels import check_panels
 
 DIALS_TO_NANOBRAGG = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
 """nanoBragg's lab vector = DIALS_TO_NANOBRAGG @ DIALS's (a proper rotation; its transpose goes back)."""
@@ -194,23 +200,48 @@ def _convert(document: dict, experiment: dict, number: int, path: Path) -> Exper
 
 def _detector(detector: list, to_nanobragg: np.ndarray, spindle: np.ndarray, polar: np.ndarray, path: Path,
               number: int) -> dict[str, object]:
-    """The detector options of the experiment's one panel (see the module's docstring)."""
+    """The detector options of the experiment's panels (see the module's docstring): one panel's place, or, for
+    several, `panels` beside the first one's place (whose convention gives the panels' beam, polarization and
+    spindle)."""
     detector = detector[0] if isinstance(detector, list) else detector
-    panels = detector["panels"]
-    if len(panels) != 1:
-        raise InputFileError(str(path), f"experiment {number}: a detector of {len(panels)} panels is not "
-                                        "supported (one panel only)")
-    panel = _in_lab(panels[0], _root_frame(detector))
-    pixel_fast_mm, pixel_slow_mm = (float(v) for v in panel["pixel_size"])
+    entries = detector["panels"]
+    if not entries:
+        raise InputFileError(str(path), f"experiment {number}: a detector without panels")
+    panels = [_panel(entry, frame, to_nanobragg, path, number) for entry, frame in
+              zip(entries, _parent_frames(detector), strict=True)]
+    options = _placed_as_one(panels[0], spindle, polar, path, number)
+    if len(panels) == 1:
+        return options
+    configs = tuple(replace(panel, name=name) for panel, name in zip(panels, _panel_names(entries), strict=True))
+    check_panels(configs, f"{path} (experiment {number})")
+    return {**options, "panels": configs, "panel_file": str(path)}
+
+
+def _panel(entry: dict, frame: tuple[np.ndarray, np.ndarray], to_nanobragg: np.ndarray, path: Path,
+           number: int) -> PanelConfig:
+    """One DIALS panel in nanoBragg's frame (its name as given: _panel_names makes the names nbsim uses)."""
+    origin, axes = frame
+    pixel_fast_mm, pixel_slow_mm = (float(v) for v in entry["pixel_size"])
+    label = f"experiment {number}" + (f", panel {entry['name']!r}" if entry.get("name") else "")
     if not math.isclose(pixel_fast_mm, pixel_slow_mm, rel_tol=1e-9):
-        raise InputFileError(str(path), f"experiment {number}: pixels of {pixel_fast_mm:g} x {pixel_slow_mm:g} mm; "
+        raise InputFileError(str(path), f"{label}: pixels of {pixel_fast_mm:g} x {pixel_slow_mm:g} mm; "
                                         "nanoBragg's are square")
-    fdet = to_nanobragg @ _unit(_vector(panel["fast_axis"]))
-    sdet = to_nanobragg @ _unit(_vector(panel["slow_axis"]))
-    pix0_mm = to_nanobragg @ _vector(panel["origin"])
+    fdet = to_nanobragg @ axes @ _unit(_vector(entry["fast_axis"]))
+    sdet = to_nanobragg @ axes @ _unit(_vector(entry["slow_axis"]))
     if abs(float(np.dot(fdet, sdet))) > 1e-6:
-        raise InputFileError(str(path), f"experiment {number}: the panel's fast and slow axes are not at right "
-                                        "angles, which nanoBragg cannot place")
+        raise InputFileError(str(path), f"{label}: the panel's fast and slow axes are not at right angles, which "
+                                        "nanoBragg cannot place")
+    fast_px, slow_px = (int(v) for v in entry["image_size"])
+    pix0_mm = to_nanobragg @ (origin + axes @ _vector(entry["origin"]))
+    return PanelConfig(name=str(entry.get("name") or ""), pixels_f=fast_px, pixels_s=slow_px,
+                       pixel_size_mm=pixel_fast_mm, fdet_vector=_triple(fdet), sdet_vector=_triple(sdet),
+                       odet_vector=None, pix0_mm=_triple(pix0_mm))
+
+
+def _placed_as_one(panel: PanelConfig, spindle: np.ndarray, polar: np.ndarray, path: Path,
+                   number: int) -> dict[str, object]:
+    """The detector options that place `panel` as nanoBragg's one panel (see the module's docstring)."""
+    fdet, sdet, pix0_mm = (np.array(v) for v in (panel.fdet_vector, panel.sdet_vector, panel.pix0_mm))
     odet = _unit(np.cross(fdet, sdet))
     beam = np.array([1.0, 0.0, 0.0])
     if float(np.dot(odet, beam)) <= 0.0:
@@ -218,12 +249,11 @@ def _detector(detector: list, to_nanobragg: np.ndarray, spindle: np.ndarray, pol
     distance_mm = float(np.dot(pix0_mm, odet)) / float(np.dot(odet, beam))
     hit_mm = distance_mm * beam - pix0_mm
     fbeam_mm, sbeam_mm = float(np.dot(hit_mm, fdet)), float(np.dot(hit_mm, sdet))
-    fast_px, slow_px = (int(v) for v in panel["image_size"])
-    options: dict[str, object] = {**_DETECTOR_RESET, "pixel_size_mm": pixel_fast_mm, "pixels_f": fast_px,
-                                  "pixels_s": slow_px, "distance_mm": distance_mm}
+    options: dict[str, object] = {**_DETECTOR_RESET, "pixel_size_mm": panel.pixel_size_mm, "pixels_f": panel.pixels_f,
+                                  "pixels_s": panel.pixels_s, "distance_mm": distance_mm}
     vectors = {"fdet_vector": fdet, "sdet_vector": sdet, "polar_vector": polar, "spindle_axis": spindle}
     if all(np.linalg.norm(vectors[name] - np.array(axis)) < SQUARE_TOLERANCE for name, axis in MOSFLM_AXES.items()):
-        half_pixel = 0.5 * pixel_fast_mm
+        half_pixel = 0.5 * panel.pixel_size_mm
         return {**options, "convention": "mosflm", "beam_x_mm": sbeam_mm - half_pixel,
                 "beam_y_mm": fbeam_mm - half_pixel}
     return {**options, "convention": "custom", "pivot": "beam", "beam_x_mm": fbeam_mm, "beam_y_mm": sbeam_mm,
@@ -231,21 +261,42 @@ def _detector(detector: list, to_nanobragg: np.ndarray, spindle: np.ndarray, pol
             **{name: tuple(float(v) for v in vector) for name, vector in vectors.items()}}
 
 
-def _root_frame(detector: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The origin (mm) and axes (columns fast, slow, normal) of the detector's hierarchy root, in whose frame
-    dxtbx writes its panels' vectors (the identity where it has none)."""
+def _triple(vector: np.ndarray) -> tuple[float, float, float]:
+    x, y, z = (float(v) for v in vector)
+    return x, y, z
+
+
+def _panel_names(entries: list[dict]) -> list[str]:
+    """The names nbsim gives a detector's panels: the last part of each DIALS name (dxtbx names an NXmx module's
+    panel by its path), or panel0, panel1, ... where those are not distinct names CrystFEL could hold."""
+    names = [str(entry.get("name") or "").rsplit("/", 1)[-1] for entry in entries]
+    if len(set(names)) == len(names) and all(re.fullmatch(r"[A-Za-z0-9_]+", name) for name in names):
+        return names
+    return [f"panel{index}" for index in range(len(entries))]
+
+
+def _parent_frames(detector: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each panel, the origin (mm) and axes (columns fast, slow, fast x slow) of the group it hangs from, in
+    the lab: dxtbx writes a panel's vectors in its group's frame, each group's in its parent's, from the
+    hierarchy's root (dxtbx's VirtualPanelFrame: global = parent origin + parent axes @ local). Panels outside a
+    hierarchy are in the lab."""
+    lab = (np.zeros(3), np.eye(3))
+    frames: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def walk(node: dict, parent: tuple[np.ndarray, np.ndarray]) -> None:
+        origin, axes = parent
+        fast, slow = axes @ _unit(_vector(node["fast_axis"])), axes @ _unit(_vector(node["slow_axis"]))
+        own = (origin + axes @ _vector(node["origin"]), np.stack([fast, slow, np.cross(fast, slow)], axis=1))
+        for child in node.get("children") or []:
+            if "panel" in child:
+                frames[int(child["panel"])] = own
+            else:
+                walk(child, own)
+
     root = detector.get("hierarchy") or {}
-    if not root:
-        return np.zeros(3), np.eye(3)
-    fast, slow = _unit(_vector(root["fast_axis"])), _unit(_vector(root["slow_axis"]))
-    return _vector(root["origin"]), np.stack([fast, slow, np.cross(fast, slow)], axis=1)
-
-
-def _in_lab(panel: dict, frame: tuple[np.ndarray, np.ndarray]) -> dict:
-    """The panel with its origin and axes in the lab frame (from its hierarchy root's frame)."""
-    origin, axes = frame
-    return {**panel, "origin": origin + axes @ _vector(panel["origin"]),
-            "fast_axis": axes @ _vector(panel["fast_axis"]), "slow_axis": axes @ _vector(panel["slow_axis"])}
+    if root:
+        walk(root, lab)
+    return [frames.get(index, lab) for index in range(len(detector["panels"]))]
 
 
 def _image(document: dict, experiment: dict, first_image: int | None, path: Path) -> str | None:
@@ -278,18 +329,27 @@ def _absolute(name: str, expt_path: Path) -> str:
 
 
 @dataclass(frozen=True)
+class PanelPlacement:
+    """Where a refined panel lies, in nanoBragg's frame."""
+
+    origin_mm: np.ndarray
+    """The first pixel's outer corner (DIALS's panel origin), mm."""
+    fast: np.ndarray
+    slow: np.ndarray
+    """Unit vectors along the panel's fast and slow pixel directions."""
+
+
+@dataclass(frozen=True)
 class RefinedExperiment:
-    """A fitted experiment's crystal, wavelength and detector panel in nanoBragg's frame, to be written back as
+    """A fitted experiment's crystal, wavelength and detector panels in nanoBragg's frame, to be written back as
     DIALS's (write_experiment_list)."""
 
     start: ExperimentStart
     a_matrix_per_A: np.ndarray
     """Rows a*, b*, c* (Å⁻¹) at φ = 0."""
     wavelength_A: float
-    pix0_mm: np.ndarray
-    """The first pixel's outer corner (DIALS's panel origin), mm."""
-    fast: np.ndarray
-    slow: np.ndarray
+    panels: tuple[PanelPlacement, ...]
+    """Every panel of the experiment's detector, in its order."""
 
 
 MODEL_KINDS = ("imageset", "beam", "detector", "goniometer", "scan", "crystal", "profile", "scaling_model")
@@ -300,7 +360,7 @@ IMAGESET_PATHS = ("template", "mask", "gain", "pedestal", "dx", "dy")
 
 def write_experiment_list(path: str | Path, source: str | Path, refined: Sequence[RefinedExperiment]) -> None:
     """Write the refined experiments as a DIALS experiment list: each one's experiment of `source` (the list
-    read_experiment_list read) with its crystal's real-space vectors, beam's wavelength and detector panel
+    read_experiment_list read) with its crystal's real-space vectors, beam's wavelength and detector panels
     replaced by the refined ones, turned back into DIALS's frame (the reader's conversion inverted); its
     other models (image set, goniometer, scan, profile) and identifier as they were, relative image paths
     made absolute, and models equal in every field shared. The crystal's B_covariance (of DIALS's
@@ -322,7 +382,7 @@ def write_experiment_list(path: str | Path, source: str | Path, refined: Sequenc
             elif kind == "beam":
                 model["wavelength"] = float(experiment.wavelength_A)
             elif kind == "detector":
-                _write_panel(model, experiment)
+                _write_panels(model, experiment)
             elif kind == "imageset":
                 _absolute_paths(model, source)
             entry[kind] = _shared_index(written[kind], model)
@@ -339,14 +399,15 @@ def _write_crystal(crystal: dict, experiment: RefinedExperiment) -> None:
     crystal.pop("B_covariance", None)
 
 
-def _write_panel(detector: dict, experiment: RefinedExperiment) -> None:
-    """The detector's one panel placed as refined, in its hierarchy root's frame (as dxtbx writes it)."""
+def _write_panels(detector: dict, experiment: RefinedExperiment) -> None:
+    """Every panel of the detector placed as refined, each in the frame of the hierarchy group it hangs from (as
+    dxtbx writes it; the groups stay where they were)."""
     to_dials = experiment.start.to_nanobragg.T
-    origin, axes = _root_frame(detector)
-    panel = detector["panels"][0]
-    panel["origin"] = [float(v) for v in axes.T @ (to_dials @ np.asarray(experiment.pix0_mm) - origin)]
-    for name, vector in (("fast_axis", experiment.fast), ("slow_axis", experiment.slow)):
-        panel[name] = [float(v) for v in axes.T @ to_dials @ np.asarray(vector)]
+    for entry, placement, (origin, axes) in zip(detector["panels"], experiment.panels, _parent_frames(detector),
+                                                strict=True):
+        entry["origin"] = [float(v) for v in np.linalg.solve(axes, to_dials @ placement.origin_mm - origin)]
+        for name, vector in (("fast_axis", placement.fast), ("slow_axis", placement.slow)):
+            entry[name] = [float(v) for v in np.linalg.solve(axes, to_dials @ np.asarray(vector))]
 
 
 def _absolute_paths(imageset: dict, source: Path) -> None:

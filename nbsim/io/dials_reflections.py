@@ -4,9 +4,10 @@ A `.refl` is MessagePack (dials.array_family.flex's `as_msgpack`): the array ["d
 version 1, {"identifiers": {id: experiment identifier}, "nrows": N, "data": {column: [type, [N, bytes]]}}],
 each column's values packed little-endian (a `vec3<double>` as three float64 a row, an `int` as int32, a
 `std::size_t` as uint64). The `msgpack` package unpacks the array (DIALS's format, not a parser of our own);
-numpy reads the few columns a fit needs: `id` (the experiment of a spot; -1 unindexed), `xyzobs.px.value`
-(the centroid, x along fast and y along slow in pixels from the first pixel's outer corner, z the frame) and
-`intensity.sum.value` (to keep the brightest). Other columns are left packed.
+numpy reads the few columns a fit needs: `id` (the experiment of a spot; -1 unindexed), `panel` (the detector
+panel it lies on, DIALS's index), `xyzobs.px.value` (the centroid, x along fast and y along slow in pixels from
+the panel's first pixel's outer corner, z the frame) and `intensity.sum.value` (to keep the brightest). Other
+columns are left packed.
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ class ReflectionTable:
     experiment_id: np.ndarray
     """(N,) int: which experiment each spot belongs to (-1: not indexed)."""
     centroid_px: np.ndarray
-    """(N, 3): x (fast), y (slow) in pixels from the first pixel's outer corner, and z (frame)."""
+    """(N, 3): x (fast), y (slow) in pixels from its panel's first pixel's outer corner, and z (frame)."""
     intensity: np.ndarray
     """(N,) the summed intensity (counts; NaN where the table has no `intensity.sum.value`)."""
+    panel: np.ndarray
+    """(N,) int: the panel each spot lies on (0 where the table has no `panel` column)."""
 
-    def spots(self, identifier: str | None, number: int, max_spots: int) -> np.ndarray:
-        """Centre pixels (row, col) of the brightest `max_spots` spots of one experiment: the rows whose `id` is
-        the one the table gives the experiment's identifier, or, where the table names no identifiers, the
-        experiment's position `number` in its list."""
+    def spots(self, identifier: str | None, number: int, max_spots: int, multi_panel: bool = False) -> np.ndarray:
+        """Centre pixels (row, col), or (panel, row, col) with `multi_panel`, of the brightest `max_spots` spots of
+        one experiment: the rows whose `id` is the one the table gives the experiment's identifier, or, where
+        the table names no identifiers, the experiment's position `number` in its list."""
         if self.identifiers:
             ids = [key for key, value in self.identifiers.items() if value == identifier]
             if not ids:
@@ -51,7 +54,8 @@ class ReflectionTable:
             chosen = self.experiment_id == number
         centroid, intensity = self.centroid_px[chosen], self.intensity[chosen]
         order = np.argsort(-np.nan_to_num(intensity, nan=-np.inf), kind="stable")[:max_spots]
-        return np.floor(centroid[order][:, [1, 0]]).astype(np.int64)
+        pixels = np.floor(centroid[order][:, [1, 0]]).astype(np.int64)
+        return np.column_stack([self.panel[chosen][order], pixels]) if multi_panel else pixels
 
     def covers(self, identifiers: Sequence[str | None]) -> bool:
         """Whether the table's experiments include any of these identifiers (or it names none: then its ids
@@ -60,7 +64,7 @@ class ReflectionTable:
 
 
 def read_reflection_table(path: str | Path) -> ReflectionTable:
-    """The `id`, `xyzobs.px.value` and `intensity.sum.value` columns of a DIALS `.refl` (see the module's
+    """The `id`, `panel`, `xyzobs.px.value` and `intensity.sum.value` columns of a DIALS `.refl` (see the module's
     docstring); a missing, unreadable or malformed file is a one-line InputFileError."""
     import msgpack
 
@@ -87,9 +91,10 @@ def read_reflection_table(path: str | Path) -> ReflectionTable:
         centroid = _column(columns, "xyzobs.px.value", rows)
         intensity = (_column(columns, "intensity.sum.value", rows) if "intensity.sum.value" in columns
                      else np.full(rows, np.nan))
+        panel = _column(columns, "panel", rows).astype(np.int64) if "panel" in columns else np.zeros(rows, np.int64)
     except (KeyError, TypeError, ValueError) as error:
         raise InputFileError(str(path), f"a malformed reflection table ({error})") from None
-    return ReflectionTable(identifiers, experiment_id, centroid, intensity)
+    return ReflectionTable(identifiers, experiment_id, centroid, intensity, panel)
 
 
 def _column(columns: dict, name: str, rows: int) -> np.ndarray:

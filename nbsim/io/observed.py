@@ -10,7 +10,9 @@ what its header says of the detector's response (gain, saturation).
 * miniCBF (fabio): `Count_cutoff` is the saturation; nbsim's own header records its ADC offset and gain
   (`# nbsim adc_offset_adu 40`, `# nbsim gain_adu_per_photon 1`), other detectors' offset is 0;
 * NXmx (HDF5, h5py): `FILE` is the first frame, `FILE#N` frame N (from 0); the detector's
-  saturation_value, nbsim's offset and gain from the entry's notes;
+  saturation_value, nbsim's offset and gain from the entry's notes; a detector of several NXdetector_modules
+  as (modules, slow, fast), each module's slab (its data_origin and data_size) zero-padded to the largest, in
+  the order HDF5 lists them (dxtbx's panel order);
 * a shot of a sweep's store (zarr): `STORE#POINT`, a batch store (`images.zarr`) by point name or index, a
   collated `sweep.zarr` by point name or by `axis=value,...` (axes with one value need not be named): the
   detector stage's `detector_image` (ADU, offset and gain from the point's configuration) where the store
@@ -102,9 +104,10 @@ def read_observed(spec: str, shape: tuple[int, int] | None = None, adc_offset_ad
             raise InputFileError(spec, f"the ADC offset must be finite (got {adc_offset_adu:g})")
         image = ObservedImage(image.name, image.counts + image.adc_offset_adu - adc_offset_adu, float(adc_offset_adu),
                               image.gain_adu_per_photon, image.overload_adu)
-    if panels is not None and (image.counts.ndim != 3 or len(image.counts) != len(panels)):
+    if (image.counts.ndim == 3) != (panels is not None) or (panels is not None and len(image.counts) != len(panels)):
         held = f"{len(image.counts)} panels" if image.counts.ndim == 3 else "one panel"
-        raise InputFileError(spec, f"the image holds {held}, the model's detector {len(panels)}")
+        raise InputFileError(spec, f"the image holds {held}, the model's detector "
+                                   f"{'one' if panels is None else len(panels)}")
     if shape is not None and tuple(image.counts.shape[-2:]) != tuple(shape):
         raise InputFileError(spec, f"the image has {_size(image.counts.shape[-2:])} pixels (slow x fast), the "
                                    f"model {_size(shape)}")
@@ -193,12 +196,43 @@ def _read_nxmx(spec: str, path: Path, selector: str | None) -> ObservedImage:
         index = _frame_index(spec, selector, frames.shape[0] if frames.ndim > 2 else 1)
         counts = np.asarray(frames[index] if frames.ndim > 2 else frames[()], dtype=np.float64)
         detector = _nx_child(entry["instrument"], "NXdetector") if "instrument" in entry else None
+        slabs = _module_slabs(detector) if detector is not None else []
+        if len(slabs) > 1:
+            counts = _module_stack(spec, counts, slabs)
         saturation = (float(np.asarray(detector["saturation_value"][()]).reshape(-1)[0])
                       if detector is not None and "saturation_value" in detector else None)
         notes = entry["notes"][()] if "notes" in entry else b""
     response = _response_records(notes.decode() if isinstance(notes, bytes) else str(notes))
     adc = response.get("adc_offset_adu", 0.0)
     return ObservedImage(spec, counts - adc, adc, response.get("gain_adu_per_photon", 1.0), saturation)
+
+
+def _module_slabs(detector) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Each NXdetector_module of the detector, in the order HDF5 lists them (by name, as dxtbx takes them): its
+    name, data_origin and data_size."""
+    slabs = []
+    for name, member in detector.items():
+        found = member.attrs.get("NX_class")
+        if (found.decode() if isinstance(found, bytes) else found) == "NXdetector_module":
+            slabs.append((name, np.asarray(member["data_origin"][()]).reshape(-1),
+                          np.asarray(member["data_size"][()]).reshape(-1)))
+    return slabs
+
+
+def _module_stack(spec: str, frame: np.ndarray, slabs: list[tuple[str, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """A frame of several modules as (modules, slow, fast), zero-padded to the largest: each module's slab of the
+    frame (data_origin and data_size, slow to fast: nbsim's (slow, fast) slabs of panels one below the other,
+    or NXmx's (panel, slow, fast) of a (panels, slow, fast) frame)."""
+    sizes = [(int(size[-2]), int(size[-1])) for _, _, size in slabs]
+    stack = np.zeros((len(slabs), max(slow for slow, _ in sizes), max(fast for _, fast in sizes)))
+    for index, ((name, origin, size), (slow, fast)) in enumerate(zip(slabs, sizes, strict=True)):
+        region = tuple(slice(int(start), int(start) + int(count)) for start, count in zip(origin, size, strict=True))
+        part = frame[region] if len(region) == frame.ndim else None
+        if part is None or part.size != slow * fast:
+            raise InputFileError(spec, f"module {name}'s slab (origin {origin.tolist()}, size {size.tolist()}) is not "
+                                       f"within the frame of {' x '.join(map(str, frame.shape))} pixels")
+        stack[index, :slow, :fast] = part.reshape(slow, fast)
+    return stack
 
 
 def observed_spectrum(spec: str) -> tuple[tuple[float, float], ...] | None:

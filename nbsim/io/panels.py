@@ -250,7 +250,8 @@ its groups)."""
 def write_crystfel_geometry(path: str | Path, panels: Sequence[PanelConfig],
                             groups: Mapping[str, Sequence[str]] | None = None) -> None:
     """`panels` as a CrystFEL geometry: the data laid out as nbsim's NXmx writes it (/entry/data/data, frames ×
-    panels × slow × fast: `dim0 = %`, each panel's `dim1` its index, `dim2 = ss`, `dim3 = fs`), res = 1/pixel,
+    (panels × slow) × fast, the panels one below the other each in a slab as high as the highest: `dim0 = %`,
+    `dim1 = ss`, `dim2 = fs`, panel k's min_ss k × that height), res = 1/pixel,
     fs and ss in CrystFEL's frame (the inverse of `CRYSTFEL_TO_LAB`), the first pixel's corner as corner_x,
     corner_y (pixels) and clen + coffset (m; clen the panels' mean); `groups` (name → panel names) as rigid
     groups (`check_crystfel_panels` says what cannot be written)."""
@@ -258,15 +259,17 @@ def write_crystfel_geometry(path: str | Path, panels: Sequence[PanelConfig],
     corners = [[float(v) for v in lab_to_crystfel @ (np.array(p.pix0_mm) / 1000.0)] for p in panels]
     clen = float(np.mean([corner[2] for corner in corners]))
     lines = [f"; {len(panels)} panels written by nbsim (nbsim.io.panels.write_crystfel_geometry)",
-             f"clen = {clen!r}", "adu_per_photon = 1", "data = /entry/data/data", "dim0 = %", "dim2 = ss",
-             "dim3 = fs", ""]
+             f"clen = {clen!r}", "adu_per_photon = 1", "data = /entry/data/data", "dim0 = %", "dim1 = ss",
+             "dim2 = fs", ""]
+    slab_slow = max(p.pixels_s for p in panels)
     check_crystfel_panels(panels)
     for index, (p, corner) in enumerate(zip(panels, corners, strict=True)):
         fast = lab_to_crystfel @ _unit(p.fdet_vector)
         slow = lab_to_crystfel @ _unit(p.sdet_vector)
         pixel_m = p.pixel_size_mm / 1000.0
-        lines += [f"{p.name}/dim1 = {index}", f"{p.name}/min_fs = 0", f"{p.name}/max_fs = {p.pixels_f - 1}",
-                  f"{p.name}/min_ss = 0", f"{p.name}/max_ss = {p.pixels_s - 1}", f"{p.name}/res = {1.0 / pixel_m!r}",
+        first_ss = index * slab_slow
+        lines += [f"{p.name}/min_fs = 0", f"{p.name}/max_fs = {p.pixels_f - 1}", f"{p.name}/min_ss = {first_ss}",
+                  f"{p.name}/max_ss = {first_ss + p.pixels_s - 1}", f"{p.name}/res = {1.0 / pixel_m!r}",
                   f"{p.name}/fs = {_crystfel_direction(fast)}", f"{p.name}/ss = {_crystfel_direction(slow)}",
                   f"{p.name}/corner_x = {corner[0] / pixel_m!r}", f"{p.name}/corner_y = {corner[1] / pixel_m!r}",
                   f"{p.name}/coffset = {corner[2] - clen!r}", ""]
