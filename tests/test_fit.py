@@ -337,12 +337,17 @@ def small_shot(tmp_path_factory) -> Path:
     (["--shared", "distance"], "shared but not refined"),
 ])
 def test_bad_fit_input_is_one_line(tmp_path, small_shot, change, message):
+    """One line, no output, and refused before PyTorch is imported (the user waits for nothing)."""
     shutil.copy(small_shot, tmp_path / "shot.img")
     images = [] if change[0] == "missing.img" else ["shot.img"]
-    done = _run("fit", *images, *change, "--json", "out.json", "--", *small_still(64), cwd=tmp_path)
+    script = ("import sys\nfrom nbsim.cli import main\nstatus = main(sys.argv[1:])\n"
+              "print('torch' in sys.modules)\nsys.exit(status)\n")
+    done = subprocess.run([sys.executable, "-c", script, "fit", *images, *change, "--json", "out.json", "--",
+                           *small_still(64)], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "out.json").exists()
+    assert done.stdout.strip() == "False", "refused only after importing PyTorch"
 
 
 def test_an_image_of_the_wrong_size_or_without_counts_is_one_line(tmp_path, small_shot):

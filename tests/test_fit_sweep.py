@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from nbsim.errors import NbsimError
-from nbsim.fit.parameters import REFINABLE, misorientation_deg
+from nbsim.fit.names import REFINABLE
+from nbsim.fit.parameters import misorientation_deg
 from nbsim.resolve import resolve
 from nbsim.sweep import plan
 from nbsim.sweep.fitting import PERTURBATIONS, FitJob, fit_chunks, perturbed_start

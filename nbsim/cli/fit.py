@@ -177,7 +177,7 @@ def main(argv: list[str]) -> int:
         argument_parser().print_help()
         return 0
     options = argument_parser().parse_args(own)
-    from ..fit.parameters import check_names, check_shared
+    from ..fit.names import check_names, check_shared
 
     check_shared(check_names(options.shared, "shared"), check_names(options.refine, "refined"))
     if options.groups is not None and "panels" not in options.refine:

@@ -35,7 +35,7 @@ F_RESTRAINTS = ("start", "shell", "friedel")
 
 
 def _restraints(text: str) -> dict[str, float]:
-    from ..fit.parameters import REFINABLE
+    from ..fit.names import REFINABLE
 
     restraints = {}
     for item in _names(text):
@@ -160,7 +160,7 @@ def main(argv: list[str]) -> int:
         argument_parser().print_help()
         return 0
     options = argument_parser().parse_args(own)
-    from ..fit.parameters import check_names
+    from ..fit.names import check_names
 
     refine = check_names(options.refine, "refined")
     if "-hkl" in model_flags or "-model" in model_flags:

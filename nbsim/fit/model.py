@@ -37,14 +37,12 @@ from ..resolve import (
 )
 from ..sensors import HC_EV_A
 from ..vectors import cross, dot
+from .names import REFINABLE, check_names, check_shared
 from .panels import PanelGroups, check_refinable, moved_panels
 from .parameters import (
-    REFINABLE,
     LatticeSystem,
     Quantity,
     cell_from_free,
-    check_names,
-    check_shared,
     lattice_system,
     quantity,
     real_vectors,
@@ -260,7 +258,7 @@ class DiffractionModel(nn.Module):
     `setups`: one resolved set-up per image. `pixels`: per image, (rows, cols) integer arrays of the pixels
     to render, or (panel, rows, cols) on a multi-panel detector (each panel's pixels together: one pixel list
     of every panel, each pixel rendered with its panel's origin and axes). `refine`: names from
-    `parameters.REFINABLE`; `shared`: those refined once for every image. `lattice`: a lattice-system name,
+    `names.REFINABLE`; `shared`: those refined once for every image. `lattice`: a lattice-system name,
     else each image's is read off its starting cell. `groups`: the panel groups "panels" moves (one shift and
     rotation each, shared by every image: nbsim.fit.panels).
     The parameter `internal` holds the dimensionless coordinates (zero at the start); `natural()` gives the

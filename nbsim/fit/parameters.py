@@ -1,6 +1,6 @@
-"""What a fit refines, and how: the refinable quantities by name, their reparametrisation (bounds by
-construction: positive quantities as logarithms), the unit cell's free parameters for its lattice system,
-and the orientation as a small rotation vector about the starting orientation.
+"""How a fit refines what it refines (the names are nbsim.fit.names'): the quantities' reparametrisation
+(bounds by construction: positive quantities as logarithms), the unit cell's free parameters for its lattice
+system, and the orientation as a small rotation vector about the starting orientation.
 
 The optimiser sees one flat vector of dimensionless numbers, each a "typical step" of its quantity (a
 hundredth of a degree of rotation, a ten-thousandth of a cell length...), so that the first L-BFGS steps
@@ -18,40 +18,11 @@ import torch
 from ..errors import NbsimError
 from ..model.crystal import reciprocal_from_cell
 
-REFINABLE = ("orientation", "cell", "N", "mosaic", "scale", "distance", "beam", "panels", "wavelength", "spectrum",
-             "background")
-"""Names `--refine` takes, in the order they are reported."""
-
-PER_IMAGE_ONLY = ("orientation", "scale", "spectrum", "background")
-"""Quantities that belong to one image and cannot be shared."""
-SHARED_ONLY = ("panels",)
-"""Quantities of the detector every image shares: refined once for all of them (never per image)."""
 PANEL_STEP = 1e-3
 """The panels' typical step: a micrometre of a group's shift (mm), a thousandth of a degree of its rotation."""
 
 ANGLE_TOLERANCE_DEG = 1e-3
 LENGTH_TOLERANCE = 1e-4
-
-
-def check_names(names: list[str], what: str) -> list[str]:
-    """Names of refinable quantities, checked (an unknown name is an input error naming the choices)."""
-    unknown = [name for name in names if name not in REFINABLE]
-    if unknown:
-        raise NbsimError(f"unknown {what} parameter {unknown[0]!r}: choose from {', '.join(REFINABLE)}")
-    return names
-
-
-def check_shared(shared: list[str], refine: list[str]) -> None:
-    """Shared quantities must be refined and may not belong to one image only."""
-    for name in shared:
-        if name in PER_IMAGE_ONLY:
-            raise NbsimError(f"{name} belongs to each image and cannot be shared")
-        if name not in refine:
-            raise NbsimError(f"{name} is shared but not refined: add it to --refine")
-    for name in SHARED_ONLY:
-        if name in refine and name not in shared:
-            raise NbsimError(f"{name} are the detector's, the same in every image: refine them once with --shared "
-                             f"{name}")
 
 
 @dataclass(frozen=True)
