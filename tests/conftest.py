@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from benchmarks import workloads
 
@@ -20,9 +19,12 @@ def _share_the_cores_among_workers() -> None:
     """Under pytest-xdist, each worker (and what it starts) uses its share of the cores, unless
     OMP_NUM_THREADS says otherwise: n workers of torch's default thread count each would put n threads on
     every core, and a torch thread that waits at a barrier for one descheduled spins (measured on 2 cores
-    with 2 workers: the same fit 10x slower while another process ran)."""
+    with 2 workers: the same fit 10x slower while another process ran). PyTorch is imported here only: the
+    controller of the workers, which runs no test, starts them without waiting for its import."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
@@ -78,9 +80,17 @@ def system_devices_untouched():
             f"{name} was replaced during the tests"
 
 
-# The longest test files, longest first (by their time in `make test`): each goes to a worker early, so
-# that no long file starts last and leaves the other worker idle.
-LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_slurm.py")
+# The test files of more than about 5 s in `make test`, longest first (their seconds on a worker, from the
+# suite's last per-test profile, 2026-11-27, test_dials.py's scaled to its 256² series: workflow 128, parity
+# 49, fit 47, docs_commands 43, slurm 37, dials 34, robustness 32, worker 32, ..., dials_import 5;
+# test_compile.py, 75, starts first with its kernel builds). pytest-xdist hands a worker its next file when
+# it is almost done, so with the longest first the files left at the end are short and the two workers
+# finish within seconds of each other (in the order of the file names, test_worker.py's 32 s came last).
+LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_fit.py", "test_docs_commands.py", "test_slurm.py",
+                 "test_dials.py", "test_robustness.py", "test_worker.py", "test_dials_loop.py",
+                 "test_dials_route.py", "test_bench.py", "test_dials_experiments.py", "test_merge_workflow.py",
+                 "test_panels.py", "test_merge.py", "test_fit_panels.py", "test_merge_sad.py", "test_dataset.py",
+                 "test_physics_switch.py", "test_presets.py", "test_sweep.py", "test_dials_import.py")
 
 
 def pytest_collection_modifyitems(items):
