@@ -2,19 +2,30 @@
 
     bash benchmarks/gpu_campaign.sh [--cpu] [--c-binary PATH] [--out DIR] [--budget-s S] [--only STEP ...]
 
-Steps, in order of what matters most when time runs short (each has a time cap, and none starts once the
-budget is spent; a step that fails is recorded and the next one runs):
+Steps, in order of what matters most when time runs short (a step that fails is recorded and the next one
+runs):
 
 - `environment`: the card, driver, Python, PyTorch, cores (nvidia-smi, torch).
-- `bench`: `nbsim bench --device cuda` on the seed image at 4096² in float32 (with the C beside it when
-  `--c-binary` is given): the headline figure, 4096² float32 warm ≤ 1 ms.
 - `sweep`: the seeds' matrix through the Snakemake sweep (256², 1024², 2048², 4096² × float32/float64 ×
   devices cpu and cuda, cold and warm, the CPU timed on the same machine's cores), against the C when
-  given, else against nbsim's float64 on the CPU; the correlation of each CUDA image with the CPU's is
-  read from the sweep's own zarr store.
-- `pytest`: `pytest -m cuda` over the test files that hold CUDA tests.
+  given, else against nbsim's float64 on the CPU. First its kernel jobs alone, in parallel: the CPU's
+  ahead-of-time packages built and probed, and the just-in-time compile warmed wherever the timed jobs will
+  compile (every CUDA point, and a CPU point whose package this machine refuses), so that no timed job
+  compiles; then the timed jobs, one at a time, the larger half of the sizes first (`--prioritize`), so that
+  a sweep cut short still has the headline rows (4096² and 2048², CUDA and CPU). The correlation of each
+  CUDA image with the CPU image of the same size and dtype is read from the batches' stores.
+- `bench`: `nbsim bench --device cuda` on the seed image at 4096² in float32 (with the C beside it when
+  `--c-binary` is given): the headline figure, 4096² float32 warm ≤ 1 ms (its kernel warmed by the sweep).
 - `fit`: `fit_still` and `fit_gradient` (benchmarks/fit_workloads.py) on the device.
-- `merge`: the merge benchmark on the device where the benchmarks define one (`merge_sad`).
+- `merge`: the merge benchmark on the device where the benchmarks define one (`merge_sad`), at its `--quick`
+  size (20 shots of 128², 5 spectrum channels, one cycle; the record says so): its full size does not fit.
+- `pytest`: `pytest -m cuda` over the test files that hold CUDA tests (passed on the H100 before; the
+  sweep's CUDA-against-CPU correlations check the same kernels).
+
+Time: each step may use what is left of `--budget-s` less what the steps after it reserve (`STEP_SHARES`
+of the budget each), so a step that overruns cannot take the later steps' time and a step that finishes
+early leaves its time to the next; none starts once the budget is spent. A step's command that reaches its
+limit is stopped with all its processes (Snakemake's jobs included).
 
 Everything lands under `--out` (default `$OUT`, else results/gpu_campaign): `summary.md` (the tables for
 docs/benchmarks.md), `summary.json`, `campaign.log` and `campaign.tar.gz` (every step's log and JSON,
@@ -49,7 +60,19 @@ SEED_ARGS = "-default_F 100 -cell 100 100 100 90 90 90 -lambda 6.2 -N 5 -distanc
 REQUIRED_MODULES = ("torch", "numpy", "scipy", "yaml", "psutil", "gemmi", "fabio", "h5py", "cfelpyutils",
                     "snakemake", "zarr", "xarray", "pandas", "jsonschema", "matplotlib", "pytest")
 """What the steps import (nbsim's dependencies, its pipeline's, and pytest)."""
-STEPS = ("environment", "bench", "sweep", "pytest", "fit", "merge")
+DTYPES = ("float32", "float64")
+BUDGET_S = 480.0
+"""The default time for all steps: with the wheelhouse's install and the archive, one device call of about 8
+minutes (docs/benchmarks.md, "The GPU campaign")."""
+STEPS = ("environment", "sweep", "bench", "fit", "merge", "pytest")
+STEP_SHARES = {"environment": 0.02, "sweep": 0.55, "bench": 0.05, "fit": 0.14, "merge": 0.14, "pytest": 0.1}
+"""Each step's reserve, as a share of the budget: what the steps before it leave it at least (docs/benchmarks.md,
+"The GPU campaign", has the estimates for the H100 machine)."""
+KERNEL_STEP_SHARE = 0.55
+"""The share of the sweep's time its kernel jobs may take (the timed jobs get the rest)."""
+MERGE_ARGUMENTS = ("--quick", "--no-dials")
+"""The merge benchmark's size on every campaign: 20 shots of 128², 5 channels, one cycle, without the DIALS
+route (absent on the lent machines); at its full size (1,000 shots) it did not fit the time left."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +112,7 @@ class Campaign:
     def __init__(self, options: argparse.Namespace, plan: Plan, work: Path):
         self.options, self.plan, self.work = options, plan, work
         self.started = time.monotonic()
+        self.step_ends = math.inf
         self.log_path = work / "campaign.log"
         self.cache = Path(os.environ.get("NBSIM_CACHE_DIR") or work / "compile-cache")
         """The kernel cache of every step (an NBSIM_CACHE_DIR already set is kept)."""
@@ -100,31 +124,50 @@ class Campaign:
     def remaining_s(self) -> float:
         return self.options.budget_s - (time.monotonic() - self.started)
 
+    def start_step(self, name: str) -> None:
+        """Begin step `name`: it may take the time left less the reserves of the selected steps after it."""
+        later = STEPS[STEPS.index(name) + 1:]
+        reserved_s = sum(STEP_SHARES[step] * self.options.budget_s for step in later if step in self.options.only)
+        self.step_ends = time.monotonic() + self.remaining_s() - reserved_s
+
+    def time_left_s(self) -> float:
+        """What the current step has left."""
+        return min(self.remaining_s(), self.step_ends - time.monotonic())
+
     def say(self, text: str) -> None:
         line = f"[{time.monotonic() - self.started:6.1f} s] {text}"
         print(line, flush=True)
         with self.log_path.open("a") as log:
             log.write(line + "\n")
 
-    def command(self, argv: list[str], cap_s: float, log_name: str, cwd: Path = REPO) -> tuple[str, str]:
-        """Run `argv` for at most `cap_s` seconds (less if the budget is nearer); its status and output."""
-        limit_s = max(1.0, min(cap_s, self.remaining_s()))
+    def command(self, argv: list[str], limit_s: float, log_name: str, cwd: Path = REPO) -> tuple[str, str]:
+        """Run `argv` for at most `limit_s` seconds (and never past the budget), stopped at the limit with every
+        process under it (a Snakemake run's jobs); its status and output."""
+        limit_s = max(1.0, min(limit_s, self.time_left_s()))
         self.say(f"$ {' '.join(argv)}  (limit {limit_s:.0f} s)")
-        try:
-            completed = subprocess.run(argv, cwd=cwd, env=self.environment, capture_output=True, text=True,
-                                       timeout=limit_s)
-            status, output = ("ok" if completed.returncode == 0 else f"failed (exit {completed.returncode})",
-                              completed.stdout + completed.stderr)
-        except subprocess.TimeoutExpired as expired:
-            status = f"timed out after {limit_s:.0f} s"
-            output = "".join(part.decode() if isinstance(part, bytes) else (part or "")
-                             for part in (expired.stdout, expired.stderr))
+        with subprocess.Popen(argv, cwd=cwd, env=self.environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as process:
+            try:
+                output, _ = process.communicate(timeout=limit_s)
+                status = "ok" if process.returncode == 0 else f"failed (exit {process.returncode})"
+            except subprocess.TimeoutExpired:
+                status = f"timed out after {limit_s:.0f} s"
+                output = _stopped(process)
         (self.work / "logs").mkdir(exist_ok=True)
         (self.work / "logs" / f"{log_name}.log").write_text(output)
         if status != "ok":
             tail = "\n".join(output.strip().splitlines()[-15:])
             self.say(f"{log_name}: {status}; its output ends:\n{tail}")
         return status, output
+
+
+def _stopped(process: subprocess.Popen) -> str:
+    """Stop a command and every process under it (Snakemake's jobs and theirs): SIGTERM, then SIGKILL to what is
+    left after 10 s; what it printed."""
+    from nbsim.sweep.jobs import stop_process_tree
+
+    stop_process_tree(process.pid, grace_s=10.0)
+    return process.communicate()[0] or ""
 
 
 def missing_modules(names: tuple[str, ...]) -> list[str]:
@@ -206,7 +249,7 @@ def step_bench(campaign: Campaign) -> dict:
         if campaign.options.c_binary:
             argv += ["--c-binary", campaign.options.c_binary]
         argv += ["--", *SEED_ARGS.split(), "-detpixels", str(campaign.plan.bench_size)]
-        status, output = campaign.command(argv, 150, f"bench-{dtype}")
+        status, output = campaign.command(argv, math.inf, f"bench-{dtype}")
         record = last_json_line(output) if status == "ok" else None
         if record is None:
             failures.append(f"{dtype}: {status}")
@@ -235,7 +278,7 @@ def sweep_config(campaign: Campaign) -> dict:
         "results": str(campaign.work / "sweep"),
         "compile_cache": str(campaign.cache),
         "scenarios": {"seed": {"description": "The seeds' benchmark", "args": SEED_ARGS}},
-        "sweep": {"sizes": list(campaign.plan.sizes), "dtypes": ["float32", "float64"],
+        "sweep": {"sizes": list(campaign.plan.sizes), "dtypes": list(DTYPES),
                   "devices": campaign.plan.sweep_devices, "compile": ["on"], "extra": {},
                   "on_unavailable_device": "fail"},
         "timing": {"warmup": 2, "repeats": campaign.plan.repeats, "threads": threads},
@@ -248,62 +291,82 @@ def step_sweep(campaign: Campaign) -> dict:
 
     config_path = campaign.work / "sweep-config.yaml"
     config_path.write_text(yaml.safe_dump(sweep_config(campaign), sort_keys=False))
+    results = campaign.work / "sweep"
     snakemake = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--workflow-profile",
                  str(REPO / "workflow" / "profiles" / "default"), "--configfile", str(config_path),
                  "--cores", str(os.cpu_count() or 1), "--scheduler", "greedy", "--keep-going"]
-    # The kernels first, alone: their builds would otherwise share the cores with the C's timed runs.
-    status, _ = campaign.command([*snakemake, "--until", "kernel"], 200, "sweep-kernels")
-    if status == "ok":
-        status, _ = campaign.command(snakemake, 330, "sweep")
-    rows = sweep_rows(campaign.work / "sweep" / "seed")
-    if status != "ok":
-        raise StepFailed(f"snakemake: {status}", {"rows": rows})
-    return {"rows": rows}
+    # The kernel jobs first, alone: their builds and compiles would otherwise share the cores with timed jobs.
+    # The timed jobs run whatever the kernel step came to (a point whose kernel is not ready compiles it in
+    # its own untimed first render), the largest size first, and only as far as the tables (no plots).
+    kernels, _ = campaign.command([*snakemake, "--until", "kernel"], KERNEL_STEP_SHARE * campaign.time_left_s(),
+                                  "sweep-kernels")
+    headline = [str(results / "seed" / "batches" / name / "records.json") for name in headline_batches(campaign.plan)]
+    status, _ = campaign.command([*snakemake, str(results / "seed" / "tables" / "timing.csv"), "--prioritize",
+                                  *headline], math.inf, "sweep")
+    result = {"kernels": kernel_markers(results / "kernels"), "rows": sweep_rows(results / "seed")}
+    if status != "ok" or kernels != "ok":
+        raise StepFailed(f"snakemake: kernel jobs {kernels}, timed jobs {status}", result)
+    return result
+
+
+def headline_batches(plan: Plan) -> list[str]:
+    """The batches of the larger half of the sizes (every dtype and device): what the sweep times first."""
+    from nbsim.modes import Compile
+    from nbsim.sweep.plan import Point, plan_sweep
+
+    sizes = sorted(plan.sizes)[len(plan.sizes) // 2:]
+    points = [Point("seed", size, dtype, device, Compile.ON) for size in reversed(sizes) for dtype in DTYPES
+              for device in plan.sweep_devices]
+    return [batch.name for batch in plan_sweep(points, 1).batches.values()]
+
+
+def kernel_markers(folder: Path) -> list[dict]:
+    """What each kernel job did (nbsim.sweep.jobs.build_kernel's marker): per stage, the path its points take
+    and the seconds of its build, probe and warm-up."""
+    keys = ("dtype", "device", "mode", "status", "warm", "stages")
+    return [{key: marker.get(key) for key in keys} | {"kernel": path.stem}
+            for path in sorted(folder.glob("*.json")) for marker in [json.loads(path.read_text())]]
 
 
 def sweep_rows(scenario: Path) -> list[dict]:
     """One row per point the sweep rendered (read from its batches' records, so that a sweep a job of which
-    failed still reports the others): cold and warm, its reference's time and the speedup, the correlation
-    with the reference and, for a non-CPU point, with the CPU image of the same size and dtype (read from
-    the collated store, where collation ran)."""
+    failed still reports the others): cold and warm, the kernel path it rendered with, its reference's time
+    and the speedup, the correlation with the reference and, for a non-CPU point, with the CPU image of the
+    same size and dtype."""
     from nbsim.sweep.collate import point_rows
 
     batches = sorted(scenario.glob("batches/*/records.json"))
     if not batches:
         return []
     rows = point_rows(batches, sorted(scenario.glob("references/*/records.json")))
-    against_cpu = device_correlations(scenario / "sweep.zarr")
-    keys = ("point", "size", "dtype", "device", "status", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s",
-            "reference", "reference_median_s", "speedup", "speedup_min", "speedup_max", "threads", "correlation")
-    table = [{key: row.get(key) for key in keys}
-             | {"correlation_cpu": against_cpu.get((int(row["size"]), row["dtype"], row["device"]))} for row in rows]
+    against_cpu = device_correlations(scenario, rows)
+    keys = ("point", "size", "dtype", "device", "status", "mode", "compile_cache", "cold_s", "warm_median_s",
+            "warm_min_s", "warm_max_s", "reference", "reference_median_s", "speedup", "speedup_min", "speedup_max",
+            "threads", "correlation")
+    table = [{key: row.get(key) for key in keys} | {"correlation_cpu": against_cpu.get(row["point"])} for row in rows]
     return sorted(table, key=lambda row: (int(row["size"]), row["dtype"], row["device"]))
 
 
-def device_correlations(store: Path) -> dict[tuple[int, str, str], float]:
-    """Pearson correlation of each non-CPU image with the CPU image of the same size and dtype, read from
-    the sweep's collated store."""
-    if not store.exists():
-        return {}
+def device_correlations(scenario: Path, rows: list[dict]) -> dict[str, float]:
+    """Pearson correlation of each non-CPU point's image with the CPU image of the same size and dtype, by
+    point, read from the batches' stores."""
     import numpy as np
-    import xarray as xr
 
+    from nbsim.sweep.store import open_store_array
+
+    def image(row: dict) -> np.ndarray:
+        store = scenario / "batches" / row["batch"] / "images.zarr"
+        return np.asarray(open_store_array(store, "image")[row["index"]], dtype=np.float64).ravel()
+
+    rendered = [row for row in rows if row["status"] == "ok"]
+    cpu = {(row["size"], row["dtype"]): row for row in rendered if row["device"] == "cpu"}
     found = {}
-    with xr.open_zarr(store) as data:
-        devices = [str(device) for device in data["device"].values]
-        if "cpu" not in devices:
-            return {}
-        for size in data["size"].values:
-            for dtype in data["dtype"].values:
-                cpu = data["image"].sel(size=size, dtype=dtype, device="cpu").isel(compile=0)
-                cpu = np.asarray(cpu[:size, :size], dtype=np.float64).ravel()
-                for device in devices:
-                    if device == "cpu":
-                        continue
-                    other = data["image"].sel(size=size, dtype=dtype, device=device).isel(compile=0)
-                    other = np.asarray(other[:size, :size], dtype=np.float64).ravel()
-                    if np.isfinite(cpu).all() and np.isfinite(other).all():
-                        found[int(size), str(dtype), device] = float(np.corrcoef(cpu, other)[0, 1])
+    for row in rendered:
+        counterpart = cpu.get((row["size"], row["dtype"]))
+        if row["device"] != "cpu" and counterpart is not None:
+            other, reference = image(row), image(counterpart)
+            if np.isfinite(other).all() and np.isfinite(reference).all():
+                found[row["point"]] = float(np.corrcoef(other, reference)[0, 1])
     return found
 
 
@@ -316,7 +379,7 @@ def cuda_test_files() -> list[str]:
 def step_pytest(campaign: Campaign) -> dict:
     files = cuda_test_files()
     status, output = campaign.command([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                                       "-o", "addopts=-ra", *files], 180, "pytest-cuda")
+                                       "-o", "addopts=-ra", *files], math.inf, "pytest-cuda")
     closing = next((line for line in reversed(output.strip().splitlines()) if re.search(r"passed|failed|skipped|error",
                                                                                           line)), "")
     campaign.say(f"pytest -m cuda: {closing.strip('= ')}")
@@ -332,7 +395,7 @@ def step_fit(campaign: Campaign) -> dict:
         argv = [sys.executable, str(REPO / "benchmarks" / "fit_workloads.py"), name, "--device", campaign.plan.device]
         if campaign.plan.fit_quick:
             argv.append("--quick")
-        status, output = campaign.command(argv, 150, name)
+        status, output = campaign.command(argv, math.inf, name)
         record = last_json_line(output) if status == "ok" else None
         if record is None:
             failures.append(f"{name}: {status}")
@@ -347,16 +410,12 @@ def step_merge(campaign: Campaign) -> dict:
     script = REPO / "benchmarks" / "merge_workloads.py"
     if not script.is_file():
         raise StepSkipped("no merge benchmark in this checkout (benchmarks/merge_workloads.py)")
-    argv = [sys.executable, str(script), "merge_sad", "--device", campaign.plan.device]
-    if shutil.which("dials.index") is None:
-        argv.append("--no-dials")  # else it renders the DIALS route's 4N shots for a column it cannot fill
-    if campaign.plan.fit_quick:
-        argv.append("--quick")
-    status, output = campaign.command(argv, 240, "merge_sad")
+    argv = [sys.executable, str(script), "merge_sad", "--device", campaign.plan.device, *MERGE_ARGUMENTS]
+    status, output = campaign.command(argv, math.inf, "merge_sad")
     record = last_json_line(output) if status == "ok" else None
     if record is None:
         raise StepFailed(f"merge_sad: {status}")
-    return {"merge_sad": record}
+    return {"merge_sad": record, "arguments": list(MERGE_ARGUMENTS)}
 
 
 class StepSkipped(Exception):
@@ -373,7 +432,8 @@ def run_step(campaign: Campaign, name: str) -> StepRecord:
         record.status = "skipped: the time budget is spent"
         campaign.say(f"{name}: {record.status}")
         return record
-    campaign.say(f"== {name}")
+    campaign.start_step(name)
+    campaign.say(f"== {name} (may take {campaign.time_left_s():.0f} s)")
     begin = time.monotonic()
     try:
         record.results = STEP_FUNCTIONS[name](campaign)
@@ -420,15 +480,25 @@ def summary_markdown(environment: dict, records: dict[str, StepRecord], options:
                 f"{_number(result.get('speedup'), '{:.0f}x')} | "
                 f"{_number(result.get('correlation'), '{:.10f}')} |")
     sweep = records.get("sweep")
+    if sweep and sweep.results.get("kernels"):
+        lines += ["", "The sweep's kernel jobs (before the timed jobs, in parallel; per stage: the path its points "
+                      "take, and seconds):", "", "| kernel job | stage | path | build s | probe s | warm-up s |",
+                  "|---|---|---|---|---|---|"]
+        for job in sweep.results["kernels"]:
+            lines += [f"| {job['kernel']} | {stage['stage']} | {stage['path']} | "
+                      + " | ".join(_number(stage.get(key), "{:.1f}") for key in ("build_s", "probe_s", "warm_s")) + " |"
+                      for stage in job.get("stages") or []]
     if sweep and sweep.results.get("rows"):
         reference = sweep.results["rows"][0].get("reference") or "-"
-        lines += ["", f"The sweep (seed scenario; reference `{reference}`; speedup = reference median / warm median, "
-                      "its range from the extremes of both):", "",
-                  "| size | dtype | device | cold s | warm median s (min–max) | reference s | speedup (range) | "
-                  "r vs reference | r vs CPU |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"The sweep (seed scenario; reference `{reference}`; kernel: the path each point rendered with "
+                      "and its first render's cache state; speedup = reference median / warm median, its range from "
+                      "the extremes of both):", "",
+                  "| size | dtype | device | kernel | cold s | warm median s (min–max) | reference s | "
+                  "speedup (range) | r vs reference | r vs CPU |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in sweep.results["rows"]:
             lines.append(
-                f"| {row['size']}² | {row['dtype']} | {row['device']} | {_number(row['cold_s'], '{:.2f}')} | "
+                f"| {row['size']}² | {row['dtype']} | {row['device']} | {row.get('mode') or '-'} "
+                f"({row.get('compile_cache') or '-'}) | {_number(row['cold_s'], '{:.2f}')} | "
                 f"{_number(row['warm_median_s'], '{:.5f}')} ({_number(row['warm_min_s'], '{:.5f}')}–"
                 f"{_number(row['warm_max_s'], '{:.5f}')}) | {_number(row['reference_median_s'], '{:.3f}')} | "
                 f"{_number(row['speedup'], '{:.1f}')}x ({_number(row['speedup_min'], '{:.1f}')}–"
@@ -450,7 +520,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--c-binary", default=os.environ.get("NBSIM_C_BINARY"),
                         help="a nanoBragg binary to compare with (default: $NBSIM_C_BINARY)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "results" / "gpu_campaign"))
-    parser.add_argument("--budget-s", type=float, default=450.0, help="seconds for all steps together (default 450)")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
+                        help=f"seconds for all steps together (default {BUDGET_S:.0f})")
     parser.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS), help="steps to run")
     parser.add_argument("--wheelhouse", type=Path, default=REPO / "wheelhouse",
                         help="wheels to install offline where this Python lacks them (default: wheelhouse/)")

@@ -121,6 +121,12 @@ class Renderer:
         """How the kernel runs now (eager while a pending plan is not settled)."""
         return (self.decision or self.plan).mode
 
+    @property
+    def kernel_path(self) -> str:
+        """What its renders ran: the mode's value, or, where this machine refused the ahead-of-time packages
+        and their stages ran just in time, 'jit (aot refused)' (nbsim.kernel.cache.KernelLoads.path)."""
+        return self.loads.path(self.mode)
+
     def settle(self) -> CompileDecision:
         """The mode this renderer renders in, settled once: a plan pending in `auto` mode is settled by
         timing the eager kernel on a probe of the image (at most PROBE_PIXEL_STEPS pixel-steps) and

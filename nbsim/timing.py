@@ -41,7 +41,8 @@ class BenchResult:
     compile: Compile
     """As requested: "auto", "on" or "off"."""
     mode: str
-    """What rendered after the cold call: 'eager', 'jit' or 'aot' (a modes.Mode's value)."""
+    """What rendered after the cold call: 'eager', 'jit' or 'aot' (a modes.Mode's value), or 'jit (aot
+    refused)' where this machine refused the ahead-of-time packages (Renderer.kernel_path)."""
     pixels: int
     steps: int
     peak_rss_mb: float
@@ -61,7 +62,7 @@ class BenchResult:
     correlation: float | None = None
     warnings: list[str] = field(default_factory=list)
     """The renderer's one-line warnings (e.g. a package this machine could not open, its stage run just in
-    time: `mode` then names what was asked for, not what ran)."""
+    time)."""
 
 
 def peak_rss_mb() -> float:
@@ -120,7 +121,7 @@ def timed_render(config: SimulationConfig, device: torch.device, dtype: torch.dt
         cold_s=cold, warm_median_s=statistics.median(times) if times else None,
         warm_min_s=min(times, default=None), warm_max_s=max(times, default=None),
         warm_times_s=times, repeats=repeats, warmup=warmup, device=str(device), dtype=dtype_name(dtype),
-        compile=compile, mode=renderer.mode.value, pixels=setup.pixel_count, steps=setup.steps,
+        compile=compile, mode=renderer.kernel_path, pixels=setup.pixel_count, steps=setup.steps,
         peak_rss_mb=peak_rss_mb(),
         threads=torch.get_num_threads(), compile_cache=cache, torch_version=torch.__version__,
         nbsim_version=__version__, cpu=cpu_name(), host=socket.gethostname(),

@@ -78,12 +78,16 @@ def test_wheels_for_another_python_stop_the_campaign_in_one_line(tmp_path):
 def test_the_summary_tables_hold_every_measured_row():
     bench = {"device": "cuda:0", "pixels": 16777216, "cold_s": 26.5, "warm_median_s": 6.0e-4, "warm_min_s": 5.9e-4,
              "warm_max_s": 9.0e-4, "c_median_s": 0.417, "speedup": 695.5, "correlation": 0.9999999997}
-    rows = [{"size": size, "dtype": dtype, "device": device, "cold_s": 0.01, "warm_median_s": 1e-3,
+    rows = [{"size": size, "dtype": dtype, "device": device, "mode": "jit (aot refused)" if device == "cpu" else "jit",
+             "compile_cache": "hit", "cold_s": 0.01, "warm_median_s": 1e-3,
              "warm_min_s": 9e-4, "warm_max_s": 2e-3, "reference": "c", "reference_median_s": 0.4, "speedup": 400.0,
              "speedup_min": 200.0, "speedup_max": 444.0, "correlation": 0.999999, "correlation_cpu": None}
             for size in (256, 4096) for dtype in ("float32", "float64") for device in ("cpu", "cuda")]
+    kernels = [{"kernel": "float32-cpu-single-square-default", "stages": [
+        {"stage": "pixel_kernel", "path": "jit (aot refused)", "build_s": 100.0, "probe_s": 4.0, "warm_s": 90.5}]}]
     records = {"bench": gpu_campaign.StepRecord("bench", "ok", 38.0, {"float32": bench}),
-               "sweep": gpu_campaign.StepRecord("sweep", "failed: snakemake: timed out", 233.0, {"rows": rows}),
+               "sweep": gpu_campaign.StepRecord("sweep", "failed: snakemake: timed out", 233.0,
+                                                {"rows": rows, "kernels": kernels}),
                "merge": gpu_campaign.StepRecord("merge", "skipped: no merge benchmark")}
     text = gpu_campaign.summary_markdown({"gpu": "NVIDIA H200", "python": "3.12"}, records,
                                          argparse.Namespace(c_binary="/c"))
@@ -91,7 +95,25 @@ def test_the_summary_tables_hold_every_measured_row():
     assert "| bench | ok | 38 |" in text and "| sweep | failed: snakemake: timed out | 233 |" in text
     assert "| float32 | cuda:0 | 16777216 | 26.50 | 0.600 (0.590–0.900) | 0.417 | 696x | 0.9999999997 |" in text
     assert sum(line.startswith(("| 256² |", "| 4096² |")) for line in text.splitlines()) == len(rows)
-    assert "| 4096² | float64 | cuda | 0.01 | 0.00100 (0.00090–0.00200) | 0.400 | 400.0x (200.0–444.0) |" in text
+    assert ("| 4096² | float64 | cuda | jit (hit) | 0.01 | 0.00100 (0.00090–0.00200) | 0.400 | 400.0x (200.0–444.0) |"
+            in text)
+    assert "| 256² | float32 | cpu | jit (aot refused) (hit) | 0.01 |" in text
+    assert "| float32-cpu-single-square-default | pixel_kernel | jit (aot refused) | 100.0 | 4.0 | 90.5 |" in text
+
+
+def test_each_step_keeps_the_time_the_steps_after_it_reserve(tmp_path):
+    """A step may take what is left of the budget less the later selected steps' shares; the sweep times the
+    batches of the larger half of the sizes first."""
+    options = argparse.Namespace(budget_s=400.0, only=["environment", "sweep", "merge"])
+    campaign = gpu_campaign.Campaign(options, gpu_campaign.Plan.of(True), tmp_path)
+    campaign.start_step("sweep")
+    reserved = gpu_campaign.STEP_SHARES["merge"] * 400.0
+    assert 400.0 - reserved - 1 < campaign.time_left_s() <= 400.0 - reserved
+    campaign.start_step("merge")
+    assert 399 < campaign.time_left_s() <= 400
+    assert gpu_campaign.headline_batches(gpu_campaign.Plan.of(False)) == [
+        f"n{size}-{dtype}-{device}-compile_on-b0000" for size in (4096, 2048) for dtype in ("float32", "float64")
+        for device in ("cpu", "cuda")]
 
 
 def test_the_cuda_tests_are_found_by_their_mark():

@@ -17,14 +17,17 @@ import torch
 
 import nbsim
 from nbsim.cli import main
-from nbsim.kernel import aot, dispatch
+from nbsim.kernel import aot, dispatch, jit
 from nbsim.kernel.aot import VERIFY_PACKAGES, ensure_package, open_cached_packages, verify_package
-from nbsim.kernel.cache import KernelCache
+from nbsim.kernel.cache import JIT_AFTER_REFUSAL, KernelCache
 from nbsim.kernel.stages import StageVariant
 from nbsim.kernel.structure import structure_of
-from nbsim.modes import Mode
+from nbsim.modes import Compile, Mode
 from nbsim.render import Renderer
 from nbsim.resolve import resolve
+from nbsim.sweep.jobs import build_kernel
+from nbsim.sweep.plan import KernelJob
+from nbsim.timing import timed_render
 
 # One step per pixel: a single package, the one test_compile's kernel-building test builds first.
 ARGS = ("-default_F 100 -cell 70 80 90 75 85 95 -misset 10 20 30 -N 4 -lambda 1.5 -distance 200 -detpixels 48 "
@@ -116,6 +119,7 @@ def test_a_package_that_crashes_the_loader_falls_back_with_a_warning_and_is_prob
     renderer = Renderer(setup, dtype=torch.float32, compile="on", cache=cache)
     image = renderer()
     assert renderer.mode is Mode.AOT and renderer.warnings == [warning]
+    assert renderer.kernel_path == JIT_AFTER_REFUSAL
     assert (renderer.loads.opened, renderer.loads.built, renderer.loads.unusable) == (0, 0, [warning])
     _assert_close(image, reference)
     verdict = cache.verdict(package)
@@ -132,10 +136,74 @@ def test_a_package_that_crashes_the_loader_falls_back_with_a_warning_and_is_prob
     assert main(["bench", "--dtype", "float32", "--repeats", "1", "--warmup", "0", "--json", "bench.json",
                  "--", *ARGS]) == 0
     assert f"WARNING: {warning}" in capsys.readouterr().out.splitlines()
-    assert json.loads((tmp_path / "bench.json").read_text())["warnings"] == [warning]
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert bench["warnings"] == [warning] and bench["mode"] == JIT_AFTER_REFUSAL
 
     open_cached_packages(cache, CPU)
     assert not cache.open_packages
+
+
+def _recorded_warm_ups(monkeypatch) -> list[tuple]:
+    """What the just-in-time warm-up (nbsim.kernel.jit.warm_stages) is asked for from now on, with torch's
+    thread count at the time; it compiles nothing (a real one takes 20 s to 2 minutes on 2 cores: the
+    campaign's runs measure it, docs/benchmarks.md)."""
+    asked = []
+
+    def recorded(variants, dtype, device):
+        asked.append((variants, dtype, device, torch.get_num_threads()))
+        return [1.5] * len(variants)
+
+    monkeypatch.setattr(jit, "warm_stages", recorded)
+    return asked
+
+
+def _kernel_job(tmp_path, monkeypatch, cache: KernelCache, mode: str) -> dict:
+    """The sweep's kernel job for the test's structure (float32, CPU, timed jobs of 3 threads), run here with one
+    thread and its environment restored afterwards; its marker's record."""
+    for name, value in {"NBSIM_CACHE_DIR": str(cache.folder), "OMP_NUM_THREADS": "1",
+                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}.items():
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    setup, _ = _setup_and_variant()
+    job = KernelJob(structure_of(setup.config).to_json(), "float32", "cpu", mode, 3)
+    try:
+        record = build_kernel(job, 1, str(cache.folder), tmp_path / "marker.json")
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "marker.json").read_text()) == json.loads(json.dumps(record))
+    return record
+
+
+def test_a_kernel_job_warms_the_just_in_time_path_of_a_package_this_machine_refuses(tmp_path, monkeypatch):
+    """The sweep's kernel job probes its package before the timed jobs; refused here, it compiles the
+    just-in-time path that the stage falls back to, for the timed jobs' thread count, and its marker says so.
+    A timed render after it reads the stamp (no probe) and its row names the path it took."""
+    setup, variant = _setup_and_variant()
+    cache = KernelCache(tmp_path / "cache")
+    package = _crashing_package(cache, variant, tmp_path)
+    probed, warmed = _counted_probes(monkeypatch), _recorded_warm_ups(monkeypatch)
+
+    record = _kernel_job(tmp_path, monkeypatch, cache, "aot")
+    [stage] = record["stages"]
+    assert (stage["path"], stage["refused"], stage["cache"], stage["warm_s"]) == (
+        JIT_AFTER_REFUSAL, "opening it killed a probe process with SIGSEGV", "hit", 1.5)
+    assert record["warm"] == "after the probes" and probed == [package]
+    assert warmed == [([variant], torch.float32, CPU, 3)]
+
+    _eager_instead_of_jit(monkeypatch)
+    timed = timed_render(setup.config, CPU, torch.float32, Compile.ON, 0, 1)
+    assert timed.result.mode == JIT_AFTER_REFUSAL and probed == [package]
+
+
+def test_a_kernel_job_of_just_in_time_points_warms_their_path(tmp_path, monkeypatch):
+    """Points that compile just in time (a GPU's; here a CPU job of that mode, as NBSIM_COMPILE_MODE=jit plans)
+    get a kernel job too, which builds no package and warms their path."""
+    _, variant = _setup_and_variant()
+    warmed = _recorded_warm_ups(monkeypatch)
+    record = _kernel_job(tmp_path, monkeypatch, KernelCache(tmp_path / "cache"), "jit")
+    assert record["stages"] == [{"stage": "pixel_kernel", "path": "jit", "warm_s": 1.5}]
+    assert record["warm"] == "in this process" and warmed == [([variant], torch.float32, CPU, 3)]
+    assert not (tmp_path / "cache" / "kernels").exists()
 
 
 def test_a_package_that_fails_to_open_is_stamped_with_the_error(tmp_path, monkeypatch):

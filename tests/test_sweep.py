@@ -306,6 +306,22 @@ def test_option_axes_are_refused_with_a_c_reference(tmp_path):
     validate_config(config, SCHEMA, tmp_path)
 
 
+def test_compiled_points_of_every_device_get_a_kernel_job(tmp_path):
+    """Ahead of time on the CPU, just in time on a GPU (its compile warmed before the timed jobs, for their
+    threads); eager points get none."""
+    from nbsim.sweep.plan import Point, StructureMemo, kernel_jobs
+
+    config = config_with({})
+    config["timing"]["threads"] = 4
+    points = [Point("seed", 8, "float32", device, compile_) for device in ("cpu", "cuda")
+              for compile_ in (Compile.ON, Compile.OFF)]
+    jobs, names = kernel_jobs(config, points, False, tmp_path, StructureMemo(None))
+    assert {name: (job.device, job.mode, job.threads) for name, job in jobs.items()} == {
+        "float32-cpu-single-square-default": ("cpu", "aot", 4),
+        "float32-cuda-single-square-default": ("cuda", "jit", 4)}
+    assert sorted(point.name for point in names) == ["n8-float32-cpu-compile_on", "n8-float32-cuda-compile_on"]
+
+
 def test_kernel_jobs_keep_their_structures_for_the_next_plan(tmp_path, monkeypatch):
     """The plan's structures are kept in a memo file: a second plan of the same sources asks no
     structure_of (so a Snakemake start need not import PyTorch), and a memo of other sources is ignored."""

@@ -65,7 +65,7 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
               f"{run.min_photons:g}: an empty shot; {EMPTY_SHOT_ADVICE}")
     _report_compile_decision(renderer)
     caveat = "; eager and compiled float32 images differ by up to 1e-4 of the maximum, docs/kernels.md"
-    print(f"  kernel: {renderer.mode.value} ({run.dtype} on {device}{caveat if run.dtype == 'float32' else ''})")
+    print(f"  kernel: {renderer.kernel_path} ({run.dtype} on {device}{caveat if run.dtype == 'float32' else ''})")
     if setup.panels is not None:
         return _write_panels(image, setup, run, started)
     stats = statistics(image, setup)

@@ -22,11 +22,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -37,7 +35,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..devices import dtype_name
-from .cache import KernelCache, KernelLoads, locked, runs_here
+from .cache import KernelCache, KernelLoads, child_command, locked, runs_here
 from .inductor_patches import contracted_options, masked_tails, thread_options, tile_shaped_loops, vectors_per_iteration
 from .inputs import COLS, EXAMPLE_SIZES, ROWS, KernelOptions, example_tensors, input_dims
 from .stages import ONE_LOOP, Stage, StageVariant, dynamic_shape_config
@@ -46,10 +44,6 @@ MAX_PIXELS_PER_SIDE = 1 << 20
 MAX_COUNT = 1 << 24
 VERIFY_PACKAGES = "NBSIM_VERIFY_PACKAGES"
 """Environment variable: `off` opens packages without probing them first (`verify_package`)."""
-PROBE_CODE = ("import sys; del sys.path[0]; sys.path.append(sys.argv.pop(1)); "
-              "from nbsim.kernel.probe import main; sys.exit(main())")
-"""The probe process's program: nbsim.kernel.probe of this nbsim (the folder holding this package goes last on
-its path, and the working folder, which may hold another clone named nbsim, comes off it)."""
 PROBE_TIMEOUT_S = 120.0
 """How long a probe process may take (its Python and PyTorch start included: seconds on a busy machine)."""
 OPENING, OPENED, RAN = "opening", "opened", "ran"
@@ -104,6 +98,7 @@ def load_package(cache: KernelCache, variant: StageVariant, dtype: torch.dtype, 
     runner = cache.open_packages.get((package, device))
     if runner is not None:
         loads.reused += 1
+        loads.ran += 1
         return runner
     built = ensure_package(cache, variant, dtype, device)
     if built:
@@ -115,6 +110,7 @@ def load_package(cache: KernelCache, variant: StageVariant, dtype: torch.dtype, 
         return None
     if not built:
         loads.opened += 1
+    loads.ran += 1
     runner = cache.open_packages[package, device] = open_package(package, device)
     return runner
 
@@ -147,9 +143,8 @@ def probe_package(cache: KernelCache, package: Path, variant: StageVariant, dtyp
             "writes_out": variant.writes_out, "dtype": dtype_name(dtype), "device": str(device)}
     started = time.perf_counter()
     try:
-        probe = subprocess.run([sys.executable, "-c", PROBE_CODE, str(Path(__file__).resolve().parents[2]),
-                                json.dumps(spec)], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               timeout=PROBE_TIMEOUT_S)
+        probe = subprocess.run(child_command("nbsim.kernel.probe", spec), stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         printed, status = probe.stdout.split(), probe.returncode
         error = (probe.stderr.strip().splitlines() or [""])[-1][:300]
     except subprocess.TimeoutExpired as timeout:

@@ -1,6 +1,7 @@
 """The on-disk kernel cache (`KernelCache`): where ahead-of-time packages live, their keys and
 descriptions, which of them run on this installation and machine, the locks that let one process build
-a package while others wait, and what a cache object has loaded and built.
+a package while others wait, what a cache object has loaded and built, and the command of the child
+processes that probe a package or warm the just-in-time path (`child_command`).
 
 A package's key is the SHA-256 of its description: the build environment (nbsim and PyTorch versions,
 the digest of every source file a compiled kernel's code comes from, the machine and its instruction
@@ -20,6 +21,7 @@ import functools
 import hashlib
 import json
 import platform
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,7 +33,18 @@ from ..cache import cache_dir
 from ..cpu import cpu_flags
 from ..devices import dtype_name
 from ..io.atomic import atomic_write_text
+from ..modes import Mode
 from .stages import StageVariant, Structure
+
+JIT_AFTER_REFUSAL = "jit (aot refused)"
+AOT_AND_JIT_AFTER_REFUSAL = "aot+jit (aot refused)"
+"""Kernel paths (`KernelLoads.path`) of ahead-of-time renders whose packages this machine refused, all or some."""
+CHILD_CODE = ("import sys, importlib; del sys.path[0]; sys.path.append(sys.argv.pop(1)); "
+              "sys.exit(importlib.import_module(sys.argv.pop(1)).main())")
+"""The program of a child process that runs `main()` of one of this nbsim's modules (the folder holding
+this nbsim goes last on its path, and the working folder, which may hold another clone named nbsim,
+comes off it)."""
+
 
 KERNEL_SOURCES = ("physics.py", "inputs.py", "stages.py", "aot.py", "inductor_patches.py",
                   "../model/structure_factors.py")
@@ -48,6 +61,16 @@ class KernelLoads:
     reused: int = 0
     unusable: list[str] = field(default_factory=list)
     """A warning line for each package that cannot be used on this machine (its stage ran just in time)."""
+    ran: int = 0
+    """Stages that ran from an ahead-of-time package (opened, built or already open)."""
+
+    def path(self, mode: Mode) -> str:
+        """What ran for a renderer in `mode`: the mode's value, except where this machine refused packages
+        of an ahead-of-time render, whose stages then ran just in time: `JIT_AFTER_REFUSAL`, or
+        `AOT_AND_JIT_AFTER_REFUSAL` where other stages ran from packages."""
+        if mode is not Mode.AOT or not self.unusable:
+            return mode.value
+        return AOT_AND_JIT_AFTER_REFUSAL if self.ran else JIT_AFTER_REFUSAL
 
 
 class KernelCache:
@@ -133,6 +156,11 @@ class KernelCache:
         """The lock file a builder of a whole structure holds (so that one builds it at a time)."""
         name = hashlib.sha256(f"{structure.to_json()}{dtype_name(dtype)}{device}".encode())
         return self.kernels / f"build-{name.hexdigest()[:16]}.lock"
+
+
+def child_command(module: str, spec: dict) -> list[str]:
+    """The command of a child process that runs `module`'s main() with `spec` (JSON) as its argument."""
+    return [sys.executable, "-c", CHILD_CODE, str(Path(__file__).resolve().parents[2]), module, json.dumps(spec)]
 
 
 @functools.cache

@@ -35,10 +35,11 @@ from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
 
 TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference", "reference_batch",
                   "reference_median_s", "reference_min_s", "reference_max_s", "speedup", "speedup_min", "speedup_max",
-                  "peak_rss_mb", "threads", "compile_cache", "bytes_per_image", "host", "slurm_job_id")
+                  "peak_rss_mb", "threads", "mode", "compile_cache", "bytes_per_image", "host", "slurm_job_id")
 """`reference_batch`: the batch whose warm times are the reference's (`reference_*_s`); `speedup_min` and
 `speedup_max`: the speedup's range over both sides' repeats (the reference's fastest over nbsim's slowest,
-its slowest over nbsim's fastest)."""
+its slowest over nbsim's fastest); `mode`: the kernel path the point rendered with, 'jit (aot refused)' where
+this machine refused its ahead-of-time packages (nbsim.timing.BenchResult.mode)."""
 REFERENCE_NAMES = {"nbsim-float64-cpu": "nbsim float64 on the CPU", "c": "the C nanoBragg"}
 """How tables and plots name each kind of reference: without a C binary the speedup is over nbsim's
 own float64 image, not over nanoBragg."""
@@ -203,7 +204,7 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
         for name in (*TIMING_COLUMNS, *CORRELATION_COLUMNS):
             if name in grid and grid[name].dtype.kind in "iuf" and bool(grid[name].notnull().any()):
                 store.variable(name, tuple(axes), shape, np.float64, data=grid[name].values.astype(np.float64))
-        for name in ("status", "reference", "compile_cache", "attributes"):
+        for name in ("status", "reference", "mode", "compile_cache", "attributes"):
             values = grid[name].values if name in grid else np.full(shape, None)
             text = np.vectorize(lambda v: "" if pd.isna(v) else str(v), otypes=[object])(values)
             store.variable(name, tuple(axes), shape, str, data=text)

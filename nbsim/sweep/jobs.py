@@ -11,12 +11,16 @@ once. Its warm times follow, as in `nbsim bench`.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import os
 import platform
 import socket
 import statistics
+import subprocess
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,7 +30,7 @@ import numpy as np
 
 from ..errors import NbsimError
 from ..io.structure_files import table_provenance
-from ..modes import Compile
+from ..modes import Compile, Mode
 from .plan import KernelJob
 from .progress import Progress
 from .spec import BatchJob
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..config import SimulationConfig
+    from ..kernel.cache import KernelCache
+    from ..kernel.stages import StageVariant
     from ..timing import BenchResult
 
 IMAGE_DIMENSIONS = ("point", "slow", "fast")
@@ -65,14 +71,12 @@ def process_startup_s() -> float:
 def _use_job_resources(compile_cache: str, threads: int) -> None:
     """A job's shared compile cache (Inductor's cache follows it: nbsim.cache.configure_compile_cache)
     and its CPU threads."""
-    import torch
-
     from ..cache import configure_compile_cache
 
     os.environ["NBSIM_CACHE_DIR"] = compile_cache
     os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
     configure_compile_cache()
-    torch.set_num_threads(max(1, threads))
+    torch_threads(threads)
 
 
 def _job_identity() -> dict[str, Any]:
@@ -83,24 +87,130 @@ def _job_identity() -> dict[str, Any]:
 
 
 def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path) -> dict:
-    """Build (or find in the shared cache) the ahead-of-time kernels of one structure; the marker JSON
-    records each stage's build time and whether the cache already held it. Kernel jobs run in parallel
-    before the timed jobs, which then start warm."""
+    """Make one structure's compiled kernels ready in the shared cache, so that the timed jobs' first renders
+    load them instead of compiling (kernel jobs run before the timed jobs, in parallel and untimed).
+
+    Ahead of time (`job.mode` 'aot'): each package built, or found in the cache, and probed on this machine
+    (nbsim.kernel.aot.verify_package). Where this machine refuses a package, the timed jobs will run that
+    stage just in time, so this job compiles that path once on example inputs into Inductor's on-disk caches
+    (nbsim.kernel.jit.warm_stages, with the timed jobs' thread count). With `threads` of 2 or more that compile
+    starts at once in a child process, beside the builds, and is stopped if every package passes its probe;
+    with one thread it follows a refusal. Just in time ('jit': a GPU, or NBSIM_COMPILE_MODE=jit): that path
+    is warmed. The marker JSON records each stage's path (`aot`, `jit`, or `jit (aot refused)`), its build,
+    probe and warm-up seconds and whether the cache held its package. A device this machine lacks is recorded
+    as skipped (its timed jobs report it)."""
     from ..devices import resolve_device, resolve_dtype
-    from ..kernel.aot import ensure_packages
-    from ..kernel.cache import KernelCache
+    from ..kernel.aot import verification_on
+    from ..kernel.cache import JIT_AFTER_REFUSAL, KernelCache
     from ..kernel.stages import Structure
 
     _use_job_resources(compile_cache, threads)
+    record: dict[str, Any] = {**asdict(job), **_job_identity()}
+    try:
+        device = resolve_device(job.device)
+    except NbsimError as error:
+        record.update(status="skipped", reason=str(error), stages=[])
+        write_json(marker, record)
+        return record
+    dtype, structure = resolve_dtype(job.dtype), Structure.from_json(job.structure)
+    variants = structure.stage_variants()
     cache = KernelCache(compile_cache)
-    device, dtype = resolve_device(job.device), resolve_dtype(job.dtype)
-    stages = [{"stage": variant.stage.name, "package": cache.package(variant, dtype, device).name,
-               "cache": "miss" if built else "hit", "build_s": seconds}
-              for variant, built, seconds in ensure_packages(cache, Structure.from_json(job.structure).stage_variants(),
-                                                             dtype, device)]
-    record = {**asdict(job), "stages": stages, "build_s": sum(s["build_s"] for s in stages), **_job_identity()}
+    ahead_of_time = job.mode == Mode.AOT.value
+    with tempfile.TemporaryDirectory() as folder:
+        output = Path(folder) / "warm.log"
+        warming = None
+        if ahead_of_time and threads >= 2 and verification_on() and any(
+                cache.verdict(cache.package(v, dtype, device)) is None for v in variants):
+            from ..kernel.jit import start_warming
+
+            warming = start_warming(structure, dtype, device, job.threads, output)
+        try:
+            stages = (_built_and_probed(cache, variants, dtype, device) if ahead_of_time
+                      else [{"stage": v.stage.name, "path": job.mode} for v in variants])
+            to_warm = [index for index, stage in enumerate(stages) if stage["path"] != Mode.AOT.value]
+            if warming is not None and not to_warm:
+                record["warm"] = "stopped: every package passed its probe"
+            elif warming is not None:
+                record["warm"] = "beside the builds, in a child process"
+                seconds = _warmed(warming, output)
+                for index in to_warm:
+                    stages[index]["warm_s"] = seconds[index]
+            elif to_warm:
+                from ..kernel.jit import warm_stages
+
+                record["warm"] = "after the probes" if ahead_of_time else "in this process"
+                torch_threads(job.threads)
+                warmed = warm_stages([variants[i] for i in to_warm], dtype, device)
+                for index, seconds in zip(to_warm, warmed, strict=True):
+                    stages[index]["warm_s"] = seconds
+        finally:
+            if warming is not None and warming.poll() is None:
+                stop_process_tree(warming.pid)
+                warming.wait()
+    for stage in stages:
+        if stage["path"] == JIT_AFTER_REFUSAL:
+            log.info("%s: %s", stage["stage"], stage["refused"])
+    record.update(status="ok", stages=stages, build_s=sum(s.get("build_s", 0.0) for s in stages),
+                  warm_s=sum(s.get("warm_s", 0.0) for s in stages))
+    log.info("%s %s %s: %s", job.dtype, job.device, structure.name, ", ".join(
+        f"{s['stage']} {s['path']} (build {s.get('build_s', 0):.1f} s, probe {s.get('probe_s', 0):.1f} s, warm-up "
+        f"{s.get('warm_s', 0):.1f} s)" for s in stages))
     write_json(marker, record)
     return record
+
+
+def _built_and_probed(cache: KernelCache, variants: list[StageVariant], dtype: torch.dtype,
+                      device: torch.device) -> list[dict[str, Any]]:
+    """Each variant's package built (or found) and probed here: its stage's record, with the path its
+    timed renders will take."""
+    from ..kernel.aot import ensure_packages, verify_package
+    from ..kernel.cache import JIT_AFTER_REFUSAL
+
+    stages = []
+    for variant, built, build_s in ensure_packages(cache, variants, dtype, device):
+        package = cache.package(variant, dtype, device)
+        started = time.perf_counter()
+        failure = verify_package(cache, package, variant, dtype, device)
+        stages.append({"stage": variant.stage.name, "package": package.name, "cache": "miss" if built else "hit",
+                       "build_s": build_s, "probe_s": time.perf_counter() - started,
+                       "path": Mode.AOT.value if failure is None else JIT_AFTER_REFUSAL,
+                       **({"refused": failure} if failure else {})})
+    return stages
+
+
+def _warmed(warming: subprocess.Popen, output: Path) -> list[float]:
+    """The seconds of each variant the warming child process compiled, once it has finished."""
+    status = warming.wait()
+    lines = output.read_text().strip().splitlines() or ["no output"]
+    if status != 0:
+        raise NbsimError(f"compiling the just-in-time kernels in a child process failed (exit status {status}): "
+                         f"{lines[-1]}")
+    return json.loads(lines[-1])
+
+
+def stop_process_tree(pid: int, grace_s: float = 5.0) -> None:
+    """Stop process `pid` and every process under it (compile workers, a Snakemake run's jobs): SIGTERM, then
+    SIGKILL to those still running after `grace_s`."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.terminate()
+    for member in psutil.wait_procs(family, timeout=grace_s)[1]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+
+
+def torch_threads(count: int) -> None:
+    """Run torch (and the CPU code Inductor compiles now) on `count` threads."""
+    import torch
+
+    torch.set_num_threads(max(1, count))
 
 
 def run_batch(job: BatchJob, store: Path, records_path: Path, reference_store: Path | None = None) -> dict:

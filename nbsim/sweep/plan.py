@@ -117,10 +117,15 @@ class Point:
         return tuple(words)
 
     @property
+    def kernel_mode(self) -> Mode:
+        """How the point's kernel runs (asked of the renderer's own mode choice)."""
+        return choose_mode(self.compile, self.device.split(":")[0], needs_grad=False)
+
+    @property
     def prebuilds_kernel(self) -> bool:
-        """Points that load ahead-of-time kernels (asked of the renderer's own mode choice) get them from
-        a `kernel` job first."""
-        return choose_mode(self.compile, self.device.split(":")[0], needs_grad=False) is Mode.AOT
+        """Compiled points get their kernels from a `kernel` job first: ahead-of-time packages built and
+        probed, or the just-in-time compile warmed in the on-disk caches (nbsim.sweep.jobs.build_kernel)."""
+        return self.kernel_mode is not Mode.EAGER
 
 
 def axis_name(option: str) -> str:
@@ -223,12 +228,18 @@ def plan_sweep(points: list[Point], batch_size: int | Mapping[tuple[str, int], i
 
 @dataclass(frozen=True)
 class KernelJob:
-    """One `kernel` job: the ahead-of-time kernels of one structure, dtype and device."""
+    """One `kernel` job: the compiled kernels of one structure, dtype and device, made ready before the timed
+    jobs (nbsim.sweep.jobs.build_kernel)."""
 
     structure: str
     """nbsim.kernel.stages.Structure as JSON."""
     dtype: str
     device: str
+    mode: str
+    """The points' kernel mode: 'aot' (packages built and probed, the just-in-time path warmed where this
+    machine refuses one) or 'jit' (the just-in-time path warmed)."""
+    threads: int
+    """The timed jobs' CPU threads (timing.threads): just-in-time CPU code is compiled for that count."""
 
 
 def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool, base: Path,
@@ -252,7 +263,8 @@ def kernel_jobs(config: dict, points: list[Point], compiled_reference: bool, bas
             structures[key] = memo.structure(point_config(config, point, base, builds))
         structure_name, structure_json = structures[key]
         name = f"{point.dtype}-{_slug(point.device)}-{structure_name}"
-        jobs.setdefault(name, KernelJob(structure_json, point.dtype, point.device))
+        jobs.setdefault(name, KernelJob(structure_json, point.dtype, point.device, point.kernel_mode.value,
+                                        config["timing"]["threads"]))
         names[point] = name
     return jobs, names
 

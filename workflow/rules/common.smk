@@ -44,14 +44,18 @@ REFERENCE = config["reference"] is not False
 COMPILED_NBSIM_REFERENCE = REFERENCE and not C_BINARY and config["reference"]["compile"]
 
 
+def available_cores():
+    """The cores this run may use: --cores, at most this machine's."""
+    try:
+        return min(int(workflow.cores), os.cpu_count() or 1)
+    except (WorkflowError, TypeError):  # no --cores (a cluster run): this machine's
+        return os.cpu_count() or 1
+
+
 def parallel_jobs():
     """Batch jobs that run at once here: the cores over each job's threads (side by side), or one (timed
     jobs hold the timing slot)."""
-    try:
-        cores = min(int(workflow.cores), os.cpu_count() or 1)
-    except (WorkflowError, TypeError):  # no --cores (a cluster run): this machine's
-        cores = os.cpu_count() or 1
-    return max(1, cores // TIMING["threads"]) if TIMING_SLOT == 0 else 1
+    return max(1, available_cores() // TIMING["threads"]) if TIMING_SLOT == 0 else 1
 
 
 with plan.structure_memo(Path(".snakemake") / "nbsim-structures.json") as memo:
@@ -64,6 +68,9 @@ with plan.structure_memo(Path(".snakemake") / "nbsim-structures.json") as memo:
     # One kernel job per (structure, dtype, device): points of any size and value share it.
     KERNELS, KERNEL_OF_POINT = plan.kernel_jobs(config, POINTS, COMPILED_NBSIM_REFERENCE, CONFIG_BASE, memo,
                                                 BUILDS)
+# Two threads a kernel job where the cores give every kernel job two: its package builds then have beside
+# them the just-in-time compile that a package refused on this machine needs (nbsim.sweep.jobs.build_kernel).
+KERNEL_THREADS = 2 if available_cores() >= 2 * len(KERNELS) else 1
 AXES = plan.sweep_axes(config)
 # fit: (docs/sweeps.md, "Fitting every shot"): each batch's shots fitted in chunks, one fit job each.
 FIT = config.get("fit")
@@ -133,7 +140,7 @@ def kernel_markers(points):
 
 
 def batch_kernels(wildcards):
-    """A batch of compiled CPU points waits for its kernels, built by parallel `kernel` jobs."""
+    """A batch of compiled points waits for its kernels, made ready by parallel `kernel` jobs."""
     return kernel_markers(batch_of(wildcards).points)
 
 

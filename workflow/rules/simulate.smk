@@ -1,6 +1,7 @@
 """Batches of timed points and their references, each batch one job (one process, one SLURM job);
-before them, one untimed job per kernel structure, dtype and device builds its ahead-of-time kernels into
-the shared cache (in parallel)."""
+before them, one untimed job per kernel structure, dtype and device makes its compiled kernels ready in
+the shared cache (in parallel): ahead-of-time packages built and probed, or the just-in-time compile
+warmed where that is what the points will run (nbsim.sweep.jobs.build_kernel)."""
 
 
 rule kernel:
@@ -10,7 +11,7 @@ rule kernel:
         f"{RESULTS}/logs/kernel/{{kernel}}.log",
     params:
         kernel=kernel_job,
-    threads: 1
+    threads: KERNEL_THREADS
     priority: 10
     resources:
         mem_mb=config["resources"]["mem_mb"],

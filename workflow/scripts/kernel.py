@@ -1,4 +1,4 @@
-"""Snakemake script: one structure's ahead-of-time kernels into the shared cache (nbsim.sweep.jobs.build_kernel)."""
+"""Snakemake script: one structure's compiled kernels made ready in the shared cache (nbsim.sweep.jobs.build_kernel)."""
 
 from pathlib import Path
 
