@@ -157,19 +157,19 @@ def _recorded_warm_ups(monkeypatch) -> list[tuple]:
     return asked
 
 
-def _kernel_job(tmp_path, monkeypatch, cache: KernelCache, mode: str) -> dict:
-    """The sweep's kernel job for the test's structure (float32, CPU, timed jobs of 3 threads), run here with one
-    thread and its environment restored afterwards; its marker's record."""
+def _kernel_job(tmp_path, monkeypatch, cache: KernelCache, mode: str, threads: int = 1) -> dict:
+    """The sweep's kernel job for the test's structure (float32, CPU, timed jobs of 3 threads), run here with
+    `threads` threads and its environment restored afterwards; its marker's record."""
     for name, value in {"NBSIM_CACHE_DIR": str(cache.folder), "OMP_NUM_THREADS": "1",
                         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}.items():
         monkeypatch.setenv(name, value)
-    threads = torch.get_num_threads()
+    before = torch.get_num_threads()
     setup, _ = _setup_and_variant()
     job = KernelJob(structure_of(setup.config).to_json(), "float32", "cpu", mode, 3)
     try:
-        record = build_kernel(job, 1, str(cache.folder), tmp_path / "marker.json")
+        record = build_kernel(job, threads, str(cache.folder), tmp_path / "marker.json")
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     assert json.loads((tmp_path / "marker.json").read_text()) == json.loads(json.dumps(record))
     return record
 
@@ -220,9 +220,10 @@ def test_a_package_that_fails_to_open_is_stamped_with_the_error(tmp_path, monkey
 
 
 def test_a_good_package_is_probed_once_per_machine(tmp_path, monkeypatch, private_compile_cache):
-    """The session's package (built by the suite's first test, or here), copied into a cache of its own:
-    the first render probes it and opens it, later processes (a new cache object) open it on the stamp
-    alone, another host would probe it again, and NBSIM_VERIFY_PACKAGES=off opens it unprobed."""
+    """The session's package (built by the suite's first test, or here), copied into a cache of its own: the
+    sweep's kernel job probes it, with two threads after starting the just-in-time compile beside it in a child
+    process, which the passing verdict stops (none left running); renders (a new cache object each) open it on
+    the stamp alone, another host would probe it again, and NBSIM_VERIFY_PACKAGES=off opens it unprobed."""
     setup, variant = _setup_and_variant()
     session = KernelCache(private_compile_cache)
     ensure_package(session, variant, torch.float32, CPU)
@@ -235,6 +236,18 @@ def test_a_good_package_is_probed_once_per_machine(tmp_path, monkeypatch, privat
         shutil.copy(source, folder / "kernels" / source.name)
         shutil.copy(source.with_suffix(".json"), folder / "kernels" / source.with_suffix(".json").name)
     package = folders[0] / "kernels" / source.name
+    started = []
+
+    def recorded(*arguments):
+        started.append(start_warming(*arguments))
+        return started[-1]
+
+    start_warming = jit.start_warming
+    monkeypatch.setattr(jit, "start_warming", recorded)
+    record = _kernel_job(tmp_path, monkeypatch, KernelCache(folders[0]), "aot", threads=2)
+    assert record["warm"] == "stopped: every package passed its probe"
+    assert [(stage["path"], "warm_s" in stage) for stage in record["stages"]] == [("aot", False)]
+    assert [child.poll() is not None for child in started] == [True]
 
     for _ in range(2):
         renderer = Renderer(setup, dtype=torch.float32, compile="on", cache=KernelCache(folders[0]))
