@@ -2,7 +2,9 @@
 poor start, and the DIALS integration route on the same images where DIALS and its script are here.
 
 The stills are config/examples/merge_sad.yaml's dataset (a selenium model with f′ and f″ per energy, a SASE
-spectrum per shot across the Se K edge, random orientations, drawn N and fluence, Poisson noise), `--shots` of
+spectrum per shot across the Se K edge, random orientations, drawn N and fluence, Poisson noise), or another
+crystal's: `--config` names any dataset config with a `merge:` section and drawn shots (its model, space group,
+cell, scatterers, spectrum and detector; config/examples/merge_zn_p61.yaml and merge_s_p43212.yaml), `--shots` of
 them, rendered by the dataset machinery (nbsim.sweep: planned and rendered into a batch store as the pipeline's
 `simulate` rule does), the merge's inputs written by nbsim.sweep.merging.write_merge_inputs (the `merge_inputs`
 rule's function: the truth's F(+), F(−) at the shots' mean energy, a starting |F| of correlation 0.5 without
@@ -37,9 +39,9 @@ to the data's resolution (`resolution_A`, the merge's own: where its measured am
 4; `cc_lowest_shell_to_resolution`).
 `--quick`: 20 shots of 128² with 5 spectrum channels and one cycle (a smoke run, not the target's figures).
 
-    python benchmarks/merge_workloads.py merge_sad [--device cpu|cuda] [--shots N] [--quick] [--workers W]
-        [--threads T] [--size PIXELS] [--channels C] [--cycles C] [--probe-shots K] [--no-dials | --dials-shots M]
-        [--work DIR] [--json PATH]
+    python benchmarks/merge_workloads.py merge_sad [--config DATASET.yaml] [--device cpu|cuda] [--shots N]
+        [--quick] [--workers W] [--threads T] [--size PIXELS] [--channels C] [--cycles C] [--probe-shots K]
+        [--no-dials | --dials-shots M] [--work DIR] [--json PATH]
 
 prints the record as JSON on its last line.
 """
@@ -82,23 +84,27 @@ pixels, and DIALS's spot finder keeps spots of at least 6 on a detector it does 
 256² gave 155 spots and 2 indexed stills with the default, 1,108 spots and 5 indexed stills with 2."""
 
 
-def dataset_config(shots: int, size: int | None, channels: int | None, device: str, compile_setting: str) -> dict:
-    """config/examples/merge_sad.yaml with `shots` draws (and a smaller detector or spectrum), on `device`."""
-    config = yaml.safe_load(CONFIG.read_text())
+def dataset_config(path: Path, shots: int, size: int | None, channels: int | None, device: str,
+                   compile_setting: str) -> dict:
+    """The dataset config at `path` (config/examples/merge_sad.yaml or another crystal's, as `--config` names
+    it) with `shots` draws (and a smaller detector, or fewer channels in a drawn SASE spectrum), on `device`."""
+    config = yaml.safe_load(path.read_text())
     sweep = config["sweep"]
     sweep["draws"]["count"] = shots
     if size:
         sweep["sizes"] = [size]
-    if channels:
-        sweep["draws"]["values"]["spectrum"]["sase"]["channels"] = channels
+    spectrum = sweep["draws"]["values"].get("spectrum")
+    if channels and isinstance(spectrum, dict) and "sase" in spectrum:
+        spectrum["sase"]["channels"] = channels
     sweep.update(devices=[device], compile=[compile_setting], batch_size=shots)
     return config
 
 
-def render(config: dict, work: Path, threads: int) -> tuple[list[Path], dict, dict]:
+def render(config: dict, base: Path, work: Path, threads: int) -> tuple[list[Path], dict, dict]:
     """The dataset's shots rendered into one batch store per batch (nbsim.sweep.jobs.run_batch) with the normal
     kernel cache (nbsim.cache.cache_dir: the merge after it finds its kernels there too); the records, the
-    experiments (nbsim.sweep.merging.merge_experiments) and the config's merge settings, defaults filled."""
+    experiments (nbsim.sweep.merging.merge_experiments) and the config's merge settings, defaults filled; `base`:
+    the config's folder (its relative paths, a -model's among them, are from there)."""
     from nbsim.cache import cache_dir
     from nbsim.modes import Compile
     from nbsim.sweep import plan, validate
@@ -107,13 +113,13 @@ def render(config: dict, work: Path, threads: int) -> tuple[list[Path], dict, di
     from nbsim.sweep.spec import BatchJob
 
     config["results"], config["compile_cache"] = str(work), str(cache_dir())
-    points = validate.validate_config(config, SCHEMA, CONFIG.parent)
+    points = validate.validate_config(config, SCHEMA, base)
     builds = plan.PointBuilds()
     planned = plan.plan_sweep(points, config["sweep"]["batch_size"])
     records = []
     for (scenario, name), batch in planned.batches.items():
         first = batch.points[0]
-        specs = tuple(plan.point_spec(config, point, CONFIG.parent, {}, builds=builds) for point in batch.points)
+        specs = tuple(plan.point_spec(config, point, base, {}, builds=builds) for point in batch.points)
         job = BatchJob(scenario=scenario, batch=name, points=specs, dtype=first.dtype, device=first.device,
                        compile=Compile.of(first.compile), warmup=0, repeats=0, threads=threads,
                        compile_cache=config["compile_cache"], every_point=False, detector=True)
@@ -357,8 +363,10 @@ def comparison_table(rows: list[dict], shots: int, dials_shots: int) -> str:
 
 
 def measure(shots: int, size: int | None, channels: int | None, device: str, workers: int, worker_threads: int,
-            cycles: int | None, probe_shots: int, dials_shots: int | None, work: Path) -> dict:
-    """The merge_sad record (the module's docstring): `shots` stills of the config's detector (or `size`² pixels
+            cycles: int | None, probe_shots: int, dials_shots: int | None, work: Path,
+            config_path: Path = CONFIG) -> dict:
+    """The merge_sad record (the module's docstring) of the dataset config at `config_path` (the crystal, its
+    scatterers, spectrum and detector): `shots` stills of the config's detector (or `size`² pixels
     of the same pixel size) and spectrum (or `channels` channels), merged by `workers` processes of
     `worker_threads` threads in `cycles` (None: the merge's default); with `dials_shots`, the dataset rendered to
     that many shots (at least `shots`) and the DIALS route run on them (None: no DIALS column)."""
@@ -368,9 +376,9 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
 
     threads = torch.get_num_threads()
     rendered = max(shots, dials_shots or 0)
-    config = dataset_config(rendered, size, channels, device, "off" if rendered < 100 else "on")
+    config = dataset_config(config_path, rendered, size, channels, device, "off" if rendered < 100 else "on")
     begin = time.perf_counter()
-    records, experiments, config = render(config, work, threads)
+    records, experiments, config = render(config, config_path.parent, work, threads)
     render_s = time.perf_counter() - begin
     (scenario, experiment), names = next(iter(experiments.items()))
     begin = time.perf_counter()
@@ -392,7 +400,9 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
     returncode, output = _streamed(command, environment)
     merge_s, merge_cpu_s = time.perf_counter() - begin, _children_cpu_s() - cpu_begin
     pixels = config["sweep"]["sizes"][0]
-    record = {"shots": len(images), "detector": f"{pixels}²", "device": device, "device_name": _device_name(device),
+    record = {"config": _shown(config_path), "scenario": scenario, "space_group": manifest["space_group"],
+              "cell": manifest["cell"], "shots": len(images), "detector": f"{pixels}²", "device": device,
+              "device_name": _device_name(device),
               "workers": workers, "threads_per_worker": worker_threads, "load_average": list(os.getloadavg()),
               "render_s": render_s, "export_s": export_s, "inputs_s": inputs_s, "merge_s": merge_s,
               "merge_cpu_s": merge_cpu_s,
@@ -424,6 +434,12 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
     else:
         record["dials"] = {"skipped": "--no-dials"}
     return record
+
+
+def _shown(path: Path) -> str:
+    """A path as the record shows it: relative to the repository where it lies in it."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def _children_cpu_s() -> float:
@@ -534,6 +550,10 @@ MERGE_WORKLOADS = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workload", choices=list(MERGE_WORKLOADS))
+    parser.add_argument("--config", type=Path, default=CONFIG,
+                        help="the dataset config of the stills (default config/examples/merge_sad.yaml; another "
+                             "crystal: config/examples/merge_zn_p61.yaml, merge_s_p43212.yaml, or one of your own "
+                             "with a merge: section)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 20 shots of 128², 5 channels, 1 cycle")
     parser.add_argument("--shots", type=int, help=f"stills (default {TARGET_SHOTS}; --quick: {QUICK['shots']})")
@@ -554,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="keep the files here (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the record to this file")
     options = parser.parse_args(argv)
+    if not options.config.is_file():
+        parser.error(f"--config {options.config}: no such file")
     shots = options.shots or (QUICK["shots"] if options.quick else TARGET_SHOTS)
     if options.workers is None:
         options.workers = _cuda_devices() if options.device.startswith("cuda") else min(2, os.cpu_count() or 1)
@@ -569,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         channels = options.channels or (QUICK["channels"] if options.quick else None)
         cycles = options.cycles or (QUICK["cycles"] if options.quick else None)
         return measure(shots, size, channels, options.device, options.workers, threads, cycles,
-                       min(options.probe_shots, shots), dials_shots, work)
+                       min(options.probe_shots, shots), dials_shots, work, options.config.resolve())
 
     if options.work is not None:
         options.work.mkdir(parents=True, exist_ok=True)

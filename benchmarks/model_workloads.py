@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 ATOMS = 2000
@@ -20,9 +21,12 @@ ELEMENTS = ("C", "C", "C", "N", "O", "O", "S")
 
 
 def write_model(path: Path, atoms: int, cell_A_deg: tuple[float, ...] = CELL_A_DEG,
-                space_group: str = "P 21 21 21", seed: int = 7) -> None:
+                space_group: str = "P 21 21 21", seed: int = 7, elements: Sequence[str] = ELEMENTS,
+                heavy: tuple[str, int] | None = None) -> None:
     """A PDB model of `atoms` atoms at random fractional positions (one chain of one-atom residues), with
-    mixed elements, B factors (10–39 Å²) and occupancies (every third atom 0.5)."""
+    mixed elements (`elements` in turn), B factors (10–39 Å²) and occupancies (every third atom 0.5); with
+    `heavy` (element, k), every k-th atom is that element instead, fully occupied with B 20 Å² (an anomalous
+    scatterer: `heavy=("Zn", 100)` puts 4 Zn among 400 atoms)."""
     import gemmi
     import numpy as np
 
@@ -35,10 +39,11 @@ def write_model(path: Path, atoms: int, cell_A_deg: tuple[float, ...] = CELL_A_D
         residue = gemmi.Residue()
         residue.name, residue.seqid = "UNK", gemmi.SeqId(index + 1, " ")
         atom = gemmi.Atom()
-        element = ELEMENTS[index % len(ELEMENTS)]
-        atom.name, atom.element = element, gemmi.Element(element)
+        is_heavy = heavy is not None and index % heavy[1] == heavy[1] // 2
+        element = heavy[0] if is_heavy else elements[index % len(elements)]
+        atom.name, atom.element = element.upper(), gemmi.Element(element)
         atom.pos = structure.cell.orthogonalize(gemmi.Fractional(*fraction))
-        atom.occ, atom.b_iso = (0.5 if index % 3 == 0 else 1.0), 10.0 + index % 30
+        atom.occ, atom.b_iso = (1.0, 20.0) if is_heavy else ((0.5 if index % 3 == 0 else 1.0), 10.0 + index % 30)
         residue.add_atom(atom)
         chain.add_residue(residue)
     model = gemmi.Model("1")

@@ -18,7 +18,7 @@ from scipy.spatial.transform import Rotation
 
 from benchmarks import merge_workloads
 from nbsim.errors import NbsimError
-from nbsim.sweep.merging import scrambled, shared_flags
+from nbsim.sweep.merging import scrambled, shared_flags, structure_space_group
 from nbsim.sweep.validate import validate_config
 
 from .conftest import REPO_ROOT, own_cache_env, snakemake_command
@@ -64,6 +64,24 @@ def test_a_bad_merge_section_is_one_line(change, message):
     with pytest.raises(NbsimError) as error:
         validate_config(config, SCHEMA, EXAMPLE.parent)
     assert str(error.value) == message
+
+
+@pytest.mark.parametrize(("name", "group", "cell"), [
+    ("merge_sad.yaml", "P 21 21 21", (50, 60, 70, 90, 90, 90)),
+    ("merge_zn_p61.yaml", "P 61", (45, 45, 110, 90, 90, 120)),
+    ("merge_s_p43212.yaml", "P 43 21 2", (40, 40, 64, 90, 90, 90)),
+])
+def test_each_crystals_example_is_a_valid_merge_of_its_models_group(name, group, cell):
+    """The SAD examples of other crystals (docs/merging.md, "Other crystals") validate as datasets with a merge:
+    their model names its space group and cell, which the merge takes."""
+    path = REPO_ROOT / "config" / "examples" / name
+    config = yaml.safe_load(path.read_text())
+    config["sweep"]["draws"]["count"] = 2
+    validate_config(config, SCHEMA, path.parent)
+    (scenario,) = config["scenarios"].values()
+    model = str(path.parent / scenario["args"].split("-model ")[1].split()[0])
+    assert structure_space_group(model, True) == group
+    assert gemmi.read_structure(model).cell.parameters == pytest.approx(cell)
 
 
 @pytest.mark.slow

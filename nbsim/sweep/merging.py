@@ -286,14 +286,15 @@ def structureless(config: SimulationConfig) -> SimulationConfig:
 
 
 def shot_start(spec: PointSpec, drawn: Sequence[str], settings: Mapping[str, Any], owner: str,
-               spectrum_path: str | None) -> dict:
+               spectrum_path: str | None, lattice: str) -> dict:
     """A shot's `--starts` entry: its truth's misset and cell moved by `start.perturb` (generators keyed by the
-    merge's seed and `owner`/the shot), its N (× (1 + N_percent/100), rounded), its other drawn flags, and its
-    spectrum file."""
+    merge's seed and `owner`/the shot; the cell within `lattice`, the merge's space group's lattice system, so that
+    the start keeps the cell the group asks for: a = b in P 61 or P 43 21 2 whatever the lengths' metric shows),
+    its N (× (1 + N_percent/100), rounded), its other drawn flags, and its spectrum file."""
     from ..resolve import resolve
 
     fit_settings = {"start": {"perturb": dict(settings["start"]["perturb"])}, "shared": [], "seed": settings["seed"],
-                    "lattice": None}
+                    "lattice": lattice}
     light = dataclasses.replace(spec, config=structureless(spec.config))
     start = start_values(perturbed_start(light, resolve(light.config), fit_settings, owner))
     counts = [max(1, round(n)) for n in start["N"]]
@@ -344,7 +345,7 @@ def write_merge_inputs(records: Sequence[Path], names: Sequence[str], drawn: Seq
     of its store's `images.zarr#POINT`."""
     from ..io.atomic import atomic_write_text
     from ..merge import write_mtz
-    from ..merge.reflections import asymmetric_unit, correlation
+    from ..merge.reflections import asymmetric_unit, correlation, lattice_system_of
     from .store import read_json
 
     found: dict[str, tuple[PointSpec, str, str]] = {}
@@ -387,7 +388,7 @@ def write_merge_inputs(records: Sequence[Path], names: Sequence[str], drawn: Seq
             spectrum_path = str(spectra / f"{spec.name}.txt")
             atomic_write_text(spectrum_path, "".join(f"{wavelength!r} {weight!r}\n"
                                                      for wavelength, weight in spec.config.beam.spectrum))
-        starts[shot] = shot_start(spec, drawn, settings, f"merge/{scenario}", spectrum_path)
+        starts[shot] = shot_start(spec, drawn, settings, f"merge/{scenario}", spectrum_path, lattice_system_of(group))
     flags = shared_flags(first.argv, drawn)
     arguments = ["--starts", str(folder / "starts.json"), "--hkl", str(folder / "start.mtz"),
                  "--space_group", group.hm.replace(" ", ""), *(["--anomalous"] if anomalous else []),
