@@ -97,6 +97,10 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shells", type=int, default=6, help="resolution shells of the reported CC")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
     parser.add_argument("--spots", type=int, default=200, help="most spots per shot")
+    parser.add_argument("--no-reindex", action="store_true",
+                        help="keep every shot in its start's indexing (default: where the lattice admits other "
+                             "indexings than the space group's, as P61's k,h,-l, the first cycle gives each shot the "
+                             "one its pixels prefer: stills indexed one by one come out in any of them)")
     parser.add_argument("--search-deg", type=float, default=0.0,
                         help="how far off the starting orientations may be: a search in the first cycle that "
                              "refines the orientation (default 0, none: it matches intensities, which a poor "
@@ -234,7 +238,7 @@ def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list
                                  shared=tuple(options.shared if options.shared is not None else
                                               [name for name in ("cell",) if name in refine]),
                                  shells=options.shells, max_iterations=options.f_iterations,
-                                 restraints=F_restraints)
+                                 restraints=F_restraints, reindex=not options.no_reindex)
     merge_options.check()
     adc = options.adc
     if adc is None and any(flag == "-adc" for argv in argv_per_shot for flag in argv):
@@ -267,6 +271,8 @@ def _progress_line(record: dict) -> str:
         signal = " ".join(f"{value:.1f}" for value in record["f_over_sigma_by_shell"])
         parts.append(f"<|F|/sigma> by shell {signal}: data to "
                      f"{'none' if resolution is None else f'{resolution:.2f} A'}")
+    if record.get("reindexed_shots"):
+        parts.append(f"{record['reindexed_shots']} shots reindexed")
     if "cc" in record:
         shells = " ".join(f"{value:.3f}" for value in record["cc_by_shell"])
         parts.append(f"CC {record['cc']:.4f}  by shell (low to high) {shells}")

@@ -51,11 +51,21 @@ from .reflections import (
     correlation,
     lattice_system_of,
     node_parameters,
+    other_indexings,
     shells,
     space_group,
     values_of_table,
 )
-from .state import Checkpoint, ShotState, fingerprint, read_checkpoint, rebuilt_setup, shot_values, write_checkpoint
+from .state import (
+    Checkpoint,
+    ShotState,
+    fingerprint,
+    read_checkpoint,
+    rebuilt_setup,
+    reindexed_start,
+    shot_values,
+    write_checkpoint,
+)
 
 CHANGE_ITERATIONS = 10
 """The F step's change test (`MergeOptions.change_tolerance`) averages over this many iterations: single
@@ -82,6 +92,11 @@ RESOLUTION_F_OVER_SIGMA = 4.0
 """The data's resolution (`Merge.signal`): the high-resolution edge of the last resolution shell, counted from the
 lowest, whose measured amplitudes have a mean |F|/σ(|F|) of at least this: the usual ⟨I/σ(I)⟩ ≥ 2, since
 σ(I) ≈ 2|F|·σ(|F|)."""
+AS_GIVEN = "x,y,z"
+"""A shot's indexing as its start gives it (`Shot.indexing`)."""
+REINDEX_MARGIN = 10.0
+"""A shot takes another indexing of its lattice (`Merge.choose_indexings`) only where that lowers the −log L of
+its pixels by at least this (a likelihood ratio of e¹⁰): a shot whose pixels cannot tell keeps its start's."""
 SHOTS_PER_FIT = 16
 """Shots one call of `nbsim.fit.fit` refines together (`fit_batches`): enough that the per-iteration work of
 Fisher scoring (autograd through each shot's parametrisation; off the CPU, the kernel call) is shared, few
@@ -118,6 +133,10 @@ class MergeOptions:
     """The EM steps end when none moves a log|F| by more than this."""
     shells: int = 6
     """Resolution shells of the reported correlations."""
+    reindex: bool = True
+    """Where the lattice admits other indexings than the space group's (`reflections.other_indexings`: P 61, not
+    P 43 21 2), the first shot step gives each shot the one its pixels prefer (`Merge.choose_indexings`): stills
+    indexed one by one (DIALS's) come out in any of them."""
     shot_change_tolerance: float = 1e-7
     """The shot step stops a shot's fit once an iteration changes its −log L by less than this fraction (nbsim
     fit's change tolerance, where `shots` asks for less): about 0.02–0.05 in −log L for a shot of 16,000
@@ -184,6 +203,9 @@ class Shot:
     cols: np.ndarray | None = None
     background: torch.Tensor | None = None
     document: dict | None = None
+    indexing: str = AS_GIVEN
+    """The indexing of the shot's start: its given one, or the other indexing (an operator's triplet,
+    `reflections.other_indexings`) the first shot step chose; its start is then the given one reindexed."""
 
 
 @dataclass
@@ -252,6 +274,19 @@ def load_shot(name: str, argv: Sequence[str], grid: HKLGrid, adc_offset_adu: flo
     return Shot(image=read_fit_image(name, bare, adc_offset_adu), argv=tuple(argv), start=bare, setup=bare)
 
 
+def _scaled_nll(signal: torch.Tensor, background: torch.Tensor, counts: torch.Tensor, scale: float,
+                options: FitOptions) -> float:
+    """−log L of pixels whose expected count is s·signal + background, at the scale s that fits best (searched
+    within a factor e¹⁰ of `scale`)."""
+
+    def at(log_scale: float) -> float:
+        expected = math.exp(log_scale) * signal + background
+        return float(negative_log_likelihood(expected, counts, options.readout_photons, options.likelihood))
+
+    around = math.log(max(scale, 1e-300))
+    return float(scipy.optimize.minimize_scalar(at, bounds=(around - 10.0, around + 10.0), method="bounded").fun)
+
+
 class Merge:
     """The state of a merge on one worker: the shared log|F| and this worker's shots."""
 
@@ -284,6 +319,11 @@ class Merge:
         """Whether this run has decided on the fit's compiled kernels (`decide_kernels`)."""
         self.measured = np.ones(self.model.size, dtype=bool)
         """The measured parameters (`measured_parameters`; every one until the first F step says)."""
+        self.indexings = dict(other_indexings(self.reflections.group, job.cell_A_deg)) if self.options.reindex \
+            else {}
+        """The lattice's other indexings (triplet: rotation), among which the first shot step chooses."""
+        self.reindexed_shots = 0
+        """Shots the last shot step gave another indexing (`choose_indexings`)."""
 
     def table(self, log_F: torch.Tensor) -> torch.Tensor:
         """The kernel's flat padded table at these log|F|."""
@@ -317,14 +357,29 @@ class Merge:
         step. The shots go to `nbsim.fit.fit` together (`fit_batches`). A shot whose refined model explains
         the pixels the fit chose worse than its model of the last cycle (−log L with the fit's background), or
         whose refinement is not finite, keeps its model of the last cycle (with those pixels; with its own where
-        the refinement is not finite); `kept_shots` counts them."""
+        the refinement is not finite); `kept_shots` counts them. In the first cycle, where the lattice admits
+        other indexings (`indexings`), each shot then takes the one its pixels prefer (`choose_indexings`) and
+        the shots reindexed are fitted again; `reindexed_shots` counts them."""
         grid = self.current_grid()
         options = self.shot_options(cycle)
-        images = [dataclasses.replace(shot.image, setup=dataclasses.replace(
-            shot.start if options.restraints else shot.setup, grid=grid)) for shot in self.shots]
-        self.decide_kernels([image.setup for image in images], options, cycle)
-        self.kept_shots = 0
-        for batch in fit_batches([image.setup for image in images], options):
+        self.decide_kernels([dataclasses.replace(shot.setup, grid=grid) for shot in self.shots], options, cycle)
+        self.kept_shots = self.reindexed_shots = 0
+        self.fit_shots(list(range(len(self.shots))), grid, options)
+        if cycle == 0 and self.indexings:
+            reindexed = self.choose_indexings(grid, options)
+            self.reindexed_shots = len(reindexed)
+            self.fit_shots(reindexed, grid, options)
+        if "cell" in self.options.shared and "cell" in options.refine:
+            self.share_cell(grid)
+        self.design = None
+
+    def fit_shots(self, indices: Sequence[int], grid: HKLGrid, options: FitOptions) -> None:
+        """The shot step's fits of these shots (`refine_shots`), which keep or replace each one's model."""
+        images = {index: dataclasses.replace(self.shots[index].image, setup=dataclasses.replace(
+            self.shots[index].start if options.restraints else self.shots[index].setup, grid=grid))
+            for index in indices}
+        for batch in fit_batches([images[index].setup for index in indices], options):
+            batch = [indices[position] for position in batch]
             result = fit([images[index] for index in batch], options)
             model = result.model
             with torch.no_grad():
@@ -358,10 +413,47 @@ class Merge:
                                                                options.lattice, refined[row].oversample), grid=grid)
                 shot.scale = float(values[row]["scale"][0])
                 shot.document = {**documents[row], "converged": result.converged, "reason": result.reason,
-                                 "negative_log_likelihood": nll, "refined_with": len(batch)}
-        if "cell" in self.options.shared and "cell" in options.refine:
-            self.share_cell(grid)
-        self.design = None
+                                 "negative_log_likelihood": nll, "refined_with": len(batch),
+                                 "indexing": shot.indexing}
+
+    def choose_indexings(self, grid: HKLGrid, options: FitOptions) -> list[int]:
+        """Each shot's indexing among its start's and the lattice's others (`indexings`): the −log L of its fitted
+        pixels, with their background and the scale that fits each best, at its model and at that model
+        reindexed (`state.reindexed_start`: every spot where it was, with the |F| of h·R). A shot takes the
+        indexing that lowers it by at least REINDEX_MARGIN; its start becomes its given one reindexed (so its
+        restraints and every later cycle are in that indexing). Returns the shots reindexed."""
+        lattice, refine = options.lattice, self.options.shots.refine
+        fitted = [index for index, shot in enumerate(self.shots) if shot.rows is not None]
+        nll = np.full((len(fitted), 1 + len(self.indexings)), np.inf)
+        for column, operator in enumerate([None, *self.indexings.values()]):
+            setups = []
+            for index in fitted:
+                shot = self.shots[index]
+                setup = shot.setup if operator is None else rebuilt_setup(
+                    reindexed_start(shot.start, operator, lattice), shot.values, refine, lattice, shot.setup.oversample)
+                setups.append(dataclasses.replace(setup, grid=grid))
+            model = DiffractionModel(setups, [(self.shots[index].rows, self.shots[index].cols) for index in fitted], (),
+                                     device=options.device, dtype=torch.float64, compile=options.compile)
+            with torch.no_grad():
+                photons = model()
+            for row, index in enumerate(fitted):
+                shot = self.shots[index]
+                counts = torch.as_tensor(shot.image.counts[shot.rows, shot.cols], dtype=torch.float64)
+                nll[row, column] = _scaled_nll(photons[row].to(torch.float64).cpu(), shot.background.cpu(), counts,
+                                               shot.scale, options)
+        reindexed = []
+        names = list(self.indexings)
+        for row, index in enumerate(fitted):
+            best = int(np.argmin(nll[row]))
+            if best == 0 or nll[row, 0] - nll[row, best] < REINDEX_MARGIN:
+                continue
+            shot = self.shots[index]
+            shot.indexing = names[best - 1]
+            shot.start = reindexed_start(shot.start, self.indexings[shot.indexing], lattice)
+            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, refine, lattice,
+                                                           shot.setup.oversample), grid=grid)
+            reindexed.append(index)
+        return reindexed
 
     def decide_kernels(self, setups: Sequence[Setup], options: FitOptions, cycle: int) -> None:
         """Once a run, where the fit's kernel is "auto": build the fit's compiled kernels first (nbsim.fit.compiled.
@@ -688,6 +780,9 @@ class Merge:
         for shot in self.shots:
             state = states[shot.image.name]
             shot.values, shot.scale, shot.document = state.values, state.scale, state.document
+            shot.indexing = state.document.get("indexing", AS_GIVEN)
+            if shot.indexing != AS_GIVEN:
+                shot.start = reindexed_start(shot.start, self.indexings[shot.indexing], self.options.shots.lattice)
             shot.setup = dataclasses.replace(rebuilt_setup(shot.start, state.values, self.options.shots.refine,
                                                            self.options.shots.lattice, state.oversample), grid=grid)
             shot.rows, shot.cols = state.rows, state.cols
@@ -728,14 +823,15 @@ class Merge:
                 break
             before, measured_before = self.log_F.clone(), self.measured.copy()
             self.refine_shots(cycle)
-            kept = int(all_sum(torch.tensor([float(self.kept_shots)], dtype=torch.float64), self.device)[0])
+            kept, reindexed = (int(count) for count in all_sum(
+                torch.tensor([float(self.kept_shots), float(self.reindexed_shots)], dtype=torch.float64), self.device))
             step = self.refine_F()
             nll = step["negative_log_likelihood"]
             both = torch.as_tensor(self.measured & measured_before)
             information = self.information()
             change = (self.log_F - before)[both]
             in_sigmas = change.abs() * torch.sqrt(information[both].clamp(min=0.0))
-            record = {"cycle": cycle + 1, **step, "kept_shots": kept,
+            record = {"cycle": cycle + 1, **step, "kept_shots": kept, "reindexed_shots": reindexed,
                       "rms_change_log_F": float(torch.sqrt(torch.mean(change ** 2))) if len(change) else 0.0,
                       "median_change_log_F": float(change.abs().median()) if len(change) else 0.0,
                       "median_change_sigmas": float(in_sigmas.median()) if len(change) else 0.0,

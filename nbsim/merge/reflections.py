@@ -47,6 +47,33 @@ def check_cell(cell_A_deg: tuple[float, ...], group: Any, what: str) -> None:
         raise NbsimError(f"{what}: the cell {cell} contradicts space group {group.hm}")
 
 
+TWIN_OBLIQUITY_DEG = 3.0
+"""How far from a symmetry of the lattice another indexing may be (gemmi.find_twin_laws; DIALS's LePage default,
+as benchmarks/dials_route.py uses)."""
+
+
+def other_indexings(group: Any, cell_A_deg: tuple[float, ...]) -> list[tuple[str, np.ndarray]]:
+    """The other ways a lattice of this cell can be indexed in this space group: symmetries of the lattice that
+    are not the point group's (gemmi's twin laws, proper rotations), each as its reindexing (h,k,l → "k,h,-l")
+    and the rotation R (fractional, acting on real-space coordinates; h is reindexed h·R). A still indexed on its
+    own comes out in any of them: P 61's k,h,−l (the lattice is 6/mmm, the point group 6); none for P 21 21 21 at
+    50 × 60 × 70 Å or P 43 21 2 (the lattice's symmetry is the point group's). Of each twin law's equivalents
+    (times the group's rotations) the plainest: a signed permutation of the axes where there is one, which keeps
+    the crystal's shape, N cells along each axis (`state.reindexed_start`), as k,h,−l does and −h−k,k,−l would
+    not."""
+    import gemmi
+
+    def plainness(operator: Any) -> tuple:
+        rotation = np.array(operator.rot, np.float64) / operator.DEN
+        return np.count_nonzero(rotation), -rotation.sum(), operator.as_hkl().triplet()
+
+    found = []
+    for twin in gemmi.find_twin_laws(gemmi.UnitCell(*cell_A_deg), group, TWIN_OBLIQUITY_DEG, False):
+        plainest = min((twin * operation for operation in group.operations()), key=plainness)
+        found.append((plainest.as_hkl().triplet(), np.array(plainest.rot, np.float64) / plainest.DEN))
+    return found
+
+
 @dataclass(frozen=True)
 class Reflections:
     """The unique reflections of the asymmetric unit and how their |F| are laid out as parameters: F(+) of

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import NbsimError
 from ..fit.model import DiffractionModel, starting_values, with_oversample
-from ..fit.parameters import lattice_system, starting_rotation
+from ..fit.parameters import lattice_system, nearest_rotation, real_vectors, starting_rotation
 from ..io.atomic import atomic_write_with
 from ..resolve import Setup
 
@@ -69,6 +69,25 @@ def rebuilt_setup(start: Setup, values: dict[str, list[float]], refined: Sequenc
     with torch.no_grad():
         setup = model.image_setup(0, tensors)
     return with_oversample(setup, oversample)
+
+
+def reindexed_start(start: Setup, operator: np.ndarray, lattice: str | None) -> Setup:
+    """A shot's start indexed the other way `operator` gives (a reflection indexed h is indexed h·R:
+    `reflections.other_indexings`): the same lattice on the basis (a, b, c)·R, which is the same cell in the
+    orientation U·Q, Q = L₀·R·L₀⁻¹ (L₀: the cell's vectors as columns in nanoBragg's default orientation; a
+    rotation, R being a symmetry of the lattice). Every spot stays where it was and takes the |F| of h·R. Where R
+    permutes the axes (with signs), the cells along them are permuted alike, so the crystal keeps its shape (the
+    lattice factor's: N cells along each axis); another R changes the shape the model gives the crystal."""
+    cell = torch.tensor(start.lattice.cell_parameters(), dtype=torch.float64)
+    columns = real_vectors(cell).T
+    operator = torch.as_tensor(operator, dtype=torch.float64)
+    turn = nearest_rotation(columns @ operator @ torch.linalg.inv(columns))
+    rotation = starting_rotation(cell, start.lattice.real_A.detach().to(torch.float64))
+    values = shot_values(start, start, lattice)
+    values["orientation"] = rotation_vector(rotation @ turn @ rotation.T).tolist()
+    if bool(((operator != 0).sum(dim=0) == 1).all()):  # a'_j = ±a_i: N'_j = N_i
+        values["N"] = [values["N"][int(torch.nonzero(operator[:, axis])[0])] for axis in range(3)]
+    return rebuilt_setup(start, values, (), lattice, start.oversample)
 
 
 def fingerprint(job_fields: dict, paths: Sequence[str]) -> str:
