@@ -156,7 +156,7 @@ def _p61_merge(p61, missets: dict[str, list[str]]) -> Merge:
                   for name, misset in missets.items())
     merge = Merge(MergeJob(shots=shots, hkl=str(folder / "start.hkl"), column=None, space_group="P 61",
                            cell_A_deg=p61["cell"], default_F=0.0, anomalous=True, truth=str(folder / "truth.hkl"),
-                           options=MergeOptions(shots=FitOptions(refine=("scale",)))))
+                           options=MergeOptions(shots=FitOptions(refine=("scale",)), reindex=True)))
     grid = merge.current_grid()
     for shot in merge.shots:
         shot.rows, shot.cols = (a.ravel() for a in np.divmod(np.arange(64 * 64), 64))

@@ -97,10 +97,11 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shells", type=int, default=6, help="resolution shells of the reported CC")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
     parser.add_argument("--spots", type=int, default=200, help="most spots per shot")
-    parser.add_argument("--no-reindex", action="store_true",
-                        help="keep every shot in its start's indexing (default: where the lattice admits other "
-                             "indexings than the space group's, as P61's k,h,-l, the first cycle gives each shot the "
-                             "one its pixels prefer: stills indexed one by one come out in any of them)")
+    parser.add_argument("--reindex", action="store_true",
+                        help="where the lattice admits other indexings than the space group's (P61's k,h,-l), give "
+                             "each shot in the first cycle the one its pixels prefer against the --hkl start (stills "
+                             "indexed one by one come out in any of them; needs a start near the truth: "
+                             "docs/merging.md, 'Other crystals'; default: every shot keeps its start's)")
     parser.add_argument("--search-deg", type=float, default=0.0,
                         help="how far off the starting orientations may be: a search in the first cycle that "
                              "refines the orientation (default 0, none: it matches intensities, which a poor "
@@ -238,7 +239,7 @@ def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list
                                  shared=tuple(options.shared if options.shared is not None else
                                               [name for name in ("cell",) if name in refine]),
                                  shells=options.shells, max_iterations=options.f_iterations,
-                                 restraints=F_restraints, reindex=not options.no_reindex)
+                                 restraints=F_restraints, reindex=options.reindex)
     merge_options.check()
     adc = options.adc
     if adc is None and any(flag == "-adc" for argv in argv_per_shot for flag in argv):

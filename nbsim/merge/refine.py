@@ -96,7 +96,8 @@ AS_GIVEN = "x,y,z"
 """A shot's indexing as its start gives it (`Shot.indexing`)."""
 REINDEX_MARGIN = 10.0
 """A shot takes another indexing of its lattice (`Merge.choose_indexings`) only where that lowers the −log L of
-its pixels by at least this (a likelihood ratio of e¹⁰): a shot whose pixels cannot tell keeps its start's."""
+its pixels by at least this (a likelihood ratio of e¹⁰, were the starting |F| right): a shot whose pixels cannot
+tell keeps its start's."""
 SHOTS_PER_FIT = 16
 """Shots one call of `nbsim.fit.fit` refines together (`fit_batches`): enough that the per-iteration work of
 Fisher scoring (autograd through each shot's parametrisation; off the CPU, the kernel call) is shared, few
@@ -133,10 +134,12 @@ class MergeOptions:
     """The EM steps end when none moves a log|F| by more than this."""
     shells: int = 6
     """Resolution shells of the reported correlations."""
-    reindex: bool = True
+    reindex: bool = False
     """Where the lattice admits other indexings than the space group's (`reflections.other_indexings`: P 61, not
-    P 43 21 2), the first shot step gives each shot the one its pixels prefer (`Merge.choose_indexings`): stills
-    indexed one by one (DIALS's) come out in any of them."""
+    P 43 21 2), the first shot step gives each shot the one its pixels prefer against the starting |F|
+    (`Merge.choose_indexings`): stills indexed one by one (DIALS's) come out in any of them. Off by default: from a
+    start of CC 0.5 the choice is not reliable shot by shot (docs/merging.md, "Other crystals": it reindexed 4 of
+    50 P 61 shots given in the right indexing)."""
     shot_change_tolerance: float = 1e-7
     """The shot step stops a shot's fit once an iteration changes its −log L by less than this fraction (nbsim
     fit's change tolerance, where `shots` asks for less): about 0.02–0.05 in −log L for a shot of 16,000
