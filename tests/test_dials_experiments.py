@@ -162,7 +162,7 @@ DIALS_COMMANDS = [
     ["dials.import", "img_00001.cbf", "img_00002.cbf", "img_00003.cbf"],
     ["dials.find_spots", "imported.expt", "nproc=1", "min_spot_size=1"],
     ["dials.index", "imported.expt", "strong.refl", "unit_cell=40,50,60,90,90,90", "space_group=P222",
-     "detector.fix=all", "beam.fix=all", "basis_vector_combinations.max_refine=5"],
+     "detector.fix=all", "beam.fix=all", "basis_vector_combinations.max_refine=5", "indexing.method=fft1d"],
 ]
 
 
