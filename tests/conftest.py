@@ -90,8 +90,8 @@ LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_fit.py", "test_docs
                  "test_dials.py", "test_robustness.py", "test_worker.py", "test_dials_loop.py",
                  "test_dials_route.py", "test_bench.py", "test_dials_experiments.py", "test_merge_workflow.py",
                  "test_panels.py", "test_merge.py", "test_fit_panels.py", "test_merge_sad.py", "test_dataset.py",
-                 "test_merge_groups.py", "test_physics_switch.py", "test_presets.py", "test_sweep.py",
-                 "test_dials_import.py")
+                 "test_merge_groups.py", "test_physics_switch.py", "test_presets.py", "test_dials_panels.py",
+                 "test_sweep.py", "test_dials_import.py")
 
 
 def pytest_collection_modifyitems(items):
