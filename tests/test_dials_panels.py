@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from benchmarks import dials_panels
 from nbsim.cli import main
 from nbsim.config import PanelConfig
 from nbsim.io.dials_experiments import (
@@ -28,6 +29,7 @@ from nbsim.io.panels import read_panel_file, write_panel_file
 from nbsim.model.geometry import panel_geometries
 from nbsim.nanobragg.arguments import parse
 
+from .conftest import REPO_ROOT
 from .test_dials_experiments import BASE, _expt, _rotation
 from .test_dials_loop import _refl
 
@@ -263,3 +265,21 @@ def test_dials_imports_nbsim_s_tiled_nxmx_as_its_panels(tmp_path, monkeypatch, c
         np.testing.assert_array_equal(np.reshape(pixels, (panel.pixels_s, panel.pixels_f)),
                                       frame[index, :panel.pixels_s, :panel.pixels_f])
     assert frame.max() > 0
+
+
+def test_the_documented_tiled_loop_is_the_benchmark():
+    """docs/fitting.md shows the commands benchmarks/dials_panels.py runs (it runs them there: 30 minutes)."""
+    text = (REPO_ROOT / "docs" / "fitting.md").read_text()
+    marker = text.index("<!-- not run: benchmarks/dials_panels.py")
+    start = text.index("```sh\n", marker) + len("```sh\n")
+    block = text[start:text.index("```", start)]
+    lines = [line.split() for line in block.replace("\\\n", " ").splitlines()]
+    still = dials_panels.CRYSTAL
+    renders = [words[1:] for words in lines if words[:1] == [".venv/bin/nbsim"] and "-cell" in words]
+    assert renders == [[*still, "-panelfile", "nominal.yaml", "-nxmxfile", "nominal.nxs"],
+                       [*still, "-panelfile", "truth.yaml", "-misset", "$misset", "-nxmxfile", "still_$shot.nxs"]]
+    assert "for misset in " + " ".join(f'"{misset}"' for misset in dials_panels.MISSETS) + "; do" in block
+    [fit] = [words for words in lines if words[:2] == [".venv/bin/nbsim", "fit"]]
+    assert fit[1:] == dials_panels.FIT
+    dials_commands = [words for words in lines if words[0].startswith("dials.")]
+    assert dials_commands == dials_panels.DIALS_STEPS + dials_panels.INTEGRATE
