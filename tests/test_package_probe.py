@@ -157,15 +157,15 @@ def _recorded_warm_ups(monkeypatch) -> list[tuple]:
     return asked
 
 
-def _kernel_job(tmp_path, monkeypatch, cache: KernelCache, mode: str, threads: int = 1) -> dict:
-    """The sweep's kernel job for the test's structure (float32, CPU, timed jobs of 3 threads), run here with
+def _kernel_job(tmp_path, monkeypatch, cache: KernelCache, mode: str, threads: int = 1, device: str = "cpu") -> dict:
+    """The sweep's kernel job for the test's structure (float32, timed jobs of 3 threads), run here with
     `threads` threads and its environment restored afterwards; its marker's record."""
     for name, value in {"NBSIM_CACHE_DIR": str(cache.folder), "OMP_NUM_THREADS": "1",
                         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}.items():
         monkeypatch.setenv(name, value)
     before = torch.get_num_threads()
     setup, _ = _setup_and_variant()
-    job = KernelJob(structure_of(setup.config).to_json(), "float32", "cpu", mode, 3)
+    job = KernelJob(structure_of(setup.config).to_json(), "float32", device, mode, 3)
     try:
         record = build_kernel(job, threads, str(cache.folder), tmp_path / "marker.json")
     finally:
@@ -204,6 +204,16 @@ def test_a_kernel_job_of_just_in_time_points_warms_their_path(tmp_path, monkeypa
     assert record["stages"] == [{"stage": "pixel_kernel", "path": "jit", "warm_s": 1.5}]
     assert record["warm"] == "in this process" and warmed == [([variant], torch.float32, CPU, 3)]
     assert not (tmp_path / "cache" / "kernels").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_kernel_job_for_a_device_this_machine_lacks_is_recorded_as_skipped(tmp_path, monkeypatch):
+    """A CUDA point's kernel job where there is no CUDA (a sweep with on_unavailable_device: skip) compiles
+    nothing and says why; the timed job reports the point."""
+    warmed = _recorded_warm_ups(monkeypatch)
+    record = _kernel_job(tmp_path, monkeypatch, KernelCache(tmp_path / "cache"), "jit", device="cuda")
+    assert record["status"] == "skipped" and "cuda" in record["reason"] and record["stages"] == []
+    assert not warmed
 
 
 def test_a_package_that_fails_to_open_is_stamped_with_the_error(tmp_path, monkeypatch):
