@@ -197,13 +197,21 @@ def test_a_kernel_job_warms_the_just_in_time_path_of_a_package_this_machine_refu
 
 def test_a_kernel_job_of_just_in_time_points_warms_their_path(tmp_path, monkeypatch):
     """Points that compile just in time (a GPU's; here a CPU job of that mode, as NBSIM_COMPILE_MODE=jit plans)
-    get a kernel job too, which builds no package and warms their path."""
+    get a kernel job too, which builds no package and warms their path; a warm-up that fails is recorded."""
     _, variant = _setup_and_variant()
     warmed = _recorded_warm_ups(monkeypatch)
     record = _kernel_job(tmp_path, monkeypatch, KernelCache(tmp_path / "cache"), "jit")
     assert record["stages"] == [{"stage": "pixel_kernel", "path": "jit", "warm_s": 1.5}]
     assert record["warm"] == "in this process" and warmed == [([variant], torch.float32, CPU, 3)]
     assert not (tmp_path / "cache" / "kernels").exists()
+
+    def failing(variants, dtype, device):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(jit, "warm_stages", failing)  # the job succeeds: the timed jobs compile for themselves
+    record = _kernel_job(tmp_path, monkeypatch, KernelCache(tmp_path / "cache"), "jit")
+    assert (record["status"], record["warm"]) == ("ok", "failed: RuntimeError: no compiler")
+    assert record["stages"] == [{"stage": "pixel_kernel", "path": "jit"}]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -97,8 +97,9 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
     starts at once in a child process, beside the builds, and is stopped if every package passes its probe;
     with one thread it follows a refusal. Just in time ('jit': a GPU, or NBSIM_COMPILE_MODE=jit): that path
     is warmed. The marker JSON records each stage's path (`aot`, `jit`, or `jit (aot refused)`), its build,
-    probe and warm-up seconds and whether the cache held its package. A device this machine lacks is recorded
-    as skipped (its timed jobs report it)."""
+    probe and warm-up seconds and whether the cache held its package. A warm-up that fails is recorded (`warm`:
+    'failed: ...') and the job still succeeds: it only spares the timed jobs a compile, which they then do
+    themselves. A device this machine lacks is recorded as skipped (its timed jobs report it)."""
     from ..devices import resolve_device, resolve_dtype
     from ..kernel.aot import verification_on
     from ..kernel.cache import JIT_AFTER_REFUSAL, KernelCache
@@ -128,21 +129,12 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
             stages = (_built_and_probed(cache, variants, dtype, device) if ahead_of_time
                       else [{"stage": v.stage.name, "path": job.mode} for v in variants])
             to_warm = [index for index, stage in enumerate(stages) if stage["path"] != Mode.AOT.value]
-            if warming is not None and not to_warm:
-                record["warm"] = "stopped: every package passed its probe"
-            elif warming is not None:
-                record["warm"] = "beside the builds, in a child process"
-                seconds = _warmed(warming, output)
-                for index in to_warm:
-                    stages[index]["warm_s"] = seconds[index]
-            elif to_warm:
-                from ..kernel.jit import warm_stages
-
-                record["warm"] = "after the probes" if ahead_of_time else "in this process"
-                torch_threads(job.threads)
-                warmed = warm_stages([variants[i] for i in to_warm], dtype, device)
-                for index, seconds in zip(to_warm, warmed, strict=True):
-                    stages[index]["warm_s"] = seconds
+            try:
+                record["warm"] = _warm_up(job, variants, stages, to_warm, warming, output)
+            except Exception as error:  # a warm-up only spares the timed jobs their compile: they now compile it
+                record["warm"] = f"failed: {type(error).__name__}: {error}"
+                log.warning("the just-in-time warm-up %s; the timed jobs compile in their first render",
+                            record["warm"])
         finally:
             if warming is not None and warming.poll() is None:
                 stop_process_tree(warming.pid)
@@ -157,6 +149,31 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
         f"{s.get('warm_s', 0):.1f} s)" for s in stages))
     write_json(marker, record)
     return record
+
+
+def _warm_up(job: KernelJob, variants: list[StageVariant], stages: list[dict[str, Any]], to_warm: list[int],
+             warming: subprocess.Popen | None, output: Path) -> str | None:
+    """Compile the just-in-time path of the stages `to_warm` (indices of `variants`) into Inductor's on-disk
+    caches for the timed jobs' thread count, or wait for the child process `warming` already compiling every
+    stage (stopped by the caller where nothing needs it); each warmed stage's seconds go into its record in
+    `stages`. How it was warmed (None: nothing to warm)."""
+    if warming is not None and not to_warm:
+        return "stopped: every package passed its probe"
+    if warming is not None:
+        seconds = _warmed(warming, output)
+        for index in to_warm:
+            stages[index]["warm_s"] = seconds[index]
+        return "beside the builds, in a child process"
+    if not to_warm:
+        return None
+    from ..devices import resolve_device, resolve_dtype
+    from ..kernel.jit import warm_stages
+
+    torch_threads(job.threads)
+    warmed = warm_stages([variants[i] for i in to_warm], resolve_dtype(job.dtype), resolve_device(job.device))
+    for index, seconds in zip(to_warm, warmed, strict=True):
+        stages[index]["warm_s"] = seconds
+    return "after the probes" if job.mode == Mode.AOT.value else "in this process"
 
 
 def _built_and_probed(cache: KernelCache, variants: list[StageVariant], dtype: torch.dtype,
