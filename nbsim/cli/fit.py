@@ -6,9 +6,10 @@ The starting model is the nanoBragg flags after `--` (the one parser), per image
 `--starts FILE` (JSON: {"images": {IMAGE: {"misset": [x, y, z], "cell": [...], "N": 20, ...}}}, keys
 being nanoBragg flags without the dash) or taken from a DIALS experiment list (`--expt FILE`: each
 experiment, a lattice of an image, is a fit of that image from its models; `--refl FILE` gives DIALS's spots,
-`--expt-out FILE` writes the refined models back as an experiment list). A multi-panel detector (`-panelfile`)
-is fitted on its NXmx frames or stacked `-floatfile`s; `--refine panels --shared panels` moves its panel groups
-(`--groups`), and `--panels-out`/`--geom-out` write the refined detector.
+`--expt-out FILE` writes the refined models back as an experiment list, a tiled detector's panels too). A
+multi-panel detector (`-panelfile`, or an --expt list's) is fitted on its NXmx frames or stacked
+`-floatfile`s; `--refine panels --shared panels` moves its panel groups (`--groups`), and
+`--panels-out`/`--geom-out` write the refined detector.
 """
 
 from __future__ import annotations
@@ -72,13 +73,14 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--starts", help="JSON of per-image starting values (nanoBragg flags without the dash)")
     parser.add_argument("--expt", metavar="FILE",
                         help="a DIALS experiment list (.expt): each experiment (a lattice of an image) is fitted "
-                             "from its crystal, beam and detector; without IMAGEs, on the image it names")
+                             "from its crystal, beam and detector (one panel, or a tiled detector's panels in "
+                             "DIALS's order); without IMAGEs, on the image it names")
     parser.add_argument("--refl", metavar="FILE",
                         help="DIALS's spots (the indexed.refl written with the --expt list) as each experiment's "
                              "observed spots: shoeboxes around them")
     parser.add_argument("--expt-out", metavar="FILE",
-                        help="write the refined crystals, beam and detector as a DIALS experiment list (with --expt; "
-                             "dials.integrate and dials.ssx_integrate read it)")
+                        help="write the refined crystals, beam and detector (every panel) as a DIALS experiment list "
+                             "(with --expt; dials.integrate and dials.ssx_integrate read it)")
     parser.add_argument("--lattice", help="lattice system of the cell (default: read off the starting cell)")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
     parser.add_argument("--spots", type=int, default=200, help="most predicted (and observed) spots per image")
