@@ -268,7 +268,7 @@ def test_dials_imports_nbsim_s_tiled_nxmx_as_its_panels(tmp_path, monkeypatch, c
 
 
 def test_the_documented_tiled_loop_is_the_benchmark():
-    """docs/fitting.md shows the commands benchmarks/dials_panels.py runs (it runs them there: 30 minutes)."""
+    """docs/fitting.md shows the commands benchmarks/dials_panels.py runs (it runs them there: 15-25 minutes)."""
     text = (REPO_ROOT / "docs" / "fitting.md").read_text()
     marker = text.index("<!-- not run: benchmarks/dials_panels.py")
     start = text.index("```sh\n", marker) + len("```sh\n")
