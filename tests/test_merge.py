@@ -96,6 +96,18 @@ def _job(data, stills: dict, refine=(), anomalous: bool = False, truth: str = "t
                     anomalous=anomalous, options=merge_options, truth=str(folder / truth))
 
 
+def assert_parameters_rebuild_table(p1_table: np.ndarray, reflections, values) -> None:
+    """The merge's parameters at `values` (its asymmetric unit `reflections` of `p1_table`) reach every node of
+    the P1 table's grid and rebuild it exactly."""
+    grid = build_grid(p1_table, 0.0)
+    nodes = torch.as_tensor(node_parameters(reflections, grid))
+    model = StructureFactorModel(reflections, values, Restraints())
+    base = torch.as_tensor(grid.padded(0.0).reshape(-1))
+    rebuilt = model.table(model.log_start, torch.zeros_like(base), nodes)
+    assert (nodes >= 0).sum() == len(p1_table)
+    assert torch.allclose(rebuilt, base, rtol=1e-12)
+
+
 def test_table_of_the_start_is_the_p1_table_nbsim_reads():
     """Every node the asymmetric unit reaches holds the |F| nbsim's reader puts there, F(+) and F(−) apart."""
     miller = _unique(3.0)
@@ -104,13 +116,7 @@ def test_table_of_the_start_is_the_p1_table_nbsim_reads():
     plus, minus = rng.uniform(10, 100, len(miller)), rng.uniform(10, 100, len(miller))
     p1 = expand_to_p1_sphere(miller, plus, minus, group)
     reflections, start = asymmetric_unit(p1, group, CELL, anomalous=True, what="test")
-    grid = build_grid(p1, 0.0)
-    nodes = torch.as_tensor(node_parameters(reflections, grid))
-    model = StructureFactorModel(reflections, start, Restraints())
-    base = torch.as_tensor(grid.padded(0.0).reshape(-1))
-    table = model.table(model.log_start, torch.zeros_like(base), nodes)
-    assert (nodes >= 0).sum() == len(p1)
-    assert torch.allclose(table, base, rtol=1e-12)
+    assert_parameters_rebuild_table(p1, reflections, start)
     assert reflections.size > len(miller)  # acentric F(-) refined apart
     unpaired, _ = asymmetric_unit(p1, group, CELL, anomalous=False, what="test")
     assert unpaired.size == len(miller)

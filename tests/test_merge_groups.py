@@ -20,13 +20,15 @@ from nbsim.fit.model import DiffractionModel
 from nbsim.fit.output import misset_deg
 from nbsim.fit.refine import FitOptions
 from nbsim.io.structure_files import expand_to_p1_sphere, read_reflection_file, write_hkl
-from nbsim.merge import Merge, MergeJob, MergeOptions, Restraints, StructureFactorModel, asymmetric_unit, write_mtz
-from nbsim.merge.reflections import node_parameters, other_indexings, space_group
+from nbsim.merge import Merge, MergeJob, MergeOptions, asymmetric_unit, write_mtz
+from nbsim.merge.reflections import other_indexings, space_group
 from nbsim.merge.state import reindexed_start, shot_values
 from nbsim.model.anomalous import HC_EV_A
 from nbsim.model.structure_factors import build_grid
 from nbsim.resolve import resolve
 from nbsim.sweep.fitting import true_rotation
+
+from .test_merge import assert_parameters_rebuild_table
 
 WAVELENGTH_A = 1.2821
 """Just above the Zn K edge (9659 eV): f″ of Zn about 3.9."""
@@ -83,13 +85,7 @@ def test_a_models_anomalous_table_is_the_direct_sum_and_maps_onto_the_asymmetric
     direct = _direct_amplitudes(crystal["model"], table[:, :3].astype(np.int64), HC_EV_A / WAVELENGTH_A)
     assert np.max(np.abs(table[:, 3] - direct)) <= 1e-6 * direct.max()
 
-    grid = build_grid(table, 0.0)
-    nodes = torch.as_tensor(node_parameters(reflections, grid))
-    model = StructureFactorModel(reflections, values, Restraints())
-    base = torch.as_tensor(grid.padded(0.0).reshape(-1))
-    rebuilt = model.table(model.log_start, torch.zeros_like(base), nodes)
-    assert (nodes >= 0).sum() == len(table)
-    assert torch.allclose(rebuilt, base, rtol=1e-12)
+    assert_parameters_rebuild_table(table, reflections, values)
 
     centric = reflections.centric
     assert 0 < centric.sum() < len(centric)
