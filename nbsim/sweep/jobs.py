@@ -130,7 +130,7 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
                       else [{"stage": v.stage.name, "path": job.mode} for v in variants])
             to_warm = [index for index, stage in enumerate(stages) if stage["path"] != Mode.AOT.value]
             try:
-                record["warm"] = _warm_up(job, variants, stages, to_warm, warming, output)
+                record["warm"] = _warm_up(job, variants, dtype, device, stages, to_warm, warming, output)
             except Exception as error:  # a warm-up only spares the timed jobs their compile: they now compile it
                 record["warm"] = f"failed: {type(error).__name__}: {error}"
                 log.warning("the just-in-time warm-up %s; the timed jobs compile in their first render",
@@ -151,8 +151,9 @@ def build_kernel(job: KernelJob, threads: int, compile_cache: str, marker: Path)
     return record
 
 
-def _warm_up(job: KernelJob, variants: list[StageVariant], stages: list[dict[str, Any]], to_warm: list[int],
-             warming: subprocess.Popen | None, output: Path) -> str | None:
+def _warm_up(job: KernelJob, variants: list[StageVariant], dtype: torch.dtype, device: torch.device,
+             stages: list[dict[str, Any]], to_warm: list[int], warming: subprocess.Popen | None,
+             output: Path) -> str | None:
     """Compile the just-in-time path of the stages `to_warm` (indices of `variants`) into Inductor's on-disk
     caches for the timed jobs' thread count, or wait for the child process `warming` already compiling every
     stage (stopped by the caller where nothing needs it); each warmed stage's seconds go into its record in
@@ -166,11 +167,10 @@ def _warm_up(job: KernelJob, variants: list[StageVariant], stages: list[dict[str
         return "beside the builds, in a child process"
     if not to_warm:
         return None
-    from ..devices import resolve_device, resolve_dtype
     from ..kernel.jit import warm_stages
 
     torch_threads(job.threads)
-    warmed = warm_stages([variants[i] for i in to_warm], resolve_dtype(job.dtype), resolve_device(job.device))
+    warmed = warm_stages([variants[i] for i in to_warm], dtype, device)
     for index, seconds in zip(to_warm, warmed, strict=True):
         stages[index]["warm_s"] = seconds
     return "after the probes" if job.mode == Mode.AOT.value else "in this process"
