@@ -428,13 +428,16 @@ class Merge:
         lattice, refine = options.lattice, self.options.shots.refine
         fitted = [index for index, shot in enumerate(self.shots) if shot.rows is not None]
         nll = np.full((len(fitted), 1 + len(self.indexings)), np.inf)
+        candidates: list[list[tuple[Setup, Setup]]] = []  # per other indexing, each fitted shot's start and setup
         for column, operator in enumerate([None, *self.indexings.values()]):
-            setups = []
-            for index in fitted:
-                shot = self.shots[index]
-                setup = shot.setup if operator is None else rebuilt_setup(
-                    reindexed_start(shot.start, operator, lattice), shot.values, refine, lattice, shot.setup.oversample)
-                setups.append(dataclasses.replace(setup, grid=grid))
+            if operator is None:
+                setups = [dataclasses.replace(self.shots[index].setup, grid=grid) for index in fitted]
+            else:
+                starts = [reindexed_start(self.shots[index].start, operator, lattice) for index in fitted]
+                setups = [dataclasses.replace(rebuilt_setup(start, self.shots[index].values, refine, lattice,
+                                                            self.shots[index].setup.oversample), grid=grid)
+                          for start, index in zip(starts, fitted, strict=True)]
+                candidates.append(list(zip(starts, setups, strict=True)))
             model = DiffractionModel(setups, [(self.shots[index].rows, self.shots[index].cols) for index in fitted], (),
                                      device=options.device, dtype=torch.float64, compile=options.compile)
             with torch.no_grad():
@@ -452,9 +455,7 @@ class Merge:
                 continue
             shot = self.shots[index]
             shot.indexing = names[best - 1]
-            shot.start = reindexed_start(shot.start, self.indexings[shot.indexing], lattice)
-            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, refine, lattice,
-                                                           shot.setup.oversample), grid=grid)
+            shot.start, shot.setup = candidates[best - 1][row]
             reindexed.append(index)
         return reindexed
 
