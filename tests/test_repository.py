@@ -115,7 +115,8 @@ def test_every_public_function_has_a_docstring():
 
 def _defined(body: list[ast.stmt]) -> set[str]:
     """Names a module or class body defines: functions, classes, assignments, imports, `self.x =` in its
-    methods, and the names a module's lazy `__getattr__` serves (strings in its module-level tuples)."""
+    methods, and the names a module's lazy `__getattr__` serves (strings in its module-level tuples, or the
+    keys of its module-level dict)."""
     names: set[str] = set()
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -129,8 +130,9 @@ def _defined(body: list[ast.stmt]) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-            if isinstance(node.value, (ast.Tuple, ast.List)):
-                names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if isinstance(node.value, (ast.Tuple, ast.List, ast.Dict)):
+                elements = node.value.keys if isinstance(node.value, ast.Dict) else node.value.elts
+                names |= {e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
         elif isinstance(node, (ast.If, ast.Try)):

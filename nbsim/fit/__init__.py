@@ -23,6 +23,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'nbsim.fit' has no attribute '{name}'")
 
 
-# A literal list of _EXPORTS's names: tests/test_repository.py reads the names the docs may cite from it.
-__all__ = ["DiffractionModel", "FitImage", "FitOptions", "FitResult", "fit", "fit_json", "negative_log_likelihood",
-           "observed_oversample", "refined_flags", "residual_picture", "smooth_oversample", "with_oversample"]
+__all__ = list(_EXPORTS)
