@@ -42,7 +42,7 @@ bench: $(STAMP)
 # call carries); pulp (Snakemake's ILP scheduler: the campaign runs the greedy one) and hdf5plugin (fabio's
 # HDF5 filters, unused by nbsim) are left out for their size.
 DEVICE_PYTHON ?= python3.12
-WHEELHOUSE_NEEDS := "snakemake>=9" "zarr>=3" "gemmi>=0.7" "fabio>=2024.1" "cfelpyutils>=2.2" "jsonschema>=4"
+WHEELHOUSE_NEEDS := "snakemake>=9" "zarr>=3" "gemmi>=0.7" "fabio>=2024.1" "cfelpyutils>=2.2" "jsonschema>=4" "pytest-xdist>=3"
 DEVICE_SHIPS := attrs certifi charset_normalizer filelock h5py idna jinja2 lxml markupsafe mypy_extensions numpy \
 	packaging pandas pillow psutil python_dateutil pyyaml requests tabulate typing_extensions urllib3 wrapt \
 	pulp hdf5plugin

@@ -19,6 +19,9 @@ runs):
 - `fit`: `fit_still` and `fit_gradient` (benchmarks/fit_workloads.py) on the device.
 - `merge`: the merge benchmark on the device where the benchmarks define one (`merge_sad`), at its `--quick`
   size (20 shots of 128², 5 spectrum channels, one cycle; the record says so): its full size does not fit.
+- `cpu_fits`: the suite's fit-convergence tests (`CONVERGENCE_TESTS`) on this machine's own processor, CUDA
+  hidden: the fits that once stalled on an Intel Xeon (issue 41), run where a lent machine offers another
+  processor than the development machine's; the record names the processor.
 - `pytest`: `pytest -m cuda` over the test files that hold CUDA tests (passed on the H100 before; the
   sweep's CUDA-against-CPU correlations check the same kernels).
 
@@ -64,12 +67,20 @@ DTYPES = ("float32", "float64")
 BUDGET_S = 480.0
 """The default time for all steps: with the wheelhouse's install and the archive, one device call of about 8
 minutes (docs/benchmarks.md, "The GPU campaign")."""
-STEPS = ("environment", "sweep", "bench", "fit", "merge", "pytest")
-STEP_SHARES = {"environment": 0.02, "sweep": 0.55, "bench": 0.05, "fit": 0.14, "merge": 0.14, "pytest": 0.1}
+STEPS = ("environment", "sweep", "bench", "fit", "merge", "cpu_fits", "pytest")
+STEP_SHARES = {"environment": 0.02, "sweep": 0.53, "bench": 0.05, "fit": 0.12, "merge": 0.12, "cpu_fits": 0.1,
+               "pytest": 0.06}
 """Each step's reserve, as a share of the budget: what the steps before it leave it at least (docs/benchmarks.md,
 "The GPU campaign", has the estimates for the H100 machine)."""
 KERNEL_STEP_SHARE = 0.55
 """The share of the sweep's time its kernel jobs may take (the timed jobs get the rest)."""
+CONVERGENCE_TESTS = (
+    "tests/test_fit.py::test_the_model_reaches_one_optimum_from_every_start_in_its_basin",
+    "tests/test_fit.py::test_fit_refines_n_and_the_geometry_from_starts_across_its_basin_as_the_image_samples_them",
+    "tests/test_fit.py::test_nbsim_fit_recovers_a_protein_crystal_from_its_noise_image",
+    "tests/test_gradients.py::test_refinement_example_converges")
+"""The fits whose convergence depended on the processor (issue 41): the model and `fit` from starts across their
+basin (several seeds, dtypes and thread counts), the README's still and docs/examples/refine_geometry.py."""
 MERGE_ARGUMENTS = ("--quick", "--no-dials")
 """The merge benchmark's size on every campaign: 20 shots of 128², 5 channels, one cycle, without the DIALS
 route (absent on the lent machines); at its full size (1,000 shots) it did not fit the time left."""
@@ -140,13 +151,15 @@ class Campaign:
         with self.log_path.open("a") as log:
             log.write(line + "\n")
 
-    def command(self, argv: list[str], limit_s: float, log_name: str, cwd: Path = REPO) -> tuple[str, str]:
+    def command(self, argv: list[str], limit_s: float, log_name: str, cwd: Path = REPO,
+                environment: dict[str, str] | None = None) -> tuple[str, str]:
         """Run `argv` for at most `limit_s` seconds (and never past the budget), stopped at the limit with every
-        process under it (a Snakemake run's jobs); its status and output."""
+        process under it (a Snakemake run's jobs), with `environment` on top of the campaign's; its status and
+        output."""
         limit_s = max(1.0, min(limit_s, self.time_left_s()))
         self.say(f"$ {' '.join(argv)}  (limit {limit_s:.0f} s)")
-        with subprocess.Popen(argv, cwd=cwd, env=self.environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) as process:
+        with subprocess.Popen(argv, cwd=cwd, env=self.environment | (environment or {}), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) as process:
             try:
                 output, _ = process.communicate(timeout=limit_s)
                 status = "ok" if process.returncode == 0 else f"failed (exit {process.returncode})"
@@ -380,13 +393,32 @@ def step_pytest(campaign: Campaign) -> dict:
     files = cuda_test_files()
     status, output = campaign.command([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
                                        "-o", "addopts=-ra", *files], math.inf, "pytest-cuda")
-    closing = next((line for line in reversed(output.strip().splitlines()) if re.search(r"passed|failed|skipped|error",
-                                                                                          line)), "")
-    campaign.say(f"pytest -m cuda: {closing.strip('= ')}")
-    result = {"files": files, "summary": closing.strip("= ")}
+    closing = _pytest_summary(output)
+    campaign.say(f"pytest -m cuda: {closing}")
+    result = {"files": files, "summary": closing}
     if status != "ok":
         raise StepFailed(f"pytest: {status}", result)
     return result
+
+
+def step_cpu_fits(campaign: Campaign) -> dict:
+    """The convergence tests on this machine's processor (CUDA hidden), four at once where pytest-xdist is here."""
+    parallel = ["-n", "4"] if importlib.util.find_spec("xdist") else []
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra", *parallel,
+            *CONVERGENCE_TESTS]
+    status, output = campaign.command(argv, math.inf, "cpu-fits", environment={"CUDA_VISIBLE_DEVICES": ""})
+    closing = _pytest_summary(output)
+    campaign.say(f"convergence tests on {_cpu_model()}: {closing}")
+    result = {"cpu": _cpu_model(), "cores": os.cpu_count(), "tests": list(CONVERGENCE_TESTS), "summary": closing}
+    if status != "ok":
+        raise StepFailed(f"cpu_fits: {status}", result)
+    return result
+
+
+def _pytest_summary(output: str) -> str:
+    """pytest's closing line ("3 passed in 9.1s"), without its rule."""
+    return next((line for line in reversed(output.strip().splitlines())
+                 if re.search(r"passed|failed|skipped|error", line)), "").strip("= ")
 
 
 def step_fit(campaign: Campaign) -> dict:
@@ -423,7 +455,7 @@ class StepSkipped(Exception):
 
 
 STEP_FUNCTIONS = {"environment": step_environment, "bench": step_bench, "sweep": step_sweep, "pytest": step_pytest,
-                  "fit": step_fit, "merge": step_merge}
+                  "fit": step_fit, "merge": step_merge, "cpu_fits": step_cpu_fits}
 
 
 def run_step(campaign: Campaign, name: str) -> StepRecord:
@@ -511,6 +543,10 @@ def summary_markdown(environment: dict, records: dict[str, StepRecord], options:
     merge = records.get("merge")
     if merge and merge.results:
         lines += ["", "Merging:", "", "```json", json.dumps(merge.results, indent=1), "```"]
+    fits = records.get("cpu_fits")
+    if fits and fits.results:
+        lines += ["", f"The fit-convergence tests on the machine's processor ({fits.results['cpu']}, "
+                      f"{fits.results['cores']} cores): {fits.results['summary']}."]
     return "\n".join(lines) + "\n"
 
 

@@ -119,3 +119,10 @@ def test_each_step_keeps_the_time_the_steps_after_it_reserve(tmp_path):
 def test_the_cuda_tests_are_found_by_their_mark():
     files = gpu_campaign.cuda_test_files()
     assert "tests/test_kernel.py" in files and "tests/test_gpu_campaign.py" not in files
+
+
+def test_the_convergence_tests_the_campaign_runs_exist():
+    """`cpu_fits` names its tests by node id: each names a test function of its file."""
+    for node in gpu_campaign.CONVERGENCE_TESTS:
+        path, name = node.split("::")
+        assert f"\ndef {name}(" in (REPO_ROOT / path).read_text(), node
