@@ -80,7 +80,8 @@ CONVERGENCE_TESTS = (
     "tests/test_fit.py::test_nbsim_fit_recovers_a_protein_crystal_from_its_noise_image",
     "tests/test_gradients.py::test_refinement_example_converges")
 """The fits whose convergence depended on the processor (issue 41): the model and `fit` from starts across their
-basin (several seeds, dtypes and thread counts), the README's still and docs/examples/refine_geometry.py."""
+basin (several seeds, dtypes and thread counts), the README's crystal (one sample a pixel) and
+docs/examples/refine_geometry.py."""
 MERGE_ARGUMENTS = ("--quick", "--no-dials")
 """The merge benchmark's size on every campaign: 20 shots of 128², 5 channels, one cycle, without the DIALS
 route (absent on the lent machines); at its full size (1,000 shots) it did not fit the time left."""
