@@ -39,8 +39,9 @@ about the module's centre, nanoBragg's frame (x along the beam, y up); m0 and m3
 MISSETS = ("10 20 30", "-40 65 5", "70 -15 120")
 """The stills' orientations (-misset, degrees)."""
 CRYSTAL = ["-cell", "40", "50", "60", "90", "90", "90", "-default_F", "100", "-N", "10", "-lambda", "1",
-           "-oversample", "1", "-flux", "1e19", "-scale", "1"]
-"""The stills: the single-panel loop's crystal and beam (docs/fitting.md), its counts photons (-scale 1)."""
+           "-oversample", "1", "-flux", "1e19", "-scale", "1", "-nonoise"]
+"""The stills: the single-panel loop's crystal and beam (docs/fitting.md), their counts the noise-free photons
+(-scale 1 -nonoise; as measured, before multi-panel detectors had a noise image)."""
 DIALS_STEPS = [
     ["dials.import", "nominal.nxs", "output.experiments=nominal.expt"],
     ["dials.import", *(f"still_{shot}.nxs" for shot in range(1, len(MISSETS) + 1)),

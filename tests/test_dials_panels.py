@@ -164,7 +164,7 @@ def test_an_experiment_list_of_other_panels_than_the_image_is_one_line_exit_2(tm
     monkeypatch.chdir(tmp_path)
     three = _tiles()[:3]
     write_panel_file("three.yaml", three)
-    assert main([*CRYSTAL, "-panelfile", "three.yaml", "-nxmxfile", "frame.nxs", "-compile", "off"]) == 0
+    assert main([*CRYSTAL, "-panelfile", "three.yaml", "-nxmxfile", "frame.nxs", "-compile", "off", "-nonoise"]) == 0
     capsys.readouterr()
     wide = tuple(PanelConfig(p.name, p.pixels_f + 2, p.pixels_s, p.pixel_size_mm, p.fdet_vector, p.sdet_vector,
                              None, p.pix0_mm) for p in three)
@@ -216,7 +216,7 @@ def test_a_fit_from_a_multi_panel_list_writes_its_refined_panels_back(tmp_path, 
     truth = list(_tiles())
     truth[1] = replace(truth[1], pix0_mm=tuple(float(v) for v in np.array(truth[1].pix0_mm) + [0.0, 0.05, -0.04]))
     write_panel_file("truth.yaml", truth)
-    assert main([*CRYSTAL, "-panelfile", "truth.yaml", "-nxmxfile", "frame.nxs", "-compile", "off"]) == 0
+    assert main([*CRYSTAL, "-panelfile", "truth.yaml", "-nxmxfile", "frame.nxs", "-compile", "off", "-nonoise"]) == 0
     _tiled_list(tmp_path / "tiled.expt", _tiles())
     code = main(["fit", "--expt", "tiled.expt", "--refine", "orientation,scale,panels", "--shared", "panels",
                  "--search-deg", "0", "--spots", "30", "--max-iterations", "2", "--compile", "off", "--quiet",
@@ -238,15 +238,20 @@ def test_a_fit_from_a_multi_panel_list_writes_its_refined_panels_back(tmp_path, 
 @pytest.mark.skipif(shutil.which("dials.import") is None, reason="DIALS is not installed (dials.import, "
                     "cctbx.python: Debian's dials package)")
 def test_dials_imports_nbsim_s_tiled_nxmx_as_its_panels(tmp_path, monkeypatch, capsys):
-    """`dials.import` of nbsim's NXmx of a -panelfile detector: a detector of its panels, which nbsim reads back
-    where the panel file put them, each panel's pixels (dxtbx's raw data) the frame's panel as nbsim reads it."""
+    """`dials.import` of nbsim's NXmx of a -panelfile detector, its noise counts (-nxmxfile) and its noise image
+    (-noisefile): a detector of its panels, which nbsim reads back where the panel file put them, each panel's
+    pixels (dxtbx's raw data) the frame's panel as nbsim reads it, the noise image's the counts + the -adc pedestal
+    and trusted up to 65535 (its 16 bits)."""
     monkeypatch.chdir(tmp_path)
     write_panel_file("tiles.yaml", _tiles())
-    assert main([*CRYSTAL, "-panelfile", "tiles.yaml", "-nxmxfile", "frame.nxs", "-compile", "off"]) == 0
+    assert main([*CRYSTAL, "-panelfile", "tiles.yaml", "-nxmxfile", "frame.nxs", "-noisefile", "noise.nxs", "-seed",
+                 "3", "-fluence", "1e29", "-compile", "off"]) == 0
     capsys.readouterr()
-    done = subprocess.run(["dials.import", "frame.nxs"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    document = json.loads((tmp_path / "imported.expt").read_text())
+    for name in ("frame", "noise"):
+        done = subprocess.run(["dials.import", f"{name}.nxs", f"output.experiments={name}.expt"], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    document = json.loads((tmp_path / "frame.expt").read_text())
     document["crystal"] = _expt(parse(CRYSTAL)[0])["crystal"]  # read_experiment_list starts from a lattice
     document["experiment"][0]["crystal"] = 0
     (tmp_path / "with_crystal.expt").write_text(json.dumps(document))
@@ -254,17 +259,23 @@ def test_dials_imports_nbsim_s_tiled_nxmx_as_its_panels(tmp_path, monkeypatch, c
     _assert_same_panels(start.overrides["panels"], _tiles())
     script = ("import json, sys\n"
               "from dxtbx.model.experiment_list import ExperimentListFactory\n"
-              "[e] = ExperimentListFactory.from_json_file(sys.argv[1])\n"
-              "print(json.dumps([panel.as_numpy_array().ravel().tolist() for panel in e.imageset.get_raw_data(0)]))\n")
-    done = subprocess.run(["cctbx.python", "-c", script, "imported.expt"], capture_output=True, text=True,
+              "for name in sys.argv[1:]:\n"
+              "    [e] = ExperimentListFactory.from_json_file(name)\n"
+              "    print(json.dumps({'pixels': [panel.as_numpy_array().ravel().tolist()\n"
+              "                                 for panel in e.imageset.get_raw_data(0)],\n"
+              "                      'trusted': [list(panel.get_trusted_range()) for panel in e.detector]}))\n")
+    done = subprocess.run(["cctbx.python", "-c", script, "frame.expt", "noise.expt"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    raw = json.loads(done.stdout.strip().splitlines()[-1])
+    frame_raw, noise_raw = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
     frame = read_observed("frame.nxs", panels=[(p.pixels_s, p.pixels_f) for p in _tiles()]).counts
-    for index, (pixels, panel) in enumerate(zip(raw, _tiles(), strict=True)):
-        np.testing.assert_array_equal(np.reshape(pixels, (panel.pixels_s, panel.pixels_f)),
-                                      frame[index, :panel.pixels_s, :panel.pixels_f])
-    assert frame.max() > 0
+    for index, (pixels, noise, panel) in enumerate(zip(frame_raw["pixels"], noise_raw["pixels"], _tiles(),
+                                                       strict=True)):
+        counts = frame[index, :panel.pixels_s, :panel.pixels_f]
+        np.testing.assert_array_equal(np.reshape(pixels, (panel.pixels_s, panel.pixels_f)), counts)
+        np.testing.assert_array_equal(np.reshape(noise, (panel.pixels_s, panel.pixels_f)), counts + 40)
+    assert frame.max() > 0 and np.any(frame != np.round(frame.mean()))
+    assert [high for _, high in noise_raw["trusted"]] == [65535] * 4
 
 
 def test_the_documented_tiled_loop_is_the_benchmark():

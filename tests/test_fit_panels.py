@@ -94,10 +94,11 @@ def test_a_stacked_floatfile_reads_back_as_its_panels_and_shoeboxes_stay_on_thei
 
 
 def test_a_multi_panel_nxmx_frame_reads_back_as_its_panels(displaced, tmp_path, monkeypatch, capsys):
-    """`-nxmxfile` of a -panelfile detector (frames x panels x slow x fast, padded) is what the fit reads."""
+    """`-nxmxfile` of a -panelfile detector (frames x panels x slow x fast, padded; its noise-free counts under
+    -nonoise) is what the fit reads."""
     monkeypatch.chdir(tmp_path)
     flags = [*CRYSTAL, "-misset", *MISSETS[0].split(), "-panelfile", str(displaced / "start.yaml")]
-    assert main([*flags, "-nxmxfile", "frame.nxs", "-scale", "1"]) == 0
+    assert main([*flags, "-nxmxfile", "frame.nxs", "-scale", "1", "-nonoise"]) == 0
     capsys.readouterr()
     setup = _start(displaced)
     image = read_fit_image("frame.nxs", setup)

@@ -4,6 +4,7 @@ for it (geometry.single_panel_flags); the outputs keep the panels; bad panel fil
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,6 +13,9 @@ import torch
 import yaml
 
 from nbsim.cli import main
+from nbsim.config import DetectorResponseConfig
+from nbsim.detector import PanelLayout, PixelLayout, detector_image, layout_of
+from nbsim.errors import NbsimError
 from nbsim.model.geometry import panel_geometries, single_panel_flags
 from nbsim.nanobragg import parse
 from nbsim.render import Renderer
@@ -107,7 +111,7 @@ def test_floatfile_stacks_the_panels_and_nxmx_has_one_module_per_panel(tmp_path,
 
     monkeypatch.chdir(tmp_path)
     argv = CRYSTAL + ["-panelfile", _write(tmp_path, _tilted_panels()), "-floatfile", "float.bin",
-                      "-nxmxfile", "image.nxs", "-dtype", "float64", "-compile", "off", "-scale", "3"]
+                      "-nxmxfile", "image.nxs", "-dtype", "float64", "-compile", "off", "-scale", "3", "-nonoise"]
     assert main(argv) == 0
     config, _ = parse(argv)
     image = Renderer(resolve(config), dtype=torch.float64, compile="off")().numpy()
@@ -138,7 +142,7 @@ def test_floatfile_stacks_the_panels_and_nxmx_has_one_module_per_panel(tmp_path,
                     ours @ g.beam.numpy() / np.linalg.norm(ours), rel=1e-12)
             counts = data[0, index * 36:(index + 1) * 36]
             panel = image[index, :g.pixels_s, :g.pixels_f]
-            # int32 counts: no -adc pedestal and no 16-bit clamp (docs/formats.md)
+            # int32 counts of the -intfile image (-nonoise): no -adc pedestal and no 16-bit clamp (docs/formats.md)
             expected_counts = np.floor(np.maximum(panel.astype(np.float32).astype(np.float64) * 3, 0) + 0.5)
             np.testing.assert_array_equal(counts[:g.pixels_s, :g.pixels_f], expected_counts)
             assert not counts[g.pixels_s:].any() and not counts[:, g.pixels_f:].any()
@@ -214,7 +218,7 @@ def test_touching_panels_are_not_overlapping_and_a_rejected_geom_is_one_line(tmp
     assert err.startswith(f"nbsim: error: {bad}: CrystFEL geometry rejected by cfelpyutils") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("flag", [["-intfile", "x.img"], ["-noisefile", "x.img"], ["-cbffile", "x.cbf"],
+@pytest.mark.parametrize("flag", [["-intfile", "x.img"], ["-pgmfile", "x.pgm"], ["-cbffile", "x.cbf"],
                                   ["-distance", "90"], ["-roi", "0", "3", "0", "3"], ["-detpixels", "64"]])
 def test_single_panel_flags_and_files_are_refused_with_a_panel_file(flag, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -278,3 +282,106 @@ def test_panels_change_no_kernel_structure_and_survive_a_point_spec(tmp_path):
         assert structure_of(config) == structure_of(single)
         restored = dataclass_from_dict(SimulationConfig, json.loads(json.dumps(dataclass_to_dict(config))))
         assert repr(restored) == repr(config)
+
+
+TWO_PANELS = PixelLayout(0.1, panels=(PanelLayout(6, 10, 0.1, (5.0, 3.0)), PanelLayout(8, 7, 0.2, (0.0, 4.0))))
+"""Two panels of other sizes and pixels (the image padded to 2 x 8 x 10), each with its own direct beam."""
+
+
+def _two_panel_photons() -> torch.Tensor:
+    """The same 6 x 7 photons in the corner of both panels (their draws must still differ), more in panel 0's
+    remaining columns, nothing in the padding."""
+    photons = torch.zeros(2, 8, 10, dtype=torch.float64)
+    common = torch.linspace(0.5, 60.0, 42, dtype=torch.float64).view(6, 7)
+    photons[0, :6, :7] = photons[1, :6, :7] = common
+    photons[0, :6, 7:] = 25.0
+    photons[1, 6:, :7] = 3.0
+    return photons
+
+
+def _stack(image: torch.Tensor) -> torch.Tensor:
+    """The panels of a TWO_PANELS image one after another, as -floatfile holds them."""
+    return torch.cat([image[index, :p.pixels_slow, :p.pixels_fast].reshape(-1)
+                      for index, p in enumerate(TWO_PANELS.panels)])
+
+
+@pytest.mark.parametrize("generator", ["nanobragg", "philox"])
+def test_panels_are_read_out_as_their_stack_with_independent_draws(generator):
+    """Every per-pixel draw of a multi-panel read-out is the one-panel read-out's of the panels stacked as
+    -floatfile holds them (nanoBragg's serial sequence runs on through the panels; Philox's counter is the
+    pixel's place there), so two panels of the same photons draw differently; the padding reads 0."""
+    photons = _two_panel_photons()
+    response = DetectorResponseConfig(noise_seed=9, generator=generator, flicker_fraction=0.1, readout_noise_adu=1.5,
+                                      hot_pixel_fraction=0.02)
+    multi = detector_image(photons, response, TWO_PANELS)
+    alone = detector_image(_stack(photons).view(1, -1), response, PixelLayout(0.1))
+    assert multi.adu.shape == (2, 8, 10) and multi.adu.dtype == torch.int32
+    torch.testing.assert_close(_stack(multi.adu), alone.adu[0], rtol=0, atol=0)
+    torch.testing.assert_close(_stack(multi.photons), alone.photons[0], rtol=0, atol=0)
+    assert (multi.total_photons, multi.max_photons, multi.overloads) == (alone.total_photons, alone.max_photons,
+                                                                          alone.overloads)
+    assert multi.total_photons > 0
+    assert not multi.adu[0, 6:].any() and not multi.adu[1, :, 7:].any()
+    assert not torch.equal(multi.photons[0, :6, :7], multi.photons[1, :6, :7])
+    assert torch.equal(detector_image(photons, response, TWO_PANELS).adu, multi.adu)
+
+
+def test_point_spread_and_beam_stop_act_on_each_panel_alone():
+    """The point spread (each panel's FWHM in its own pixels) and the beam stop (around where the beam meets each
+    panel) of a multi-panel read-out are each panel's own read-out's: no photon crosses a panel's edge. A
+    photon image of the wrong shape is one line."""
+    photons = _two_panel_photons()
+    for settings in ({"psf": "gaussian", "psf_fwhm_um": 150.0}, {"psf": "fiber", "psf_fwhm_um": 150.0},
+                     {"beamstop_radius_mm": 0.25}):
+        response = DetectorResponseConfig(noise_seed=1, poisson=False, **settings)
+        multi = detector_image(photons, response, TWO_PANELS).photons
+        for index, panel in enumerate(TWO_PANELS.panels):
+            own = PixelLayout(panel.pixel_size_mm, beam_center_px=panel.beam_center_px)
+            alone = detector_image(photons[index, :panel.pixels_slow, :panel.pixels_fast], response, own).photons
+            torch.testing.assert_close(multi[index, :panel.pixels_slow, :panel.pixels_fast], alone, rtol=0, atol=0)
+        assert not multi[0, 6:].any() and not multi[1, :, 7:].any()
+        if "psf" in settings:  # spread within each panel, what crosses its edge lost
+            assert multi[0, 0, 0] > photons[0, 0, 0] and float(multi.sum()) < float(photons.sum())
+    assert (multi[0, 3, 5], multi[1, 4, 0]) == (0.0, 0.0) and multi[0, 3, 8] > 0 and multi[1, 4, 2] > 0
+    with pytest.raises(NbsimError, match=r"the photon image is \(8, 10\), the detector's 2 panels need \(2, 8, 10\)"):
+        detector_image(photons[0], DetectorResponseConfig(noise_seed=1), TWO_PANELS)
+
+
+def test_a_panel_detector_writes_its_noise_image_and_counts_as_nxmx(tmp_path, monkeypatch, capsys):
+    """-noisefile of a -panelfile detector is NXmx of the noise image (nanoBragg's ADU: the -adc pedestal, 16-bit
+    clamp), -nxmxfile holds the same draws as int32 counts without pedestal (float64 rendering, the default for
+    nanoBragg's noise); both are the detector stage's read-out of the rendered panels, reproducible from -seed;
+    -nonoise gives -nxmxfile the -intfile counts again."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    panels = [GOOD, {**GOOD, "name": "b", "pixels": [6, 10], "pix0_mm": [50, 0.4, 0.4]}]
+    argv = CRYSTAL + ["-panelfile", _write(tmp_path, panels), "-seed", "5", "-compile", "off", "-fluence", "1e30",
+                      "-gain", "2", "-psf", "gaussian", "-psf_fwhm", "120"]
+    assert main([*argv, "-noisefile", "noise.h5", "-nxmxfile", "counts.h5"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel: eager (float64 on cpu)" in out and "writing noise.h5 as NXmx (HDF5) of 16-bit ADU (2 panels)" in out
+    config, _ = parse(argv)
+    setup = resolve(config)
+    image = Renderer(setup, dtype=torch.float64, compile="off")().to(torch.float32)
+    response = dataclasses.replace(config.response, noise_seed=5)
+    read = detector_image(image, response, layout_of(setup))
+    expected = read.adu.numpy()
+    assert f"{read.total_photons:.0f} photons on noise image ({read.overloads} overloads)" in out
+    frames = {}
+    for name in ("noise.h5", "counts.h5"):
+        with h5py.File(name) as handle:
+            frames[name] = handle["entry/data/data"][0].reshape(2, 10, 8)
+            frames[name + " saturation"] = int(handle["entry/instrument/detector/saturation_value"][()])
+            assert "adc_offset_adu" in handle["entry/notes"][()].decode()
+    inside = np.zeros((2, 10, 8), dtype=bool)
+    inside[0, :8, :8] = inside[1, :10, :6] = True
+    np.testing.assert_array_equal(frames["noise.h5"], np.where(inside, expected, 0))
+    np.testing.assert_array_equal(frames["counts.h5"][inside] + 40, frames["noise.h5"][inside])
+    assert (frames["noise.h5 saturation"], frames["counts.h5 saturation"]) == (65535, 2147483647)
+    assert frames["counts.h5"].max() > 20 and not frames["counts.h5"][~inside].any()
+    assert main([*argv, "-nonoise", "-nxmxfile", "clean.h5", "-scale", "1"]) == 0
+    with h5py.File("clean.h5") as handle:
+        clean = handle["entry/data/data"][0].reshape(2, 10, 8)
+    np.testing.assert_array_equal(clean, np.where(inside, np.floor(np.clip(image.numpy().astype(np.float64), 0, None)
+                                                                   + 0.5), 0))

@@ -43,7 +43,9 @@ noise image's counts (the -intfile image's under -nonoise) with the geometry in 
 -psf gaussian|fiber -psf_fwhm UM, -gain ADU_PER_PHOTON, -readout_noise ADU, -beamstop RADIUS_MM,
 -hot_pixels F, -dead_pixels F [-defect_seed N] (F: a fraction from 0 to 1).
 -panelfile FILE renders a multi-panel detector (nbsim's YAML panel list or a CrystFEL .geom file), written by
--floatfile (the panels stacked) and -nxmxfile (one module per panel) (docs/formats.md).
+-floatfile (the panels stacked), -nxmxfile (its noise counts, as for one panel) and -noisefile FILE (the noise
+image), both NXmx of one module per panel; each panel is read out with the detector flags above, its point spread
+and beam stop its own (docs/formats.md, docs/detector.md).
 Add --debug (or set NBSIM_DEBUG=1) to see a traceback on errors.
 
 Options (units and defaults as in nanoBragg; every flag is one of these):

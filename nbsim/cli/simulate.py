@@ -15,6 +15,7 @@ from ..cache import configure_compile_cache
 from ..config import EMPTY_SHOT_ADVICE, DetectorResponseConfig, SimulationConfig
 from ..detector import detector_image, layout_of
 from ..detector.native import load as load_compiled_noise
+from ..detector.response import OVERLOAD_ADU
 from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.detector_images import ExperimentRecord, write_mini_cbf, write_nxmx
@@ -51,7 +52,7 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(line)
     if run.cbffile:
         refuse_tilted_mini_cbf(config.detector)
-    if run.noisefile and config.response.poisson and config.response.generator == "nanobragg":
+    if run.noise and config.response.poisson and config.response.generator == "nanobragg":
         load_compiled_noise()
     if run.compile is not Compile.OFF:
         configure_compile_cache()
@@ -95,7 +96,7 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"writing {run.noisefile} as 2-byte integers")
         write_smv(run.noisefile, detected.adu.numpy().astype(np.uint16), fields)
     if run.wants_counts:
-        seed = run.seed if run.noisefile else None
+        seed = run.seed if run.noise else None
         record = experiment_record(setup, seed, run.saturation_counts, run.counts_pedestal)
         _write_processing_images(run, _processing_counts(image, setup, run, scale, response), record, started)
     if run.p1_table_file and setup.p1_table is not None:
@@ -106,8 +107,9 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
 
 def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: datetime.datetime) -> int:
     """A multi-panel detector's files: -floatfile (the panels one after another, each slow x fast, in the panel
-    file's order) and -nxmxfile (one NXdetector_module per panel); -p1_out. The one-panel formats are
-    refused when the arguments are parsed."""
+    file's order), -noisefile (the noise image, nanoBragg's 16-bit ADU as its SMV holds them, as NXmx) and
+    -nxmxfile (the noise image's counts, or the -intfile image's under -nonoise), both one NXdetector_module per
+    panel; -p1_out. The one-panel formats are refused when the arguments are parsed."""
     panels = panel_images(image, setup.config.detector.panels)
     stats, brightest = panel_statistics(panels, setup)
     if run.floatfile:
@@ -119,10 +121,17 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
     print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
     scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
     print(f"intfile_scale = {scale:g}")
+    response = dataclasses.replace(setup.config.response, noise_seed=run.seed)
+    if run.noisefile:
+        detected = detector_image(torch.from_numpy(image), response, layout_of(setup))
+        print(f"{detected.total_photons:.0f} photons on noise image ({detected.overloads} overloads)")
+        print(f"writing {run.noisefile} as NXmx (HDF5) of 16-bit ADU ({len(panels)} panels)")
+        record = experiment_record(setup, run.seed, int(OVERLOAD_ADU), run.adc)
+        write_nxmx(run.noisefile, [detected.adu.numpy()], np.array([record.phi_start_deg]), record, started,
+                   datetime.datetime.now(datetime.timezone.utc))
     if run.nxmxfile:
-        counts = panel_counts(panels, setup, scale, run.counts_pedestal, run.saturation_counts)
-        record = experiment_record(setup, None, run.saturation_counts, run.counts_pedestal)
-        _write_processing_images(run, counts, record, started)
+        record = experiment_record(setup, run.seed if run.noise else None, run.saturation_counts, run.counts_pedestal)
+        _write_processing_images(run, _processing_counts(image, setup, run, scale, response), record, started)
     if run.p1_table_file and setup.p1_table is not None:
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
@@ -131,12 +140,15 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
 
 def _processing_counts(image: np.ndarray, setup: Setup, run: RunOptions, scale: float,
                        response: DetectorResponseConfig) -> np.ndarray:
-    """The int32 files' counts: the noise image's when there is one, else the -intfile image's; clamped at
-    -saturation, not at the SMV's 65535, and with no pedestal unless -adc is given (docs/formats.md)."""
-    if run.noisefile:
+    """The int32 files' counts: the noise image's when there is one, else the -intfile image's (each panel's);
+    clamped at -saturation, not at the SMV's 65535, and with no pedestal unless -adc is given (docs/formats.md)."""
+    if run.noise:
         pedestal = dataclasses.replace(response, adc_offset_adu=run.counts_pedestal)
         return detector_image(torch.from_numpy(image), pedestal, layout_of(setup),
                               saturation_adu=run.saturation_counts).adu.numpy()
+    if setup.panels is not None:
+        return panel_counts(panel_images(image, setup.config.detector.panels), setup, scale, run.counts_pedestal,
+                            run.saturation_counts)
     return integer_image(image, setup, scale, run.counts_pedestal, run.saturation_counts)
 
 
@@ -146,7 +158,7 @@ def _write_processing_images(run: RunOptions, counts: np.ndarray, record: Experi
     with a warning where pixels reach the saturation: processing programs leave those spots out."""
     saturated = int(np.count_nonzero(counts >= run.saturation_counts))
     if saturated:
-        remedy = ("lower the fluence (-fluence, -flux, -exposure)" if run.noisefile else
+        remedy = ("lower the fluence (-fluence, -flux, -exposure)" if run.noise else
                   "lower -scale (under -nonoise the counts are the -intfile image, its brightest pixel 55000 unless "
                   "-scale is given)")
         print(f"WARNING: {saturated} pixels at the saturation ({run.saturation_counts} counts, -saturation) of the "

@@ -3,11 +3,17 @@
 simtbx's `add_noise` order: flicker, Poisson, calibration, point-spread, then ADU = photons·gain + ADC
 offset + readout noise; the beam stop shades the expected photons, hot and dead pixels replace the
 read-out. With the default settings the result is nanoBragg's noise image, bit for bit.
+
+A multi-panel detector is read out as its panels stacked as -floatfile holds them (one after another, each
+slow then fast, no padding): every per-pixel draw is made there, so nanoBragg's serial sequence runs once
+through all the panels and each Philox counter is a pixel's place in that stack (every panel's draws its own),
+while the point spread and the beam stop act on each panel alone (no photon crosses a panel's edge).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,15 +33,33 @@ STREAM_POISSON, STREAM_FLICKER, STREAM_READOUT, STREAM_CALIBRATION, STREAM_DEFEC
 """Philox streams: each effect draws from its own, so turning one on changes none of the others' draws."""
 
 @dataclass(frozen=True)
+class PanelLayout:
+    """One panel of a multi-panel detector: its pixels (the image pads smaller panels to the largest), pixel
+    size and where the direct beam meets its plane (fast, slow pixels from the corner of its first pixel)."""
+
+    pixels_slow: int
+    pixels_fast: int
+    pixel_size_mm: float
+    beam_center_px: tuple[float, float] = (math.nan, math.nan)
+
+
+@dataclass(frozen=True)
 class PixelLayout:
     """What the detector stage needs of the detector: pixel size, where the direct beam hits (fast, slow
-    pixels from the corner of the first pixel), the ROI (xmin, xmax, ymin, ymax, inclusive; None: all)
-    and ran1's state left by the set-up's draws (Setup.ran1_table; () for a fresh process)."""
+    pixels from the corner of the first pixel), the ROI (xmin, xmax, ymin, ymax, inclusive; None: all),
+    ran1's state left by the set-up's draws (Setup.ran1_table; () for a fresh process) and, for a
+    multi-panel detector, its panels in the image's order (then no ROI; pixel size and beam the first panel's)."""
 
     pixel_size_mm: float
     beam_center_px: tuple[float, float] = (math.nan, math.nan)
     roi: tuple[int, int, int, int] | None = None
     ran1_table: tuple[int, ...] = ()
+    panels: tuple[PanelLayout, ...] = ()
+
+    @property
+    def panels_shape(self) -> tuple[int, int, int]:
+        """A multi-panel image's shape: (panels, slow, fast), padded to the largest panel."""
+        return (len(self.panels), max(p.pixels_slow for p in self.panels), max(p.pixels_fast for p in self.panels))
 
 
 def direct_beam_px(geometry: DetectorGeometry) -> tuple[float, float]:
@@ -47,10 +71,13 @@ def direct_beam_px(geometry: DetectorGeometry) -> tuple[float, float]:
 
 
 def layout_of(setup: Setup) -> PixelLayout:
-    """The PixelLayout of a resolved set-up."""
+    """The PixelLayout of a resolved set-up (a multi-panel one's with its panels)."""
+    panels = tuple(PanelLayout(g.pixels_s, g.pixels_f, g.pixel_size_m * 1000.0, direct_beam_px(g))
+                   for g in setup.panels or ())
     return PixelLayout(pixel_size_mm=setup.geometry.pixel_size_m * 1000.0,
                        beam_center_px=direct_beam_px(setup.geometry),
-                       roi=None if setup.roi_is_whole_detector else setup.roi, ran1_table=setup.ran1_table)
+                       roi=None if setup.roi_is_whole_detector else setup.roi, ran1_table=setup.ran1_table,
+                       panels=panels)
 
 
 @dataclass
@@ -58,7 +85,8 @@ class DetectorImage:
     """The detector's read-out and what a dataset's labels keep of it.
 
     `adu`: int32 tensor of values from 0 to the saturation (65535, the 16-bit SMV's, unless asked) on the
-    photon image's device, 0 outside the ROI (as nanoBragg writes it). `photons`: float64, what reached the
+    photon image's device, 0 outside the ROI (as nanoBragg writes it) and in a multi-panel image's padding;
+    the photon image's shape. `photons`: float64, what reached the
     read-out (after Poisson, calibration and point-spread). `total_photons`, `max_photons`: sum and maximum
     of the Poisson draws in the ROI (the sum nanoBragg prints). `overloads`: ROI pixels whose ADU exceeded
     the saturation before clamping.
@@ -74,7 +102,8 @@ class DetectorImage:
 def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
                    saturation_adu: float = OVERLOAD_ADU) -> DetectorImage:
     """The detector image of a noise-free (slow, fast) photon image under `response` (checked first), its
-    ADU clamped at `saturation_adu` (the int32 files take a larger one; hot pixels read it).
+    ADU clamped at `saturation_adu` (the int32 files take a larger one; hot pixels read it). With a
+    multi-panel layout, the photons are (panels, slow, fast), zero-padded as the renderer pads them.
 
     Same arguments, device and dtype: the same bits. With generator "nanobragg" the Poisson draws are
     nanoBragg's serial sequence over the float32-rounded image (its noise image, bit for bit, with the
@@ -83,6 +112,49 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
     check_response(response)
     if response.noise_seed is None:
         raise NbsimError("the detector image needs a noise seed (noise_seed, or -seed)")
+    if not layout.panels:
+        return _read_out(photons, response, layout, saturation_adu)
+    shape = layout.panels_shape
+    if tuple(photons.shape) != shape:
+        raise NbsimError(f"the photon image is {tuple(photons.shape)}, the detector's {len(layout.panels)} panels "
+                         f"need {shape} (panels, slow, fast)")
+    stacked = torch.cat([photons[index, :panel.pixels_slow, :panel.pixels_fast].reshape(-1)
+                         for index, panel in enumerate(layout.panels)])
+    read = _read_out(stacked.view(1, -1), response, layout, saturation_adu)
+    return DetectorImage(adu=_padded(read.adu, layout), photons=_padded(read.photons, layout),
+                         total_photons=read.total_photons, max_photons=read.max_photons, overloads=read.overloads)
+
+
+def _padded(stacked: torch.Tensor, layout: PixelLayout) -> torch.Tensor:
+    """The (1, pixels) stack of a multi-panel layout's panels as its (panels, slow, fast) image, zero-padded."""
+    image = torch.zeros(layout.panels_shape, dtype=stacked.dtype, device=stacked.device)
+    begin = 0
+    for index, panel in enumerate(layout.panels):
+        end = begin + panel.pixels_slow * panel.pixels_fast
+        image[index, :panel.pixels_slow, :panel.pixels_fast] = stacked[0, begin:end].view(panel.pixels_slow,
+                                                                                           panel.pixels_fast)
+        begin = end
+    return image
+
+
+def _each_panel(image: torch.Tensor, layout: PixelLayout,
+                apply: Callable[[torch.Tensor, float, tuple[float, float]], torch.Tensor]) -> torch.Tensor:
+    """`apply(panel, pixel_size_mm, beam_center_px)` on the one (slow, fast) image, or on each panel of a
+    multi-panel (1, pixels) stack, stacked again: what acts across pixels never crosses a panel's edge."""
+    if not layout.panels:
+        return apply(image, layout.pixel_size_mm, layout.beam_center_px)
+    parts, begin = [], 0
+    for panel in layout.panels:
+        end = begin + panel.pixels_slow * panel.pixels_fast
+        pixels = image[0, begin:end].view(panel.pixels_slow, panel.pixels_fast)
+        parts.append(apply(pixels, panel.pixel_size_mm, panel.beam_center_px).reshape(-1))
+        begin = end
+    return torch.cat(parts).view(image.shape)
+
+
+def _read_out(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
+              saturation_adu: float) -> DetectorImage:
+    """`detector_image` of one (slow, fast) image: the single panel, or a multi-panel layout's (1, pixels) stack."""
     shape = tuple(photons.shape)
     device = photons.device
     roi = layout.roi or (0, shape[1] - 1, 0, shape[0] - 1)
@@ -94,11 +166,15 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
     seed = response.noise_seed
     expected = photons.detach()
     if response.beamstop_radius_mm > 0.0:
-        if not all(math.isfinite(value) for value in layout.beam_center_px):
-            raise NbsimError("beamstop_radius_mm needs the direct beam's position (PixelLayout.beam_center_px)")
-        shadow = effects.beamstop_shadow(shape, layout.pixel_size_mm, layout.beam_center_px,
-                                         response.beamstop_radius_mm, device)
-        expected = expected.masked_fill(shadow, 0.0)
+
+        def shaded(panel: torch.Tensor, pixel_size_mm: float, beam_center_px: tuple[float, float]) -> torch.Tensor:
+            if not all(math.isfinite(value) for value in beam_center_px):
+                raise NbsimError("beamstop_radius_mm needs the direct beam's position (PixelLayout.beam_center_px)")
+            shadow = effects.beamstop_shadow(tuple(panel.shape), pixel_size_mm, beam_center_px,
+                                             response.beamstop_radius_mm, device)
+            return panel.masked_fill(shadow, 0.0)
+
+        expected = _each_panel(expected, layout, shaded)
     if response.flicker_fraction > 0.0:
         flicker = philox.normals(seed, STREAM_FLICKER, index)
         expected = expected.to(torch.float64) * (1.0 + response.flicker_fraction * flicker)
@@ -111,9 +187,9 @@ def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layo
         calibration = philox.normals(response.calibration_seed, STREAM_CALIBRATION, index)
         observed = observed * (1.0 + response.calibration_fraction * calibration)
     if response.psf != "none":
-        fwhm_px = response.psf_fwhm_um / (layout.pixel_size_mm * 1000.0)
         blur = effects.gaussian_blur if response.psf == "gaussian" else effects.fiber_blur
-        observed = blur(observed, fwhm_px)
+        observed = _each_panel(observed, layout, lambda panel, pixel_size_mm, _: blur(
+            panel, response.psf_fwhm_um / (pixel_size_mm * 1000.0)))
     if response.gain_adu_per_photon == 1.0:
         adu = observed + response.adc_offset_adu
     else:

@@ -50,6 +50,7 @@ class RunOptions:
     intfile: str | None
     pgmfile: str | None
     noisefile: str | None
+    """Where the noise image is written: SMV, or NXmx for a multi-panel detector (None: not written)."""
     intfile_scale: float
     pgm_scale: float
     adc: float
@@ -80,6 +81,10 @@ class RunOptions:
     """Where the sensor's attenuation length comes from (nanoBragg's default, a material at λ, -detector_abs);
     None without a sensor. `nbsim show` prints it."""
     notes: list[str] = field(default_factory=list)
+    noise: bool = False
+    """Whether the detector's noise image is drawn (nanoBragg's default; -nonoise turns it off): the -noisefile,
+    and the counts of -cbffile and -nxmxfile (else the -intfile image's). A multi-panel detector draws it
+    without writing a -noisefile unless one is named."""
 
     @property
     def wants_counts(self) -> bool:
@@ -110,8 +115,10 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         from ..io.panels import read_panel_file  # numpy: only where a panel file is given
 
         config = config.with_options(panels=read_panel_file(panel_file), panel_file=panel_file)
-        state.write_pgm = state.calculate_noise = False
+        state.write_pgm = False
         state.intfile = None
+        if not any(flag in argv for flag in ("-noisefile", "-noiseimage")):
+            state.noisefile = None  # not nanoBragg's default SMV name: a multi-panel noise image is NXmx, when named
     config = config.with_options(spectrum_shift_eV=float(nbsim_options.get("-spectrum_shift", 0.0)),
                                  spectrum_stretch=float(nbsim_options.get("-spectrum_stretch", 1.0)))
     if "-spectrumfile" in nbsim_options:
@@ -123,9 +130,14 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
              for flag in NO_EFFECT if flag in given] + physics_notes
+    noise = bool(state.calculate_noise) and (state.noisefile is not None or "-cbffile" in nbsim_options
+                                              or "-nxmxfile" in nbsim_options)
     if not state.calculate_noise:
         notes += [f"{flag} changes only the -noisefile image, which -nonoise turns off"
                   for flag in DETECTOR_FLAGS if flag in given]
+    elif not noise:
+        notes += [f"{flag} changes only the noise image, and with -panelfile neither -noisefile nor -nxmxfile is "
+                  "written" for flag in DETECTOR_FLAGS if flag in given]
     if "-tophat_xtal" in argv and state.shape != "tophat":
         notes.append("-tophat_xtal is not a nanoBragg option and nanoBragg ignores it (shape stays "
                      f"{state.shape}); use -tophat_spots for flat-topped spots")
@@ -138,12 +150,12 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     if "-saturation" in given and not ("-cbffile" in nbsim_options or "-nxmxfile" in nbsim_options):
         notes.append("-saturation sets the counts of -cbffile and -nxmxfile, and neither is written")
     config = dataclasses.replace(config, response=_response(argv, nbsim_options, state.adc, state.seed))
-    noise_is_nanobraggs = bool(state.calculate_noise) and config.response.generator == "nanobragg"
+    noise_is_nanobraggs = noise and config.response.generator == "nanobragg"
     seed = state.seed if state.seed is not None else int(time.time())
     run = RunOptions(
         floatfile=state.floatfile, intfile=state.intfile,
         pgmfile=state.pgmfile if state.write_pgm else None,
-        noisefile=state.noisefile if state.calculate_noise else None,
+        noisefile=state.noisefile if state.calculate_noise else None, noise=noise,
         intfile_scale=state.intfile_scale, pgm_scale=state.pgm_scale, adc=state.adc, seed=seed,
         printout_pixel=state.printout_pixel, cbffile=nbsim_options.get("-cbffile"),
         nxmxfile=nbsim_options.get("-nxmxfile"), device=nbsim_options.get("-device", "cpu"),
@@ -250,10 +262,8 @@ def _check_panel_flags(argv: list[str]) -> None:
                              "place and size come from the panel file")
         if flag in SINGLE_PANEL_FILES:
             raise NbsimError(f"{flag} writes one panel; a multi-panel detector (-panelfile) is written by "
-                             "-nxmxfile (NXmx, one module per panel) or -floatfile (the panels stacked)")
-        if flag in DETECTOR_FLAGS:
-            raise NbsimError(f"{flag} changes only the -noisefile image, which holds one panel: not available "
-                             "with -panelfile")
+                             "-nxmxfile and -noisefile (NXmx, one module per panel) or -floatfile (the panels "
+                             "stacked)")
 
 
 def _response(argv: list[str], options: dict[str, str], adc: float, seed: int | None) -> DetectorResponseConfig:

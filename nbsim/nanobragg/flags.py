@@ -144,7 +144,7 @@ TABLE: tuple[Flag, ...] = (
     Flag(OUTPUTS, "-scale", N1, "X", "scale of -intfile", "auto"),
     Flag(OUTPUTS, "-adc", N1, "N", "offset added to the -intfile and -noisefile pixels", "40"),
     Flag(OUTPUTS, "-noisefile -noiseimage", P1, "FILE", "SMV detector image: nanoBragg's Poisson noise and the "
-         "detector response below", "noiseimage.img"),
+         "detector response below (with -panelfile: NXmx, one module per panel)", "noiseimage.img"),
     Flag(OUTPUTS, "-nonoise", (), "", "no -noisefile"),
     Flag(OUTPUTS, "-seed", I1, "N", "random-number seed of the noise", "the time"),
     Flag(OUTPUTS, "-pgmfile -pgmimage", P1, "FILE", "8-bit PGM image", "image.pgm"),
@@ -267,11 +267,12 @@ SINGLE_PANEL_ONLY = ("-distance", "-close_distance", "-Xbeam", "-Ybeam", "-Xclos
                      "-pixel", "-curved_det", "-roi", "-mask", "-img", "-printout_pixel", "-module_size", "-module_gap",
                      "-pix0_vector_mm")
 """Flags that place, shape or select pixels of the one panel: refused with -panelfile."""
-SINGLE_PANEL_FILES = ("-intfile", "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-pgmscale",
-                      "-cbffile")
-"""Image files of one panel (SMV, PGM, miniCBF): refused with -panelfile (-floatfile and -nxmxfile hold panels)."""
+SINGLE_PANEL_FILES = ("-intfile", "-intimage", "-pgmfile", "-pgmimage", "-pgmscale", "-cbffile")
+"""Image files of one panel (SMV, PGM, miniCBF): refused with -panelfile (-floatfile, -nxmxfile and the -noisefile
+NXmx hold panels)."""
 DETECTOR_FLAGS = tuple(n for f in TABLE if f.group == RESPONSE for n in f.names)
-"""nbsim's detector effects (docs/detector.md): they change only the -noisefile image."""
+"""nbsim's detector effects (docs/detector.md): they change only the noise image (-noisefile, and the counts of
+-cbffile and -nxmxfile)."""
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _INTEGER = re.compile(r"^[+-]?\d+$")

@@ -266,16 +266,14 @@ def check_points(config: dict, points: list[Point], base: Path, builds: PointBui
 
 
 def _check_panel_scenario(config: dict, c_reference: bool) -> None:
-    """A -panelfile scenario: its panel file sizes the detector (one sweep size, a label), the C renders one
-    panel (no C reference) and the detector stage one image (no sweep.detector)."""
+    """A -panelfile scenario: its panel file sizes the detector (one sweep size, a label) and the C renders one
+    panel (no C reference)."""
     if len(axis_values(config["sweep"]["sizes"])) > 1:
         raise NbsimError("sweep.sizes: -panelfile sizes every panel from its file; give one size (it only names "
                          "the points)")
     if c_reference:
         raise NbsimError("reference.c_binary: the C renders one panel, not a -panelfile detector; drop it for "
                          "nbsim's float64 reference")
-    if config["sweep"].get("detector") is not None:
-        raise NbsimError("sweep.detector: the detector stage takes one panel, not a -panelfile detector")
 
 
 def _blame(build: Callable[[Point], None], point: Point, error: NbsimError) -> str:
