@@ -234,6 +234,30 @@ def test_a_batch_killed_mid_way_resumes_with_only_the_missing_points(tmp_path):
     assert resumed["store_files"] <= 20
 
 
+def test_a_multi_panel_dataset_keeps_each_shots_detector_image_of_its_panels(tmp_path):
+    """A -panelfile scenario with a detector stage: each shot's detector image is its panels read out
+    (nbsim.detector, each panel's own point spread), stored (point, panel, slow, fast) with zero padding, its
+    draws the shot's own and again from its record alone."""
+    from nbsim.sweep.jobs import render_record, run_batch
+
+    panels = [{"name": name, "pixels": [pixels_f, 12], "pixel_mm": 0.2, "fdet": [0, 0, 1], "sdet": [0, -1, 0],
+               "pix0_mm": [60, 1.2, corner]} for name, pixels_f, corner in (("m0", 16, -3.3), ("m1", 10, 0.1))]
+    (tmp_path / "panels.yaml").write_text(json.dumps({"panels": panels}))
+    config = dataset_config({"count": 2, "seed": 3, "values": {"-misset": "random"}}, batch_size=2)
+    config["scenarios"]["s"]["args"] = ("-default_F 100 -cell 40 50 60 90 90 90 -N 5 -oversample 1 -fluence 1e28 "
+                                        f"-panelfile {tmp_path / 'panels.yaml'}")
+    [job] = batch_jobs(config, tmp_path)
+    run_batch(job, tmp_path / "images.zarr", tmp_path / "records.json")
+    detector = open_store_array(tmp_path / "images.zarr", "detector_image")[...]
+    image = open_store_array(tmp_path / "images.zarr", "image")[...]
+    assert detector.shape == image.shape == (2, 2, 12, 16) and detector.dtype == np.uint16
+    assert not detector[:, 1, :, 10:].any() and detector[:, :, :, :10].max() > 0
+    assert not np.array_equal(detector[0], detector[1])
+    entry = json.loads((tmp_path / "records.json").read_text())["points"][1]
+    assert np.array_equal(render_record(json.loads(json.dumps(entry)))["detector_image"], detector[1])
+    assert entry["labels"]["detector_photons"] > 0
+
+
 def test_another_job_replaces_the_store(tmp_path):
     from nbsim.sweep.jobs import run_batch
 
