@@ -18,6 +18,7 @@ from nbsim.cli import main
 from nbsim.fit.images import panel_pixels, read_fit_image
 from nbsim.fit.model import DiffractionModel
 from nbsim.fit.panels import moved_panels, panel_groups
+from nbsim.fit.parameters import misorientation_deg
 from nbsim.fit.pixels import shoeboxes
 from nbsim.io.panels import read_panel_file
 from nbsim.render import Renderer
@@ -106,6 +107,26 @@ def test_a_multi_panel_nxmx_frame_reads_back_as_its_panels(displaced, tmp_path, 
     assert image.counts.shape == (3, SLOW, FAST)
     np.testing.assert_array_equal(image.usable, panel_pixels(setup))
     assert np.abs(image.counts - photons)[image.usable].max() <= 0.5 + 1e-6 * photons.max()
+
+
+def test_nbsim_fit_refines_a_still_from_its_multi_panel_noise_file(displaced, tmp_path, monkeypatch, capsys):
+    """`nbsim -panelfile ... -noisefile` (NXmx of the panels' Poisson counts and the -adc pedestal, which the fit
+    takes off) is a still `nbsim fit` reads: a start 0.17° off in orientation comes back within 0.02° (0.0065° when
+    written, from 12,000 photons)."""
+    monkeypatch.chdir(tmp_path)
+    crystal = [*CRYSTAL, "-fluence", "1e28", "-panelfile", str(displaced / "start.yaml")]
+    truth = [*crystal, "-misset", *MISSETS[0].split()]
+    assert main([*truth, "-seed", "7", "-noisefile", "still.nxs", "-compile", "off"]) == 0
+    start = [*crystal, "-misset", "10.1", "20.05", "29.9"]
+    code = main(["fit", "still.nxs", "--refine", "orientation,scale", "--search-deg", "0", "--spots", "25",
+                 "--compile", "off", "--quiet", "--json", "fit.json", "--", *start])
+    capsys.readouterr()
+    document = json.loads((tmp_path / "fit.json").read_text())
+    assert code == 0, document["reason"]
+    true_a = resolve(nbsim.config_from_args(truth)).lattice.reciprocal_per_A
+    start_a = resolve(nbsim.config_from_args(start)).lattice.reciprocal_per_A
+    assert misorientation_deg(start_a, true_a) > 0.15
+    assert misorientation_deg(torch.tensor(document["shots"][0]["A_matrix"]), true_a) < 0.02
 
 
 def test_every_panels_pixels_render_as_the_renderer_renders_them(displaced):
