@@ -228,6 +228,22 @@ def test_single_panel_flags_and_files_are_refused_with_a_panel_file(flag, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]
 
 
+def test_a_panel_detector_draws_noise_only_for_a_file_that_holds_it(tmp_path):
+    """With -panelfile the noise image is drawn (rendering in float64, as nanoBragg's noise asks) for -nxmxfile or a
+    named -noisefile, not for -floatfile alone (nanoBragg's default noise file is SMV, one panel): detector flags
+    are then noted as changing nothing."""
+    panel_file = ["-panelfile", _write(tmp_path, [GOOD])]
+    for extra, noise, dtype in (([], False, "float32"), (["-nxmxfile", "x.nxs"], True, "float64"),
+                                (["-noisefile", "x.nxs"], True, "float64"),
+                                (["-nonoise", "-nxmxfile", "x.nxs"], False, "float32"),
+                                (["-noise_generator", "philox", "-nxmxfile", "x.nxs"], True, "float32")):
+        _, run = parse(CRYSTAL + panel_file + ["-gain", "2", *extra])
+        assert (run.noise, run.dtype, run.intfile, run.pgmfile) == (noise, dtype, None, None), extra
+        assert run.noisefile == (extra[1] if extra[:1] == ["-noisefile"] else None)
+        noted = "-gain changes only the noise image, and with -panelfile neither -noisefile nor -nxmxfile is written"
+        assert (noted in run.notes) == (extra == []), extra
+
+
 @pytest.mark.slow
 def test_a_sweep_keeps_the_panels(tmp_path):
     """A -panelfile scenario through the Snakemake workflow: the batch store's images are (point, panel, slow,
