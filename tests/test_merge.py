@@ -508,3 +508,21 @@ def test_a_shots_refined_spectrum_is_rebuilt_with_it(tmp_path):
     np.testing.assert_allclose(HC_EV_A / rebuilt.sources.wavelength_A.numpy(), mean - 4 + 1.1 * (given - mean),
                                rtol=1e-12)
     assert shot_values(start, rebuilt, None)["spectrum"] == pytest.approx([-4.0, 1.1])
+
+
+def test_a_shots_refined_mosaic_spread_is_rebuilt_with_it():
+    """--refine mosaic in a merge: a shot's set-up is rebuilt with its refined spread (the F step's design
+    matrix renders its domains with it), and its values read it back in degrees."""
+    from nbsim.merge.state import rebuilt_setup, shot_values
+    from nbsim.resolve import resolve
+
+    start = resolve(nbsim.config_from_args(
+        "-default_F 100 -cell 50 60 70 90 90 90 -N 5 -detpixels 32 -mosaic 0.2 -mosaic_dom 6 -seed 4".split()))
+    values = shot_values(start, start, None)
+    assert values["mosaic"] == pytest.approx([0.2])
+    values["mosaic"] = [0.35]
+    rebuilt = rebuilt_setup(start, values, ["orientation", "mosaic"], None, 1)
+    assert float(torch.rad2deg(torch.as_tensor(rebuilt.mosaic.spread_rad))) == pytest.approx(0.35, rel=1e-12)
+    assert shot_values(start, rebuilt, None)["mosaic"] == pytest.approx([0.35], rel=1e-12)
+    kept = rebuilt_setup(start, values, ["orientation"], None, 1)
+    assert float(torch.rad2deg(torch.as_tensor(kept.mosaic.spread_rad))) == pytest.approx(0.2, rel=1e-12)
