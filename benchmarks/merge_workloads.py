@@ -40,7 +40,8 @@ to the data's resolution (`resolution_A`, the merge's own: where its measured am
 `--quick`: 20 shots of 128² with 5 spectrum channels and one cycle (a smoke run, not the target's figures).
 
     python benchmarks/merge_workloads.py merge_sad [--config DATASET.yaml] [--device cpu|cuda] [--shots N]
-        [--quick] [--workers W] [--threads T] [--size PIXELS] [--channels C] [--cycles C] [--probe-shots K]
+        [--quick] [--workers W] [--threads T] [--size PIXELS] [--channels C] [--cycles C] [--solve cycles|joint]
+        [--probe-shots K]
         [--no-dials | --dials-shots M] [--work DIR] [--json PATH]
 
 prints the record as JSON on its last line.
@@ -364,11 +365,12 @@ def comparison_table(rows: list[dict], shots: int, dials_shots: int) -> str:
 
 def measure(shots: int, size: int | None, channels: int | None, device: str, workers: int, worker_threads: int,
             cycles: int | None, probe_shots: int, dials_shots: int | None, work: Path,
-            config_path: Path = CONFIG) -> dict:
+            config_path: Path = CONFIG, solve: str | None = None) -> dict:
     """The merge_sad record (the module's docstring) of the dataset config at `config_path` (the crystal, its
     scatterers, spectrum and detector): `shots` stills of the config's detector (or `size`² pixels
     of the same pixel size) and spectrum (or `channels` channels), merged by `workers` processes of
-    `worker_threads` threads in `cycles` (None: the merge's default); with `dials_shots`, the dataset rendered to
+    `worker_threads` threads in `cycles` (None: the merge's default), by `solve` (nbsim merge --solve; None: the
+    merge's default); with `dials_shots`, the dataset rendered to
     that many shots (at least `shots`) and the DIALS route run on them (None: no DIALS column)."""
     import torch
 
@@ -394,7 +396,8 @@ def measure(shots: int, size: int | None, channels: int | None, device: str, wor
     merged, merged_json = folder / "merged.mtz", folder / "merged.json"
     command = [sys.executable, "-m", "nbsim.cli", "merge", *images, *manifest["arguments"], "--mtz", str(merged),
                "--json", str(merged_json), "--workers", str(workers), "--device", device,
-               *(["--cycles", str(cycles)] if cycles else []), "--", *manifest["flags"]]
+               *(["--cycles", str(cycles)] if cycles else []), *(["--solve", solve] if solve else []),
+               "--", *manifest["flags"]]
     environment = {**os.environ, "OMP_NUM_THREADS": str(worker_threads), "NBSIM_WORKER": "off"}
     begin, cpu_begin = time.perf_counter(), _children_cpu_s()
     returncode, output = _streamed(command, environment)
@@ -565,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="CPU threads of each merge worker (default: the cores over the "
                                                     "workers)")
     parser.add_argument("--cycles", type=int, help="nbsim merge --cycles (default: the merge's)")
+    parser.add_argument("--solve", choices=("cycles", "joint"), help="nbsim merge --solve (default: the merge's)")
     parser.add_argument("--probe-shots", type=int, default=PROBE_SHOTS, help="shots the timing probe refines")
     dials = parser.add_mutually_exclusive_group()
     dials.add_argument("--no-dials", action="store_true", help="leave the DIALS route out")
@@ -591,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         channels = options.channels or (QUICK["channels"] if options.quick else None)
         cycles = options.cycles or (QUICK["cycles"] if options.quick else None)
         return measure(shots, size, channels, options.device, options.workers, threads, cycles,
-                       min(options.probe_shots, shots), dials_shots, work, options.config.resolve())
+                       min(options.probe_shots, shots), dials_shots, work, options.config.resolve(), options.solve)
 
     if options.work is not None:
         options.work.mkdir(parents=True, exist_ok=True)

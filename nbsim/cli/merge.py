@@ -77,6 +77,10 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="what is one for every shot: cell (the default where the cell is refined: crystals of "
                              "one form; each cycle's cell is the mean of the shots' refined cells, weighted by their "
                              "1/sigma^2); '' for none")
+    parser.add_argument("--solve", choices=("cycles", "joint"), default="cycles",
+                        help="after the scale-only cycles: cycles (default), macro-cycles of shots with F fixed then "
+                             "F with the shots' scales; joint, one shot step then one optimisation of |F| with every "
+                             "shot's scale and refined model together, and the merge ends (docs/merging.md)")
     parser.add_argument("--scale-cycles", type=int, default=1,
                         help="the first this many cycles refine only each shot's scale, the rest of its model "
                              "after (default 1)")
@@ -239,7 +243,7 @@ def _run(options: argparse.Namespace, shots: list[str], argv_per_shot: list[list
                                  shared=tuple(options.shared if options.shared is not None else
                                               [name for name in ("cell",) if name in refine]),
                                  shells=options.shells, max_iterations=options.f_iterations,
-                                 restraints=F_restraints, reindex=options.reindex)
+                                 restraints=F_restraints, reindex=options.reindex, solve=options.solve)
     merge_options.check()
     adc = options.adc
     if adc is None and any(flag == "-adc" for argv in argv_per_shot for flag in argv):
@@ -264,7 +268,8 @@ def _progress_line(record: dict) -> str:
     if "resumed" in record:
         parts.append(f"done: resumed from {record['resumed']}")
     if "negative_log_likelihood" in record:
-        parts.append(f"-logL {record['negative_log_likelihood']:.10g}  F: {record['em_steps']} EM steps, "
+        step = "joint solve of F and the shots" if record.get("solve") == "joint" else "F"
+        parts.append(f"-logL {record['negative_log_likelihood']:.10g}  {step}: {record['em_steps']} EM steps, "
                      f"{record['f_iterations']} L-BFGS iterations, change of log|F| rms "
                      f"{record['rms_change_log_F']:.4f}, median {record['median_change_sigmas']:.2f} sigma")
     if "f_over_sigma_by_shell" in record:

@@ -266,6 +266,8 @@ class DiffractionModel(nn.Module):
     pixels in one kernel call where it can (`scattering`).
 
     `cell_scale_held`: the cell keeps its scale (default: where the spectrum is refined beside it).
+    `fixed_frame`: False renders every image through autograd, never on the fit's kernel below (for a caller that
+    differentiates in the structure-factor table too, or in forward mode, which that kernel does not give).
 
     `compile`: where only the crystal is refined (nbsim.fit.scattering), "auto" renders every image's pixels
     with the fit's compiled kernel (nbsim.fit.compiled) when the cache holds it, "on" builds it first when it
@@ -277,7 +279,7 @@ class DiffractionModel(nn.Module):
                  refine: Sequence[str] = (), shared: Sequence[str] = (), lattice: str | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
                  compile: Compile | bool | str = Compile.AUTO, groups: PanelGroups | None = None,
-                 cell_scale_held: bool | None = None):
+                 cell_scale_held: bool | None = None, fixed_frame: bool = True):
         super().__init__()
         if len(setups) != len(pixels):
             raise NbsimError(f"{len(setups)} set-ups but {len(pixels)} pixel lists")
@@ -316,7 +318,7 @@ class DiffractionModel(nn.Module):
         """Per image, (panel, start, stop) of each panel's run of pixels (None: a single-panel detector)."""
         self.scattering: ScatteringPixels | None = None
         """Every image's pixels on the fit's compiled kernel (None: rendered image by image through autograd)."""
-        if fixed_frame_fittable(self.setups, self.refine):
+        if fixed_frame and fixed_frame_fittable(self.setups, self.refine):
             self.scattering = scattering_pixels(self.setups, self.rows, self.cols, self.tables, self.device, dtype,
                                                 self.compile, self.runs, spectral="spectrum" in self.refine)
 

@@ -16,6 +16,7 @@ from ..io.dials_experiments import ExperimentStart, PanelPlacement, RefinedExper
 from ..model.geometry import DetectorGeometry, panel_config
 from ..nanobragg.flags import FLAGS, WAVELENGTH_FLAGS
 from ..resolve import R_E_SQR_M2
+from .model import DiffractionModel
 from .panels import MOVE_SIZE, PanelGroups, panel_names
 from .parameters import rotation_matrix, rotation_vector
 from .refine import FitResult
@@ -63,11 +64,18 @@ def _numbers(values) -> list[str]:
 
 
 def refined_flags(result: FitResult, image: int, argv: Sequence[str], panel_file: str | None = None) -> list[str]:
-    """The image's starting flags with the refined crystal, beam and detector in place: N rounded to whole
-    cells (nanoBragg's -N is an integer; the JSON keeps the refined value); a multi-panel detector is placed by
-    its -panelfile, `panel_file` where given (the refined detector written by write_panel_file)."""
-    model = result.model
-    values = {name: value.detach() for name, value in model.natural()[image].items()}
+    """The image's starting flags with the refined crystal, beam and detector in place (`model_flags` at the
+    fit's optimum)."""
+    values = {name: value.detach() for name, value in result.model.natural()[image].items()}
+    return model_flags(result.model, image, values, argv, panel_file)
+
+
+def model_flags(model: DiffractionModel, image: int, values: dict[str, torch.Tensor], argv: Sequence[str],
+                panel_file: str | None = None) -> list[str]:
+    """An image's starting flags with its model's crystal, beam and detector at `values` (the model's natural
+    quantities) in place: N rounded to whole cells (nanoBragg's -N is an integer; the JSON keeps the refined value);
+    a multi-panel detector is placed by its -panelfile, `panel_file` where given (the refined detector written by
+    write_panel_file)."""
     setup = model.setups[image]
     rotation = rotation_matrix(values["orientation"]) @ model.start_rotations[image]
     cell = model.cell(image, values)

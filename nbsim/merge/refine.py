@@ -43,6 +43,7 @@ from ..nanobragg.arguments import parse
 from ..resolve import Setup, resolve
 from .design import Design, shot_design
 from .distributed import all_sum, gather, rank_and_size, worker_device
+from .joint import JointShots
 from .model import Restraints, StructureFactorModel
 from .reflections import (
     Reflections,
@@ -98,6 +99,12 @@ REINDEX_MARGIN = 10.0
 """A shot takes another indexing of its lattice (`Merge.choose_indexings`) only where that lowers the −log L of
 its pixels by at least this (a likelihood ratio of e¹⁰, were the starting |F| right): a shot whose pixels cannot
 tell keeps its start's."""
+SOLVES = ("cycles", "joint")
+"""How the merge refines |F| and the shots after the scale-only cycles (`MergeOptions.solve`)."""
+JOINT_REACH_SIGMAS = 1e3
+"""The joint solve moves no shot coordinate by more than this many of its standard errors (1/√ of its Fisher
+information) from the shot step's model: a bound against a line search's trial step far out of the crystal's
+range (a singular cell)."""
 SHOTS_PER_FIT = 16
 """Shots one call of `nbsim.fit.fit` refines together (`fit_batches`): enough that the per-iteration work of
 Fisher scoring (autograd through each shot's parametrisation; off the CPU, the kernel call) is shared, few
@@ -147,6 +154,11 @@ class MergeOptions:
     iterations on changes of 0.01 that the nearest-node lookup's roughness makes (the shots are refined again
     next cycle)."""
 
+    solve: str = "cycles"
+    """After the scale-only cycles: "cycles", macro-cycles of a shot step and an F step until converged; "joint", one
+    shot step (which places the shoeboxes and fits their background planes), then one optimisation of log|F|
+    together with every shot's scale and refined quantities (`Merge.solve_jointly`), and the merge ends."""
+
     def check(self) -> None:
         """Raise a one-line NbsimError for an option out of range."""
         self.shots.check()
@@ -168,6 +180,14 @@ class MergeOptions:
             raise NbsimError(f"the EM steps' cap must not be below 0 (got {self.em_iterations})")
         if self.shells < 1:
             raise NbsimError(f"at least one resolution shell is needed (got {self.shells})")
+        if self.solve not in SOLVES:
+            raise NbsimError(f"the solve must be one of {', '.join(SOLVES)} (got {self.solve!r})")
+        if self.solve == "joint" and self.cycles <= self.scale_cycles:
+            raise NbsimError(f"the joint solve follows the {self.scale_cycles} scale-only cycles: give more cycles "
+                             f"than that (got {self.cycles})")
+        if self.solve == "joint" and self.shots.restraints:
+            raise NbsimError("the joint solve does not restrain the shots: leave the shots' restraints out, or solve "
+                             "by cycles")
         if not 0 <= self.shot_change_tolerance < 1:
             raise NbsimError(f"the shot step's change tolerance must be in [0, 1) (got {self.shot_change_tolerance})")
 
@@ -288,6 +308,59 @@ def _scaled_nll(signal: torch.Tensor, background: torch.Tensor, counts: torch.Te
 
     around = math.log(max(scale, 1e-300))
     return float(scipy.optimize.minimize_scalar(at, bounds=(around - 10.0, around + 10.0), method="bounded").fun)
+
+
+@dataclass
+class FVariables:
+    """The optimiser's variables of an F step (and the |F| and scales of a joint solve): the refined log|F| (`free`)
+    as moves from `origin` (the log|F| after the EM steps) in units of 1/`scale`, then, where the scales are refined,
+    every shot's log-scale change in units of 1/`shot_scale`; and the step's start (its |F| and objective, before
+    the EM steps), which an undone step returns to."""
+
+    origin: torch.Tensor
+    free: torch.Tensor
+    scale: torch.Tensor
+    shot_scale: torch.Tensor
+    scales: int
+    """How many shots' log scales are variables (every shot's, or none where the scale is not refined)."""
+    log_floor: float
+    start_log_F: torch.Tensor
+    start_objective: float
+    em_steps: int
+
+    @property
+    def count(self) -> int:
+        """How many log|F| are refined."""
+        return len(self.free)
+
+    def log_F_at(self, point: torch.Tensor) -> torch.Tensor:
+        """Every log|F| at a point of the optimiser's coordinates (the refined ones moved from the origin)."""
+        log_F = self.origin.clone()
+        log_F[self.free] += point[:self.count] / self.scale
+        return log_F
+
+    def scale_changes(self, point: torch.Tensor) -> torch.Tensor | None:
+        """The shots' log-scale changes at a point: their mean taken out (the likelihood sees only each shot's
+        scale·|F|², so one factor on every scale and its inverse on every |F|² change nothing: without this the
+        optimiser wanders along that direction). None where the scales are not refined."""
+        if not self.scales:
+            return None
+        changes = point[self.count:self.count + self.scales] / self.shot_scale
+        return changes - changes.mean()
+
+    def gradient(self, log_F_gradient: torch.Tensor, scale_gradient: torch.Tensor) -> torch.Tensor:
+        """The objective's gradient in these variables from its gradients in every log|F| and each shot's log-scale
+        change."""
+        by_scale = ((scale_gradient - scale_gradient.mean()) / self.shot_scale)[:self.scales]
+        return torch.cat([log_F_gradient[self.free] / self.scale, by_scale])
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The variables' bounds: no |F| or scale moves by more than STEP_FACTOR_LIMIT, and no |F| below the floor."""
+        reach = math.log(STEP_FACTOR_LIMIT) * torch.cat([self.scale, self.shot_scale[:self.scales]])
+        lowest = -reach
+        lowest[:self.count] = torch.maximum(-reach[:self.count],
+                                            (self.log_floor - self.origin[self.free]).clamp(max=0.0) * self.scale)
+        return lowest.numpy(), reach.numpy()
 
 
 class Merge:
@@ -614,15 +687,31 @@ class Merge:
         with every shot's log scale (the scale and the |F| it multiplies trade off: refined apart, in turns, they
         would converge slowly), every worker in step. Only the parameters whose pixels can measure them
         (`reference_information`) are refined: the rest keep their |F|. The shots' scales keep their geometric
-        mean (`scale_changes`). The variables are scaled by √ of each one's Fisher information (and the
-        restraints' curvature), so that the Hessian is near the identity and a gradient component is about the
-        distance to the optimum in standard errors; at least its information at its shell's mean intensity, so
-        that a weak |F| (whose information vanishes with |F|²) takes steps of at most about one standard error of
-        a typical one, not steps that multiply its |F| a thousandfold (a parameter no pixel sees takes the
-        median). An F step that ends with a higher objective than it started with (or not finite) is undone:
-        its start is kept. Returns what the cycle's record says of it: the objective before and after, the EM
-        steps, the L-BFGS iterations and whether it was undone. Then the measured parameters
+        mean (`FVariables.scale_changes`). The variables are scaled by √ of each one's Fisher information
+        (`open_F_step`). An F step that ends with a higher objective than it started with (or not finite) is
+        undone: its start is kept. Returns what the cycle's record says of it: the objective before and after,
+        the EM steps, the L-BFGS iterations and whether it was undone. Then the measured parameters
         (`measured_parameters`) are those at the end."""
+        variables = self.open_F_step()
+
+        def value_and_gradient(point: np.ndarray) -> tuple[float, np.ndarray]:
+            vector = torch.as_tensor(point)
+            log_F = variables.log_F_at(vector)
+            nll, gradient, scale_gradient = self.nll(log_F, variables.scale_changes(vector))
+            value, gradient = self.with_penalty(nll, gradient, log_F)
+            return value, variables.gradient(gradient, scale_gradient).numpy()
+
+        outcome = self.minimise(value_and_gradient, variables.count + variables.scales, *variables.bounds())
+        return self.close_F_step(variables, outcome)
+
+    def open_F_step(self) -> FVariables:
+        """The start of an F step or a joint solve: the parameters refined (`reference_information`), the EM steps
+        from the objective's start (`expectation_maximisation`) and the scaling of the variables by √ of each one's
+        Fisher information (and the restraints' curvature), so that the Hessian is near the identity and a
+        gradient component is about the distance to the optimum in standard errors; at least its information at
+        its shell's mean intensity, so that a weak |F| (whose information vanishes with |F|²) takes steps of at
+        most about one standard error of a typical one, not steps that multiply its |F| a thousandfold (a
+        parameter no pixel sees takes the median); a shot's log scale by its own."""
         reference = self.reference_information()
         refined = reference >= REFINED_INFORMATION
         start_log_F, start_objective = self.log_F.clone(), self.objective(self.log_F)
@@ -631,68 +720,132 @@ class Merge:
         curvature = (torch.maximum(self.fisher_diagonal(), reference) + self.model.curvature())[free]
         known = curvature > 0
         typical = float(curvature[known].median()) if known.any() else 1.0
-        scale = torch.sqrt(torch.where(known, curvature, torch.full_like(curvature, typical)))
-        shot_scale = torch.sqrt(self.scale_information().clamp(min=1.0))
-        count = len(free)
-        joint = self.shot_count if "scale" in self.options.shots.refine else 0
-        origin = self.log_F.clone()
+        return FVariables(origin=self.log_F.clone(), free=free,
+                          scale=torch.sqrt(torch.where(known, curvature, torch.full_like(curvature, typical))),
+                          shot_scale=torch.sqrt(self.scale_information().clamp(min=1.0)),
+                          scales=self.shot_count if "scale" in self.options.shots.refine else 0,
+                          log_floor=self.model.log_floor, start_log_F=start_log_F, start_objective=start_objective,
+                          em_steps=em_steps)
 
-        def log_F_at(point: torch.Tensor) -> torch.Tensor:
-            """Every log|F| at a point of the optimiser's coordinates (the refined ones moved from the origin)."""
-            log_F = origin.clone()
-            log_F[free] += point[:count] / scale
-            return log_F
+    def with_penalty(self, nll: float, gradient: torch.Tensor, log_F: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """The objective and its gradient in log|F|: the negative log-likelihood plus the restraints on log|F|."""
+        x = log_F.clone().requires_grad_(True)
+        penalty = self.model.penalty(x)
+        gradient = gradient + (torch.autograd.grad(penalty, x)[0] if penalty.requires_grad else 0.0)
+        return nll + float(penalty.detach()), gradient
 
-        def scale_changes(point: torch.Tensor) -> torch.Tensor | None:
-            """The shots' log-scale changes: their mean taken out (the likelihood sees only each shot's
-            scale·|F|², so one factor on every scale and its inverse on every |F|² change nothing: without
-            this the optimiser wanders along that direction)."""
-            if not joint:
-                return None
-            changes = point[count:] / shot_scale
-            return changes - changes.mean()
-
-        def value_and_gradient(point: np.ndarray) -> tuple[float, np.ndarray]:
-            vector = torch.as_tensor(point)
-            log_F = log_F_at(vector)
-            nll, gradient, scale_gradient = self.nll(log_F, scale_changes(vector))
-            x = log_F.clone().requires_grad_(True)
-            penalty = self.model.penalty(x)
-            gradient = gradient + (torch.autograd.grad(penalty, x)[0] if penalty.requires_grad else 0.0)
-            gradients = [gradient[free] / scale, ((scale_gradient - scale_gradient.mean()) / shot_scale)[:joint]]
-            return nll + float(penalty.detach()), torch.cat(gradients).numpy()
-
+    def minimise(self, value_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]], size: int,
+                 lowest: np.ndarray, highest: np.ndarray) -> scipy.optimize.OptimizeResult:
+        """L-BFGS-B from zero within the bounds, every worker in step on the same sums; it stops once its last
+        CHANGE_ITERATIONS iterations together lowered the objective by less than change_tolerance each on average
+        (an absolute test: −log L's size is arbitrary), or at the iteration cap or gradient tolerance."""
         history: list[float] = []
 
         def settled(intermediate_result: scipy.optimize.OptimizeResult) -> None:
-            """Stop once the last CHANGE_ITERATIONS iterations together lowered the objective by less than
-            change_tolerance each on average (an absolute test: −log L's size is arbitrary)."""
             history.append(float(intermediate_result.fun))
             if len(history) > CHANGE_ITERATIONS and \
                     history[-1 - CHANGE_ITERATIONS] - history[-1] < CHANGE_ITERATIONS * self.options.change_tolerance:
                 raise StopIteration
 
-        reach = math.log(STEP_FACTOR_LIMIT) * torch.cat([scale, shot_scale[:joint]])
-        lowest = -reach
-        lowest[:count] = torch.maximum(-reach[:count], (self.model.log_floor - origin[free]).clamp(max=0.0) * scale)
-        outcome = scipy.optimize.minimize(
-            value_and_gradient, np.zeros(count + joint), jac=True, method="L-BFGS-B", callback=settled,
-            bounds=scipy.optimize.Bounds(lowest.numpy(), reach.numpy()),
+        return scipy.optimize.minimize(
+            value_and_gradient, np.zeros(size), jac=True, method="L-BFGS-B", callback=settled,
+            bounds=scipy.optimize.Bounds(lowest, highest),
             options={"maxiter": self.options.max_iterations, "gtol": self.options.gradient_tolerance,
                      "ftol": 0.0, "maxcor": 30})
+
+    def close_F_step(self, variables: FVariables, outcome: scipy.optimize.OptimizeResult,
+                     keep: Callable[[torch.Tensor], None] | None = None) -> dict:
+        """Take an F step's (or a joint solve's) end, or undo it where it ends above its start or not finite (the
+        start's |F| and scales kept; `keep(point)` takes what else it refined, only when it is kept); then the
+        measured parameters. Returns the record's part of it."""
         finite = math.isfinite(outcome.fun) and bool(np.all(np.isfinite(outcome.x)))
-        undone = not (finite and outcome.fun <= start_objective)
+        undone = not (finite and outcome.fun <= variables.start_objective)
         if undone:
-            self.log_F = start_log_F
+            self.log_F = variables.start_log_F
         else:
             vector = torch.as_tensor(outcome.x)
-            self.log_F = log_F_at(vector)
-            if joint:
-                self.rescale_shots(torch.exp(scale_changes(vector))[self.rank::self.size])
+            self.log_F = variables.log_F_at(vector)
+            if keep is not None:
+                keep(vector)
+            if variables.scales:
+                self.rescale_shots(torch.exp(variables.scale_changes(vector))[self.rank::self.size])
         self.measured = self.measured_parameters()
-        return {"objective_before_F": start_objective, "objective": outcome.fun if not undone else start_objective,
-                "negative_log_likelihood": self.nll(self.log_F)[0], "em_steps": em_steps,
+        return {"objective_before_F": variables.start_objective,
+                "objective": outcome.fun if not undone else variables.start_objective,
+                "negative_log_likelihood": self.nll(self.log_F)[0], "em_steps": variables.em_steps,
                 "f_iterations": int(outcome.nit), "f_step_undone": undone}
+
+    def solve_jointly(self) -> dict:
+        """The joint solve (`MergeOptions.solve` "joint"), after a shot step that placed the shoeboxes and fitted
+        their background planes: the F step's EM steps, then one L-BFGS on the measurable log|F| (as the F step
+        chooses them), every shot's log scale (its gauge fixed as the F step's) and every shot's refined
+        quantities (`joint.JointShots`: the fit's coordinates of what --refine names, the cell one for every shot
+        where shared), on the negative log-likelihood of every shot's fixed pixels plus the restraints on log|F|,
+        its gradient by autograd through the kernel, summed over the workers. The shots' coordinates are scaled
+        by √ of their Fisher information (`JointShots.information`), as log|F| and the scales are. A solve that
+        ends above where it began is undone (|F|, scales and shots kept). Returns the record's part of it."""
+        variables = self.open_F_step()
+        shots = self.joint_shots()
+        with torch.no_grad():
+            table = self.table(variables.origin)
+        information = all_sum(shots.information(table), self.device)
+        shot_scale = torch.sqrt(information.clamp(min=1.0))
+        count = variables.count + variables.scales
+
+        def value_and_gradient(point: np.ndarray) -> tuple[float, np.ndarray]:
+            vector = torch.as_tensor(point)
+            log_F = variables.log_F_at(vector).requires_grad_(True)
+            changes = variables.scale_changes(vector)
+            changes = torch.zeros(self.shot_count, dtype=torch.float64) if changes is None else changes
+            with torch.enable_grad():
+                table = self.table(log_F)
+            nll, by_table, by_scale, by_shot = shots.likelihood(table, changes[self.rank::self.size],
+                                                                vector[count:] / shot_scale)
+            by_log_F = torch.autograd.grad(table, log_F, grad_outputs=by_table)[0].cpu()
+            summed = all_sum(torch.cat([torch.tensor([nll], dtype=torch.float64), by_log_F,
+                                        self._global(by_scale), by_shot]), self.device)
+            size = self.model.size
+            value, gradient = self.with_penalty(float(summed[0]), summed[1:1 + size], log_F.detach())
+            by_scales, by_shots = summed[1 + size:1 + size + self.shot_count], summed[1 + size + self.shot_count:]
+            return value, torch.cat([variables.gradient(gradient, by_scales), by_shots / shot_scale]).numpy()
+
+        lowest, highest = variables.bounds()
+        reach = np.full(shots.size, JOINT_REACH_SIGMAS)
+        outcome = self.minimise(value_and_gradient, count + shots.size, np.concatenate([lowest, -reach]),
+                                np.concatenate([highest, reach]))
+
+        def keep(vector: torch.Tensor) -> None:
+            coordinates = vector[count:] / shot_scale
+            self.take_joint_shots(shots, coordinates)
+
+        record = self.close_F_step(variables, outcome, keep)
+        return {**record, "solve": "joint", "joint_coordinates": shots.size}
+
+    def joint_shots(self) -> JointShots:
+        """This worker's shots, at the shot step's models on its pixels with its backgrounds and scales, as the
+        joint solve refines them."""
+        if not self.shots:
+            raise NbsimError(f"the joint solve needs a shot on every worker: {self.size} workers for "
+                             f"{self.shot_count} shots")
+        return JointShots([shot.setup for shot in self.shots], [(shot.rows, shot.cols) for shot in self.shots],
+                          [self._counts(shot) for shot in self.shots], [shot.background for shot in self.shots],
+                          [shot.scale for shot in self.shots], self.options.shots.refine, self.options.shared,
+                          self.options.shots.lattice, list(range(self.rank, self.shot_count, self.size)),
+                          self.shot_count, self.readout, self.options.shots.likelihood, self.device)
+
+    def take_joint_shots(self, shots: JointShots, coordinates: torch.Tensor) -> None:
+        """Every shot of this worker at the joint solve's end (`coordinates`: every worker's): its values, set-up
+        (with the current |F|) and JSON (the shot step's sigmas kept; `solved_jointly`); the design is rebuilt."""
+        grid = self.current_grid()
+        lattice = self.options.shots.lattice
+        refined = shots.refined(coordinates)
+        documents = shots.documents(coordinates, [shot.argv for shot in self.shots])
+        for shot, setup, document in zip(self.shots, refined, documents, strict=True):
+            shot.values = shot_values(shot.start, setup, lattice)
+            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
+                                                           lattice, setup.oversample), grid=grid)
+            shot.document = {**shot.document, **document, "solved_jointly": True}
+        self.design = None
 
     def rescale_shots(self, factors: torch.Tensor) -> None:
         """Multiply this worker's shots' scales (the F step refines them with |F|); their JSON follows."""
@@ -794,11 +947,12 @@ class Merge:
         self.design = None
 
     def converged(self, cycles: list[dict]) -> bool:
-        """Whether the last cycle, one past the scale-only cycles, changed the log|F| measured before and after
-        it by less than `convergence` of their standard errors (the median): the merge stops there."""
+        """Whether the merge stops after the last cycle: a joint solve (the merge's last step), or a cycle, one past
+        the scale-only cycles, that changed the log|F| measured before and after it by less than `convergence` of
+        their standard errors (the median)."""
         last = cycles[-1] if cycles else {}
-        return last.get("cycle", 0) > self.options.scale_cycles and \
-            last.get("median_change_sigmas", math.inf) <= self.options.convergence
+        return last.get("solve") == "joint" or (last.get("cycle", 0) > self.options.scale_cycles and
+                                                 last.get("median_change_sigmas", math.inf) <= self.options.convergence)
 
     def run(self, progress: Callable[[dict], None] | None = None, checkpoint: str | None = None,
             stop_after: int | None = None) -> MergeResult | None:
@@ -829,7 +983,8 @@ class Merge:
             self.refine_shots(cycle)
             kept, reindexed = (int(count) for count in all_sum(
                 torch.tensor([float(self.kept_shots), float(self.reindexed_shots)], dtype=torch.float64), self.device))
-            step = self.refine_F()
+            step = self.solve_jointly() if self.options.solve == "joint" and cycle >= self.options.scale_cycles \
+                else self.refine_F()
             nll = step["negative_log_likelihood"]
             both = torch.as_tensor(self.measured & measured_before)
             information = self.information()
