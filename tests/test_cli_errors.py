@@ -215,6 +215,20 @@ def test_help_gives_every_flag_a_line_with_its_meaning(capsys):
         assert f"nbsim {command} " in usage
 
 
+def test_subcommand_options_say_what_they_do_and_their_defaults():
+    """`nbsim fit -h`, `nbsim merge -h` and `nbsim bench -h` explain every option, and name each default that
+    is not empty (a user reads the defaults there, not in the code)."""
+    from nbsim.cli import bench, fit, merge
+
+    for parser in (fit.argument_parser(), merge.argument_parser(), bench._parser()):
+        for action in parser._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert action.help, f"{parser.prog} {action.option_strings[0]} has no help"
+            if action.default not in (None, False, [], {}):
+                assert "default" in action.help, f"{parser.prog} {action.option_strings[0]} names no default"
+
+
 def test_parser_state_is_typed_and_refuses_unknown_variables():
     """nanoBragg's variables after parsing are CState's fields: a rule naming a misspelt variable fails when
     it is made, and nothing can add one to a state."""

@@ -30,11 +30,13 @@ from .products import stacked_panels
 def _parser() -> argparse.ArgumentParser:
     parser = CommandParser("bench", takes_flags=True, prog="nbsim bench",
                            description="Time nbsim (and optionally the C nanoBragg).")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--compile", default="on", choices=("on", "off", "auto"))
+    parser.add_argument("--device", default="cpu", help="where to render: cpu or cuda[:N] (default cpu)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                        help="precision of the render (default float32)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed warm renders (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm renders before them (default 1)")
+    parser.add_argument("--compile", default="on", choices=("on", "off", "auto"),
+                        help="the compiled kernel (default on: built first if not cached; off: eager)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for nbsim (default: torch's)")
     parser.add_argument("--floatfile", default=None, help="also write nbsim's image (raw float32)")
     parser.add_argument("--c-binary", default=None, help="path of a nanoBragg binary to time the same way")

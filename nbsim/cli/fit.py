@@ -83,18 +83,22 @@ def argument_parser() -> argparse.ArgumentParser:
                              "(with --expt; dials.integrate and dials.ssx_integrate read it)")
     parser.add_argument("--lattice", help="lattice system of the cell (default: read off the starting cell)")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
-    parser.add_argument("--spots", type=int, default=200, help="most predicted (and observed) spots per image")
+    parser.add_argument("--spots", type=int, default=200,
+                        help="most predicted (and observed) spots per image (default 200)")
     parser.add_argument("--no-observed-spots", action="store_true",
                         help="shoeboxes around predicted spots only (default: the image's strong spots too)")
-    parser.add_argument("--background", default="plane", help="plane (per shoebox, fixed), flat (refined), none")
+    parser.add_argument("--background", default="plane",
+                        help="plane (default: per shoebox, fixed), flat (refined), none")
     parser.add_argument("--likelihood", default="poisson", help="poisson (default) or gaussian (diffBragg's)")
     parser.add_argument("--optimizer", default="auto",
                         help="auto (default: fisher where it applies, else lbfgs), fisher (Fisher scoring, one block "
                              "per image: crystal-only refinements with nothing shared), lbfgs or adam")
-    parser.add_argument("--max-iterations", type=int, default=100)
+    parser.add_argument("--max-iterations", type=int, default=100,
+                        help="iteration cap of each optimisation stage (default 100; a fit that meets it: "
+                             "converged false, exit status 3)")
     parser.add_argument("--search-deg", type=float, default=0.3,
                         help="how far off the starting orientation may be (the coarse stage; 0 skips the search "
-                             "on area-averaged pixels)")
+                             "on area-averaged pixels; default 0.3)")
     parser.add_argument("--restrain", type=_restraint, action="append", default=[],
                         help="NAME=SIGMA: a Gaussian restraint towards the start (repeatable; degrees for the "
                              "orientation; panels=SIGMA: SIGMA mm on each group's shift and SIGMA degrees on its "
@@ -106,8 +110,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
                         help="the fit's compiled kernel: auto (default: when cached, or when building it first pays), "
                              "on (built first if needed), off (eager)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    parser.add_argument("--device", default="cpu", help="where to render the model: cpu or cuda[:N] (default cpu)")
+    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"],
+                        help="precision of the model and its gradient (default float64)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 

@@ -98,9 +98,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--truth-column", help="the --truth column (default: its first amplitude)")
     parser.add_argument("--workers", type=int, default=1,
                         help="local worker processes holding the shots (default 1; torchrun/srun set their own)")
-    parser.add_argument("--shells", type=int, default=6, help="resolution shells of the reported CC")
+    parser.add_argument("--shells", type=int, default=6, help="resolution shells of the reported CC (default 6)")
     parser.add_argument("--shoebox", type=int, default=9, help="shoebox side in pixels (odd; default 9)")
-    parser.add_argument("--spots", type=int, default=200, help="most spots per shot")
+    parser.add_argument("--spots", type=int, default=200, help="most spots per shot (default 200)")
     parser.add_argument("--reindex", action="store_true",
                         help="where the lattice admits other indexings than the space group's (P61's k,h,-l), give "
                              "each shot in the first cycle the one its pixels prefer against the --hkl start (stills "
@@ -110,10 +110,11 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="how far off the starting orientations may be: a search in the first cycle that "
                              "refines the orientation (default 0, none: it matches intensities, which a poor "
                              "starting |F| gets wrong)")
-    parser.add_argument("--max-iterations", type=int, default=100, help="per shot refinement's iteration cap")
-    parser.add_argument("--f-iterations", type=int, default=200, help="the F step's iteration cap")
+    parser.add_argument("--max-iterations", type=int, default=100,
+                        help="per shot refinement's iteration cap (default 100)")
+    parser.add_argument("--f-iterations", type=int, default=200, help="the F step's iteration cap (default 200)")
     parser.add_argument("--adc", type=float, help="ADC offset to subtract (default: the file's, else 40 for SMV)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="where the shots render: cpu or cuda[:N] (default cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
