@@ -118,6 +118,19 @@ def test_without_a_worker_the_command_runs_in_process(tmp_path, worker_env):
     assert "not running" in _nbsim(["worker", "status"], tmp_path, worker_env).stdout
 
 
+@pytest.mark.parametrize("argv, message", [(["statsu"], "invalid choice: 'statsu'"),
+                                           ([], "the following arguments are required: action")])
+def test_a_bad_worker_command_is_one_line(argv, message, capsys):
+    """`nbsim worker` misspelt or without its action: one line and exit status 2, as every nbsim error."""
+    from nbsim.server import client
+
+    with pytest.raises(SystemExit) as exit_:
+        client.main(["worker", *argv])
+    assert exit_.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("nbsim: error: worker: ") and message in line and line.endswith("see nbsim worker -h")
+
+
 def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
     """The socket's folder must be this user's and private; otherwise no worker is used or started."""
     from nbsim.server import client, protocol

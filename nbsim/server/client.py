@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NoReturn
 
 from ..cache import cache_dir
 from ..io.paths import current_umask
@@ -138,10 +139,22 @@ def run_in_worker(argv: list[str]) -> int | None:
     return None
 
 
+class _WorkerParser(argparse.ArgumentParser):
+    """argparse whose errors are nbsim's one line and exit status 2 (the client imports no nbsim.cli)."""
+
+    def error(self, message: str) -> NoReturn:
+        """One line, as every nbsim error, in place of argparse's usage and message."""
+        print(f"nbsim: error: worker: {message}; see nbsim worker -h", file=sys.stderr)
+        sys.exit(2)
+
+
 def worker_command(argv: list[str]) -> int:
     """`nbsim worker start|stop|status|serve` (serve: the worker in the foreground, in place of this process)."""
-    parser = argparse.ArgumentParser(prog="nbsim worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["start", "stop", "status", "serve"])
+    parser = _WorkerParser(prog="nbsim worker",
+                           description="A resident process that runs nbsim commands without a new PyTorch start "
+                                       "each (README.md, docs/architecture.md).")
+    parser.add_argument("action", choices=["start", "stop", "status", "serve"],
+                        help="start one in the background, stop it, show its state, or serve in the foreground")
     parser.add_argument("--idle-timeout", type=idle_timeout, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
                         help=f"exit after this long without a command (default {DEFAULT_IDLE_TIMEOUT_S:g})")
     options = parser.parse_args(argv)
