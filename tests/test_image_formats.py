@@ -140,8 +140,9 @@ def test_nxmx_reader_gives_back_the_simulated_geometry(case, tmp_path, monkeypat
         assert theirs[2] / np.linalg.norm(theirs) == pytest.approx(ours @ nbsim_beam / np.linalg.norm(ours), abs=1e-12)
 
 
-def _rotation_sweep(folder, phis_deg: list[float]):
-    """A collated sweep.zarr of one batch whose points are a -phi series (images random, configs real)."""
+def _rotation_sweep(folder, phis_deg: list[float], osc_deg: str = "0.5", dtypes: list[str] | None = None):
+    """A collated sweep.zarr of one batch whose points are a -phi series (images random, configs real); with
+    `dtypes`, the points are along the dtype axis instead."""
     from nbsim.sweep.collate import point_rows, write_collated_store
     from nbsim.sweep.jobs import IMAGE_DIMENSIONS
     from nbsim.sweep.spec import dataclass_to_dict
@@ -154,14 +155,16 @@ def _rotation_sweep(folder, phis_deg: list[float]):
         store.variable("image", IMAGE_DIMENSIONS, images.shape, np.float32, chunks=(1, 40, 40), data=images)
         store.commit()
     for index, phi in enumerate(phis_deg):
-        argv = [*SMALL[:SMALL.index("-nopgm")], "-phi", str(phi), "-osc", "0.5"]
+        argv = [*SMALL[:SMALL.index("-nopgm")], "-phi", str(phi), "-osc", osc_deg]
+        axes = {"size": 40, "dtype": dtypes[index] if dtypes else "float32", "device": "cpu", "compile": "off",
+                **({} if dtypes else {"phi": phi})}
         entries.append({"name": f"{name}-{index}", "reference": "", "size": 40, "index": index, "status": "ok",
-                        "axes": {"size": 40, "dtype": "float32", "device": "cpu", "compile": "off", "phi": phi},
+                        "axes": axes,
                         "config": dataclass_to_dict(parse(argv)[0]), "argv": argv})
     write_json(folder / name / "records.json", {"scenario": "s", "batch": name, "points": entries})
     rows = point_rows([folder / name / "records.json"], [])
-    write_collated_store(rows, {name: folder / name / "images.zarr"}, ["size", "dtype", "device", "compile", "phi"],
-                         folder / "sweep.zarr")
+    write_collated_store(rows, {name: folder / name / "images.zarr"},
+                         ["size", "dtype", "device", "compile", *([] if dtypes else ["phi"])], folder / "sweep.zarr")
     return images, parse(argv)[0]
 
 
@@ -202,6 +205,12 @@ def test_export_refuses_what_is_not_one_series(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "sweep.zarr"), "--size", "many"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    # Stills along another axis (the default sweep's dtypes) are no rotation series, though their -phi agree.
+    _rotation_sweep(tmp_path / "stills", [0.0, 0.0], osc_deg="0", dtypes=["float32", "float64"])
+    assert main(["export", str(tmp_path / "stills" / "sweep.zarr"), "--nxmx", str(tmp_path / "x.nxs")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "not one rotation series: 2 frames along dtype, none rotated (-osc 0)")
+    assert not (tmp_path / "x.nxs").exists()
 
 
 def test_cbf_header_reads_as_dxtbx_formatcbfmini_reads_it(tmp_path, monkeypatch):

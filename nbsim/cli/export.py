@@ -88,7 +88,8 @@ class CountOptions:
 
 
 def _series(store: Path, size: int | None):
-    """The (frame, slow, fast) images of one size and each frame's point attributes."""
+    """The (frame, slow, fast) images of one size, each frame's point attributes and the axis the frames are
+    along (None for one frame)."""
     from ..sweep.store import read_store
 
     if not store.exists():
@@ -109,12 +110,13 @@ def _series(store: Path, size: int | None):
     images, attributes = images.squeeze(fixed), dataset["attributes"].sel(size=size).squeeze(fixed)
     if not varying:
         images, attributes = images.expand_dims("frame"), attributes.expand_dims("frame")
-    return images, attributes
+    return images, attributes, (varying[0] if varying else None)
 
 
-def _check_rotation_series(store: Path, configs: list, omega_deg) -> None:
-    """The frames must differ only in their start angle, each the last one's plus the oscillation (a scan
-    DIALS reads); anything else is not one rotation series."""
+def _check_rotation_series(store: Path, configs: list, omega_deg, axis: str | None) -> None:
+    """The frames (along `axis`) must differ only in their start angle, each the last one's plus the
+    oscillation (a scan DIALS reads); anything else, stills along another axis too, is not one rotation
+    series."""
     import numpy as np
 
     first = configs[0]
@@ -122,6 +124,9 @@ def _check_rotation_series(store: Path, configs: list, omega_deg) -> None:
            for config in configs[1:]):
         raise NbsimError(f"{store}: not one rotation series: the frames differ in more than -phi")
     osc_deg = first.crystal.osc_range_deg or 0.0
+    if len(omega_deg) > 1 and osc_deg == 0:
+        raise NbsimError(f"{store}: not one rotation series: {len(omega_deg)} frames along {axis}, none rotated "
+                         "(-osc 0)")
     if len(omega_deg) > 1 and not np.allclose(np.diff(omega_deg), osc_deg, rtol=1e-6, atol=1e-9):
         raise NbsimError(f"{store}: not one rotation series: -phi steps of {np.diff(omega_deg)[0]:g} deg, but "
                          f"each frame oscillates {osc_deg:g} deg (-osc)")
@@ -140,14 +145,14 @@ def export_series(store: Path, size: int | None, files: SeriesFiles, options: Co
     from .products import experiment_record, integer_image
 
     started = datetime.datetime.now(datetime.timezone.utc)
-    images, attributes = _series(store, size)
+    images, attributes, axis = _series(store, size)
     frames = images.shape[0]
     points = [json.loads(str(value)) if str(value) else {} for value in attributes.values.reshape(-1)]
     if any(point.get("status") != "ok" or not point.get("config") for point in points):
         raise NbsimError(f"{store}: a frame has no image (its point failed or was skipped)")
     configs = [dataclass_from_dict(SimulationConfig, point["config"]) for point in points]
     omega_deg = np.array([config.crystal.phi_start_deg for config in configs], dtype=np.float64)
-    _check_rotation_series(store, configs, omega_deg)
+    _check_rotation_series(store, configs, omega_deg, axis)
     setup = resolve(configs[0])
     scale = options.scale
     if scale <= 0:
