@@ -492,6 +492,8 @@ def test_cli_merge_writes_the_contract(start_mtz, tmp_path, capsys):
     ("report", "give --truth"),
     ("shot_restraint", "restraint on mosaic, which is not refined"),
     ("shared", "shares only the cell"),
+    ("joint_cycles", "joint solve follows the scale-only cycles"),
+    ("joint_restraint", "joint solve does not restrain the shots"),
 ])
 def test_cli_merge_bad_input_is_one_line_and_writes_nothing(start_mtz, tmp_path, capsys, case, message):
     stills = list(start_mtz["stills"])[:2]
@@ -516,6 +518,10 @@ def test_cli_merge_bad_input_is_one_line_and_writes_nothing(start_mtz, tmp_path,
         extra = ["--restrain", "start=0.5,mosaic=0.1"]
     elif case == "shared":
         extra = ["--shared", "N"]
+    elif case == "joint_cycles":
+        extra = ["--solve", "joint", "--cycles", "1"]
+    elif case == "joint_restraint":
+        extra = ["--solve", "joint", "--restrain", "orientation=0.1"]
     else:
         shots = [*stills, str(tmp_path / "absent.bin")]
     assert _cli(start_mtz, tmp_path, *extra, starts=starts, shots=shots) == 2

@@ -183,7 +183,7 @@ class MergeOptions:
         if self.solve not in SOLVES:
             raise NbsimError(f"the solve must be one of {', '.join(SOLVES)} (got {self.solve!r})")
         if self.solve == "joint" and self.cycles <= self.scale_cycles:
-            raise NbsimError(f"the joint solve follows the {self.scale_cycles} scale-only cycles: give more cycles "
+            raise NbsimError(f"the joint solve follows the scale-only cycles ({self.scale_cycles}): give more cycles "
                              f"than that (got {self.cycles})")
         if self.solve == "joint" and self.shots.restraints:
             raise NbsimError("the joint solve does not restrain the shots: leave the shots' restraints out, or solve "
