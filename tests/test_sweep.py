@@ -171,6 +171,32 @@ def test_batches_follow_the_value_order_and_pair_with_their_references():
                          for dtype in ("float32", "float64")}
 
 
+def test_a_float64_point_is_compared_as_rendered_not_as_stored(tmp_path):
+    """A float64 point is its float64 reference's own configuration: its comparison is exact, not the float32
+    rounding of the store it is kept in (the default sweep's tables read 4.7e-8 there before)."""
+    from nbsim.sweep.jobs import run_batch
+    from nbsim.sweep.spec import BatchJob
+
+    config = config_with({}, sizes=(12,))
+    config["sweep"]["dtypes"] = ["float64"]
+    validate_config(config, SCHEMA, tmp_path)
+    plan = plan_sweep(sweep_points(config), batch_size=1)
+    [((_, name), batch)] = plan.batches.items()
+
+    def job(points, batch_name: str, is_reference: bool) -> BatchJob:
+        return BatchJob(scenario="seed", batch=batch_name,
+                        points=tuple(point_spec(config, p, tmp_path, {}, as_reference=is_reference) for p in points),
+                        dtype="float64", device="cpu", compile=Compile.OFF, warmup=0, repeats=1, threads=1,
+                        compile_cache=str(tmp_path / "cache"), is_reference=is_reference)
+
+    run_batch(job(plan.references[("seed", batch.reference)].points, batch.reference, True),
+              tmp_path / "reference.zarr", tmp_path / "reference.json")
+    record = run_batch(job(batch.points, name, False), tmp_path / "points.zarr", tmp_path / "points.json",
+                       tmp_path / "reference.zarr")
+    [point] = record["points"]
+    assert point["comparison"]["max_abs_error"] == 0.0 and point["comparison"]["max_rel_error"] == 0.0
+
+
 def test_collation_holds_one_shard_at_a_time(tmp_path):
     """Collating 160 points of 256 x 256 (42 MB of images) never holds more than one shard of images (64 of
     the 160 here: nbsim.sweep.store.SHARD_BYTES), the same images as read from a batch store, the shard's

@@ -308,9 +308,9 @@ def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
                              "cache": load.compile_cache}
         timed = job.every_point or index == 0
         begin = time.perf_counter()
-        images, result, statistics_ = point_images(point.config, device, dtype, job.compile,
-                                                   job.warmup if timed else 0, job.repeats if timed else 0,
-                                                   output_dtype, job.detector)
+        images, result, statistics_, rendered = point_images(point.config, device, dtype, job.compile,
+                                                             job.warmup if timed else 0, job.repeats if timed else 0,
+                                                             output_dtype, job.detector)
         timed_s = time.perf_counter() - begin
         result.compile_cache = loads[kernel]["cache"]
         for line in result.warnings:
@@ -321,7 +321,7 @@ def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
                  "labels": {**point.labels, **rendered_labels(point.config), **statistics_}}
         if reference is not None:
             names, stored = reference
-            entry["comparison"] = compare_images(images["image"], stored[names[point.reference]])
+            entry["comparison"] = compare_images(rendered, stored[names[point.reference]])
         output.write(index, images, entry)
         entries[index] = entry
         progress.advance()
@@ -330,10 +330,12 @@ def _nbsim_points(job: BatchJob, output: BatchStore, entries: list[dict | None],
 
 def point_images(config: SimulationConfig, device: torch.device, dtype: torch.dtype, compile: Compile, warmup: int,
                  repeats: int, output_dtype: torch.dtype,
-                 detector: bool) -> tuple[dict[str, np.ndarray], BenchResult, dict[str, float]]:
+                 detector: bool) -> tuple[dict[str, np.ndarray], BenchResult, dict[str, float], np.ndarray]:
     """One point's images, timed: `image` (the noise-free photons, `output_dtype`) and, with `detector`, the
     detector stage's `detector_image` (16-bit ADU, from the image as rendered, on its device and dtype);
-    with their statistics (nbsim.sweep.labels.image_statistics; overloads counted by the detector stage)."""
+    with their statistics (nbsim.sweep.labels.image_statistics; overloads counted by the detector stage) and
+    the image as rendered, in its dtype: what a comparison with the reference takes, so that a float64
+    point's agreement is its own, not the store's float32 rounding."""
     from ..detector import detector_image, layout_of
     from ..timing import timed_render
     from .labels import image_statistics
@@ -341,12 +343,13 @@ def point_images(config: SimulationConfig, device: torch.device, dtype: torch.dt
     timed = timed_render(config, device, dtype, compile, warmup, repeats)
     image = timed.image.detach().to("cpu", output_dtype).numpy()
     images = {"image": image}
+    rendered = timed.image.detach().cpu().numpy()
     statistics_ = image_statistics(image)
     if detector:
         read_out = detector_image(timed.image, timed.setup.config.response, layout_of(timed.setup))
         images[DETECTOR_IMAGE] = read_out.adu.cpu().numpy().astype(np.uint16)
         statistics_.update(overloads=read_out.overloads, detector_photons=read_out.total_photons)
-    return images, timed.result, statistics_
+    return images, timed.result, statistics_, rendered
 
 
 def render_record(entry: dict, device: str | None = None) -> dict[str, np.ndarray]:
@@ -359,9 +362,9 @@ def render_record(entry: dict, device: str | None = None) -> dict[str, np.ndarra
     timing = entry["timing"]
     import torch
 
-    images, _, _ = point_images(spec.config, resolve_device(device or timing["device"]),
-                                resolve_dtype(timing["dtype"]), Compile.of(timing["compile"]), 0, 0,
-                                torch.float32, DETECTOR_IMAGE in entry.get("images", ()))
+    images, *_ = point_images(spec.config, resolve_device(device or timing["device"]),
+                              resolve_dtype(timing["dtype"]), Compile.of(timing["compile"]), 0, 0,
+                              torch.float32, DETECTOR_IMAGE in entry.get("images", ()))
     return images
 
 
