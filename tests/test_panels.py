@@ -216,6 +216,12 @@ def test_touching_panels_are_not_overlapping_and_a_rejected_geom_is_one_line(tmp
     assert main(CRYSTAL + ["-panelfile", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"nbsim: error: {bad}: CrystFEL geometry rejected by cfelpyutils") and err.count("\n") == 1
+    mirrored = tmp_path / "mirrored.geom"
+    mirrored.write_text(GEOM.replace("p1/ss = +0.0x +1.0y", "p1/ss = +0.0x -1.0y"))
+    assert main(CRYSTAL + ["-panelfile", str(mirrored)]) == 2
+    assert capsys.readouterr().err == (f"nbsim: error: {mirrored}: panel 'p1': fs x ss points towards the sample (a "
+                                       "mirrored read-out); nbsim's panels face away from it, fs x ss along +z for a "
+                                       "panel across the beam: reverse ss (and corner_y) or fs (and corner_x)\n")
 
 
 @pytest.mark.parametrize("flag", [["-intfile", "x.img"], ["-pgmfile", "x.pgm"], ["-cbffile", "x.cbf"],

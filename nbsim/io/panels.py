@@ -133,11 +133,15 @@ def _geom_panel(path: str, name: str, panel: dict) -> PanelConfig:
 
     pixel_m = 1.0 / res
     corner_m = (panel["cnx"] * pixel_m, panel["cny"] * pixel_m, float(clen) + float(panel["coffset"]))
+    fs, ss = (panel["fsx"], panel["fsy"], panel["fsz"]), (panel["ssx"], panel["ssy"], panel["ssz"])
+    if not np.dot(np.cross(fs, ss), corner_m) > 0:  # check_panels' odet check, in the terms of the file
+        raise InputFileError(path, f"{label}: fs x ss points towards the sample (a mirrored read-out); nbsim's "
+                                   "panels face away from it, fs x ss along +z for a panel across the beam: "
+                                   "reverse ss (and corner_y) or fs (and corner_x)")
     return PanelConfig(
         name=name, pixels_f=int(panel["w"]), pixels_s=int(panel["h"]), pixel_size_mm=pixel_m * 1000.0,
-        fdet_vector=lab(panel["fsx"], panel["fsy"], panel["fsz"]), sdet_vector=lab(panel["ssx"], panel["ssy"],
-                                                                                    panel["ssz"]),
-        odet_vector=None, pix0_mm=tuple(1000.0 * v for v in lab(*corner_m)))
+        fdet_vector=lab(*fs), sdet_vector=lab(*ss), odet_vector=None,
+        pix0_mm=tuple(1000.0 * v for v in lab(*corner_m)))
 
 
 def check_panels(panels: tuple[PanelConfig, ...], path: str) -> None:
