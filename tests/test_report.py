@@ -157,3 +157,19 @@ def test_the_summary_states_its_reference_first_and_shows_the_spread(tmp_path):
     assert text.parts[headings:headings + len(SUMMARY_HEADINGS) + 5] == [
         *SUMMARY_HEADINGS, "seed", "3 / 1", "1.0e-08", "4.0e-05", "12.3 (6.17–24.7)"]
     assert "timing" in text.parts and "agreement with the reference" in text.parts
+
+
+def test_plotted_values_carry_their_range_over_the_repeats():
+    """The speedup and time plots draw each value's range over the timed repeats (the tables' brackets), so a
+    trend inside it reads as the machine's load; points of another x, or without a range, draw none."""
+    from nbsim.sweep.plots import _series
+
+    rows = [_row(64, "float32", 1.0, speedup=1.0, speedup_min=0.3, speedup_max=1.8),
+            _row(64, "float32", 2.0, speedup=1.2, speedup_min=0.9, speedup_max=2.5),
+            _row(128, "float32", 1.0, speedup=0.5, speedup_min=0.4, speedup_max=1.2)]
+    [(label, xs, median, low, high, repeats_low, repeats_high)] = _series(rows, "size", "speedup")
+    assert xs == [64, 128] and median == [1.1, 0.5] and (low, high) == ([1.0, 0.5], [1.2, 0.5])
+    assert (repeats_low, repeats_high) == ([0.3, 0.4], [2.5, 1.2])
+    assert label.endswith("(bars: the range over the repeats)")
+    [(label, *_, repeats_low, repeats_high)] = _series([_row(64, "float32", 1.0, speedup=1.0)], "size", "speedup")
+    assert math.isnan(repeats_low[0]) and math.isnan(repeats_high[0]) and "bars" not in label

@@ -3,7 +3,9 @@
 The main axis is the detector size when it varies, else the first extra axis that does (a rotation
 series plots along `phi`). One line per (dtype, device, compile); where several points share an x value
 (other axes varying), the line is their median with a min-max band, so a sweep of thousands of points
-still draws a handful of lines.
+still draws a handful of lines. Error bars span each value's range over the timed repeats (`speedup_min` to
+`speedup_max`, `warm_min_s` to `warm_max_s`; of all the points at that x), as the tables give it: a trend
+inside the bars is the machine's load, not nbsim.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .report import varying_axes
 from .store import open_store_array
 
 SERIES_AXES = ("dtype", "device", "compile")
+RANGE_KEYS = {"speedup": ("speedup_min", "speedup_max"), "warm_median_s": ("warm_min_s", "warm_max_s")}
+"""The columns that hold a plotted value's range over the repeats."""
 MAX_PREVIEW_COLUMNS = 4
 MAX_PREVIEW_ROWS = 4
 PREVIEW_PIXELS = 256
@@ -58,10 +62,13 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
             (time_png, "warm_median_s", "warm render time", "warm median time (s)", True)):
         figure, axis = plt.subplots(figsize=(6.4, 4.2))
         series = list(_series(ok, x_axis, key))
-        for label, xs, median, low, high in series:
+        for label, xs, median, low, high, repeats_low, repeats_high in series:
             line = axis.plot(xs, median, marker="o" if len(xs) <= 50 else None, label=label)
             if any(lo != hi for lo, hi in zip(low, high, strict=True)):
                 axis.fill_between(xs, low, high, alpha=0.25, color=line[0].get_color())
+            if len(xs) <= 50 and not any(math.isnan(v) for v in repeats_low + repeats_high):
+                axis.errorbar(xs, median, yerr=[np.subtract(median, repeats_low), np.subtract(repeats_high, median)],
+                              fmt="none", capsize=3, color=line[0].get_color())
         if log:
             axis.set_yscale("log")
             if x_axis == "size":
@@ -82,19 +89,31 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
 
 
 def _series(rows: list[dict], x_axis: str, key: str):
-    """(label, x values, median, min, max) per (dtype, device, compile)."""
-    groups: dict[tuple, dict[Any, list[float]]] = {}
+    """(label, x values, median, min, max, and the lowest and highest of the points' ranges over the repeats:
+    NaN where a point has none) per (dtype, device, compile)."""
+    groups: dict[tuple, dict[Any, list[dict]]] = {}
     for row in rows:
         if isinstance(row.get(key), (int, float)):
-            groups.setdefault(tuple(row[a] for a in SERIES_AXES), {}).setdefault(row[x_axis], []).append(row[key])
+            groups.setdefault(tuple(row[a] for a in SERIES_AXES), {}).setdefault(row[x_axis], []).append(row)
+    low_key, high_key = RANGE_KEYS.get(key, (None, None))
+
+    def bound(points: list[dict], range_key: str | None, pick) -> float:
+        values = [point.get(range_key) for point in points]
+        return float(pick(values)) if all(isinstance(v, (int, float)) for v in values) else math.nan
+
     for series, by_x in sorted(groups.items(), key=lambda item: str(item[0])):
         xs = sorted(by_x, key=lambda v: (isinstance(v, str), v))
         shared = max(len(v) for v in by_x.values())
         label = ", ".join(f"{a}={v}" for a, v in zip(SERIES_AXES, series, strict=True))
         if shared > 1:
             label += f" (median of up to {shared} points, band min-max)"
-        yield (label, xs, [float(np.median(by_x[x])) for x in xs], [min(by_x[x]) for x in xs],
-               [max(by_x[x]) for x in xs])
+        values = {x: [point[key] for point in by_x[x]] for x in xs}
+        repeats_low = [bound(by_x[x], low_key, min) for x in xs]
+        repeats_high = [bound(by_x[x], high_key, max) for x in xs]
+        if not any(math.isnan(v) for v in repeats_low + repeats_high):
+            label += " (bars: the range over the repeats)"
+        yield (label, xs, [float(np.median(values[x])) for x in xs], [min(values[x]) for x in xs],
+               [max(values[x]) for x in xs], repeats_low, repeats_high)
 
 
 def preview_grid(rows: list[dict[str, Any]], axes: list[str]) -> tuple[str, list[Any], list[tuple], list[str]]:
