@@ -374,6 +374,9 @@ class Merge:
             self.options = dataclasses.replace(self.options, shots=shots)
         self.device = worker_device(job.options.shots.device)
         self.rank, self.size = rank_and_size()
+        if self.options.solve == "joint" and self.size > len(job.shots):
+            raise NbsimError(f"the joint solve needs a shot on every worker: {self.size} workers for {len(job.shots)} "
+                             "shots")
         self.reflections, start, self.grid = start_reflections(job)
         self.model = StructureFactorModel(self.reflections, start, job.options.restraints)
         self.log_F = self.model.log_start.clone()
@@ -824,9 +827,6 @@ class Merge:
     def joint_shots(self) -> JointShots:
         """This worker's shots, at the shot step's models on its pixels with its backgrounds and scales, as the
         joint solve refines them."""
-        if not self.shots:
-            raise NbsimError(f"the joint solve needs a shot on every worker: {self.size} workers for "
-                             f"{self.shot_count} shots")
         return JointShots([shot.setup for shot in self.shots], [(shot.rows, shot.cols) for shot in self.shots],
                           [self._counts(shot) for shot in self.shots], [shot.background for shot in self.shots],
                           [shot.scale for shot in self.shots], self.options.shots.refine, self.options.shared,
