@@ -361,6 +361,18 @@ def test_an_image_of_the_wrong_size_or_without_counts_is_one_line(tmp_path, smal
     assert not (tmp_path / "out.json").exists()
 
 
+def test_an_implausible_refined_model_is_named():
+    """A fit from a start outside the basin can converge on nonsense (the README's still from an unturned
+    crystal with beta 100: N 0.002 cells along b, a 50 -> 114 A, 'converged: true'): nbsim fit warns of a
+    crystal under one cell along an axis and of a cell length more than 5 % from its start."""
+    from nbsim.cli.fit import implausible_model
+
+    start = (50.0, 60.0, 70.0, 90.0, 90.0, 90.0)
+    assert implausible_model({"N": [9.97, 10.02, 10.08], "cell": [50.02, 59.99, 70.0, 90, 90, 90]}, start) == []
+    assert implausible_model({"N": [1.67, 0.0022, 10.3], "cell": [114.08, 60.6, 69.8, 90, 61.9, 90]}, start) == [
+        "N along b is 0.0022 cells", "cell length a moved from 50 to 114.1 A"]
+
+
 @pytest.mark.cuda
 def test_the_model_and_its_gradient_on_cuda_are_the_cpus():
     if not torch.cuda.is_available():

@@ -311,6 +311,20 @@ def _dials_spots(path: str, experiments: list, max_spots: int) -> list:
             for start in experiments]
 
 
+MOST_CELL_CHANGE = 0.05
+"""A refined cell length further than this from its start is another crystal (as nbsim merge judges shots)."""
+
+
+def implausible_model(shot: dict, start_cell: tuple[float, ...]) -> list[str]:
+    """What makes a fit's refined model (a shot of its JSON) implausible, converged or not: a crystal under one
+    cell along an axis, or a cell length more than `MOST_CELL_CHANGE` from its start."""
+    doubts = [f"N along {axis} is {n:.3g} cells" for axis, n in zip("abc", shot["N"], strict=True) if n < 1]
+    doubts += [f"cell length {axis} moved from {start:.4g} to {refined:.4g} A"
+               for axis, start, refined in zip("abc", start_cell[:3], shot["cell"][:3], strict=True)
+               if abs(refined / start - 1) > MOST_CELL_CHANGE]
+    return doubts
+
+
 def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per_image: list[list[str]],
          model_flags: list[str], experiments: list, spots: list, groups) -> int:
     import torch
@@ -373,6 +387,10 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         from ..io.dials_experiments import write_experiment_list
 
         write_experiment_list(options.expt_out, options.expt, refined_experiments(result, experiments))
+    for shot, image in zip(document["shots"], fit_images, strict=True):
+        for doubt in implausible_model(shot, image.setup.lattice.cell_parameters()):
+            print(f"nbsim: warning: {shot['image']}: {doubt}: the fit likely left the start's basin (check its "
+                  "orientation and cell; docs/fitting.md)", file=sys.stderr)
     for shot in document["shots"]:
         cell = " ".join(f"{v:.4f}" for v in shot["cell"])
         n_cells = " ".join(f"{v:.2f}" for v in shot["N"])
