@@ -624,3 +624,30 @@ def test_a_shots_refined_mosaic_spread_is_rebuilt_with_it():
     assert shot_values(start, rebuilt, None)["mosaic"] == pytest.approx([0.35], rel=1e-12)
     kept = rebuilt_setup(start, values, ["orientation"], None, 1)
     assert float(torch.rad2deg(torch.as_tensor(kept.mosaic.spread_rad))) == pytest.approx(0.2, rel=1e-12)
+
+
+def test_a_joint_solves_shot_json_says_what_its_flags_say(tmp_path):
+    """Each shot's JSON after a joint solve holds its model's distance, beam centre and spectrum, not only its
+    crystal: they agree with its flags, off the start (the shot step's values were kept there before)."""
+    from nbsim.merge.joint import JointShots
+
+    (tmp_path / "spectrum.txt").write_text("1.0 1\n1.002 2\n1.004 1\n")
+    argv = (f"-default_F 100 -cell 20 24 28 90 90 90 -N 5 -distance 14 -detpixels 16 -pixel 0.1 -oversample 1 "
+            f"-spectrumfile {tmp_path / 'spectrum.txt'}").split()
+    setup = resolve(nbsim.config_from_args(argv))
+    pixels = (np.arange(4), np.arange(4))
+    shots = JointShots([setup], [pixels], [torch.zeros(4)], [torch.zeros(4)], [2.0],
+                       ["orientation", "distance", "beam", "spectrum", "scale"], (), None, [0], 1, 0.0, "poisson",
+                       "cpu")
+    [document] = shots.documents(torch.full((shots.size,), 0.3, dtype=torch.float64), [argv])
+    flags = document["flags"]
+
+    def flag(name: str) -> float:
+        return float(flags[flags.index(name) + 1])
+
+    assert document["distance_mm"] == pytest.approx(flag("-distance"), rel=1e-9) and document["distance_mm"] != 14.0
+    assert (document["beam_x_mm"], document["beam_y_mm"]) == pytest.approx((flag("-Xbeam"), flag("-Ybeam")), rel=1e-9)
+    spectrum = document["spectrum"]
+    assert (spectrum["shift_eV"], spectrum["stretch"]) == pytest.approx(
+        (flag("-spectrum_shift"), flag("-spectrum_stretch")), rel=1e-9)
+    assert spectrum["shift_eV"] != 0.0 and document["scale"] == 2.0

@@ -99,6 +99,22 @@ def model_flags(model: DiffractionModel, image: int, values: dict[str, torch.Ten
     return flags
 
 
+def model_values_json(model: DiffractionModel, image: int, values: dict[str, torch.Tensor]) -> dict:
+    """What a shot's JSON says of its model at `values` (the model's natural quantities; docs/fitting.md): the A
+    matrix (rows a*, b*, c* in Å⁻¹ at φ = 0, nanoBragg's lab frame), cell, N, scale, mosaic spread, wavelength, a
+    single panel's distance and beam centre, and a spectrum's shift and stretch (`spectrum`, where there is one)."""
+    found = {"A_matrix": model.a_matrix(image, values).tolist(), "cell": model.cell(image, values).tolist(),
+             "N": values["N"].tolist(), "scale": float(values["scale"][0]),
+             "mosaic_spread_deg": float(values["mosaic"][0]), "wavelength_A": float(values["wavelength"][0])}
+    setup = model.setups[image]
+    if setup.panels is None:
+        found.update(distance_mm=float(values["distance"][0]), beam_x_mm=float(values["beam"][0]),
+                     beam_y_mm=float(values["beam"][1]))
+    if setup.config.beam.spectrum is not None:
+        found["spectrum"] = {"shift_eV": float(values["spectrum"][0]), "stretch": float(values["spectrum"][1])}
+    return found
+
+
 def _reported(model, image: int, internal: torch.Tensor) -> dict[str, torch.Tensor]:
     """The reported quantities of one image as functions of the internal coordinates (for the sigmas)."""
     values = model.natural(internal)[image]
@@ -152,17 +168,11 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]],
     shots = []
     for image, fit_image in enumerate(result.images):
         values, sigma = natural[image], sigmas[image]
+        described = model_values_json(model, image, values)
+        spectrum = described.pop("spectrum", None)
         shots.append({
             "image": fit_image.name,
-            "A_matrix": model.a_matrix(image, values).tolist(),
-            "cell": model.cell(image, values).tolist(),
-            "N": values["N"].tolist(),
-            "scale": float(values["scale"][0]),
-            "mosaic_spread_deg": float(values["mosaic"][0]),
-            "wavelength_A": float(values["wavelength"][0]),
-            "distance_mm": float(values["distance"][0]),
-            "beam_x_mm": float(values["beam"][0]),
-            "beam_y_mm": float(values["beam"][1]),
+            **described,
             "pixels": result.boxes[image].count,
             "shoeboxes": len(result.boxes[image].centres),
             "flags": refined_flags(result, image, argv_per_image[image], panel_file),
@@ -170,14 +180,11 @@ def fit_json(result: FitResult, argv_per_image: Sequence[Sequence[str]],
                       "scale": sigma["scale"][0], "mosaic_spread_deg": sigma["mosaic_spread_deg"][0],
                       "wavelength_A": sigma["wavelength_A"][0]},
         })
-        if model.setups[image].config.beam.spectrum is not None:
-            shots[-1]["spectrum"] = {"shift_eV": float(values["spectrum"][0]), "stretch": float(values["spectrum"][1]),
-                                     "sigma": {"shift_eV": sigma["spectrum"][0], "stretch": sigma["spectrum"][1]}}
+        if spectrum is not None:
+            shots[-1]["spectrum"] = {**spectrum, "sigma": {"shift_eV": sigma["spectrum"][0],
+                                                           "stretch": sigma["spectrum"][1]}}
         if experiments is not None:
             shots[-1]["experiment"] = experiments[image]
-        if model.setups[image].panels is not None:
-            for key in ("distance_mm", "beam_x_mm", "beam_y_mm"):
-                del shots[-1][key]
     first, detector_values = sigmas[0], natural[0]
     shared = [name for name in model.shared if name in ("distance", "beam", "panels", "wavelength")]
     if model.setups[0].panels is None:

@@ -21,7 +21,7 @@ import torch.autograd.forward_ad as forward_ad
 from ..fit.likelihood import negative_log_likelihood
 from ..fit.model import DiffractionModel
 from ..fit.newton import fisher_weights
-from ..fit.output import model_flags
+from ..fit.output import model_flags, model_values_json
 from ..modes import Compile
 from ..resolve import Setup
 
@@ -142,17 +142,15 @@ class JointShots:
         return self.model.refined_setups()
 
     def documents(self, coordinates: torch.Tensor, argv: Sequence[Sequence[str]]) -> list[dict]:
-        """What each local shot's JSON says of its model at these coordinates (nbsim fit's keys: A matrix, cell,
-        N, mosaic spread, wavelength, flags with the shot's scale in its fluence)."""
+        """What each local shot's JSON says of its model at these coordinates (nbsim fit's keys,
+        `nbsim.fit.output.model_values_json`: A matrix, cell, N, scale, mosaic spread, wavelength, a single panel's
+        distance and beam centre, a spectrum's shift and stretch; flags with the shot's scale in its fluence)."""
         model = self.model
         with torch.no_grad():
             model.internal.copy_(self.local(coordinates))
             found = []
             for image in range(len(model.setups)):
                 values = {**model.image_natural(image), "scale": self.scales[image].reshape(1).cpu()}
-                found.append({"A_matrix": model.a_matrix(image, values).tolist(),
-                              "cell": model.cell(image, values).tolist(), "N": values["N"].tolist(),
-                              "mosaic_spread_deg": float(values["mosaic"][0]),
-                              "wavelength_A": float(values["wavelength"][0]),
+                found.append({**model_values_json(model, image, values),
                               "flags": model_flags(model, image, values, argv[image])})
         return found

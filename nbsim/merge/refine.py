@@ -844,7 +844,10 @@ class Merge:
             shot.values = shot_values(shot.start, setup, lattice)
             shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
                                                            lattice, setup.oversample), grid=grid)
+            spectrum = {**shot.document.get("spectrum", {}), **document.get("spectrum", {})}  # its sigma kept
             shot.document = {**shot.document, **document, "solved_jointly": True}
+            if spectrum:
+                shot.document["spectrum"] = spectrum
         self.design = None
 
     def rescale_shots(self, factors: torch.Tensor) -> None:
