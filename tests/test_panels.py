@@ -407,3 +407,21 @@ def test_a_panel_detector_writes_its_noise_image_and_counts_as_nxmx(tmp_path, mo
         clean = handle["entry/data/data"][0].reshape(2, 10, 8)
     np.testing.assert_array_equal(clean, np.where(inside, np.floor(np.clip(image.numpy().astype(np.float64), 0, None)
                                                                    + 0.5), 0))
+
+
+def test_a_panel_along_the_beam_is_read_out_and_left_unshaded(tmp_path, monkeypatch, capsys):
+    """A side module, its plane along the beam (the direct beam never meets it), gets a noise image as any other
+    panel (it was a ZeroDivisionError where its direct beam was placed), and the beam stop shades nothing on it."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    side = {**GOOD, "name": "side", "sdet": [1, 0, 0], "pix0_mm": [10, 20, -0.4]}
+    assert main(CRYSTAL + ["-panelfile", _write(tmp_path, [GOOD, side]), "-seed", "3", "-compile", "off",
+                           "-beamstop", "0.2", "-nxmxfile", "counts.h5"]) == 0
+    capsys.readouterr()
+    with h5py.File("counts.h5") as handle:
+        assert handle["entry/data/data"][0].size == 2 * 8 * 8
+    layout = PixelLayout(0.1, panels=(PanelLayout(2, 2, 0.1, (math.inf, math.inf)),))
+    read = detector_image(torch.full((1, 2, 2), 50.0, dtype=torch.float64),
+                          DetectorResponseConfig(noise_seed=1, poisson=False, beamstop_radius_mm=1.0), layout)
+    assert bool((read.photons == 50.0).all())

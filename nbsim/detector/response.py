@@ -35,7 +35,8 @@ STREAM_POISSON, STREAM_FLICKER, STREAM_READOUT, STREAM_CALIBRATION, STREAM_DEFEC
 @dataclass(frozen=True)
 class PanelLayout:
     """One panel of a multi-panel detector: its pixels (the image pads smaller panels to the largest), pixel
-    size and where the direct beam meets its plane (fast, slow pixels from the corner of its first pixel)."""
+    size and where the direct beam meets its plane (fast, slow pixels from the corner of its first pixel; infinite
+    where it never does: the beam stop shades nothing there)."""
 
     pixels_slow: int
     pixels_fast: int
@@ -63,8 +64,12 @@ class PixelLayout:
 
 
 def direct_beam_px(geometry: DetectorGeometry) -> tuple[float, float]:
-    """Where the direct beam meets the detector plane: (fast, slow) pixels from the first pixel's corner."""
-    along_beam_m = float(geometry.close_distance_m) / float(torch.dot(geometry.beam, geometry.odet))
+    """Where the direct beam meets the detector plane: (fast, slow) pixels from the first pixel's corner; infinite
+    for a plane it never meets (along the beam or facing it from behind the sample: a side module's)."""
+    cosine = float(torch.dot(geometry.beam, geometry.odet))
+    if cosine <= 0.0:
+        return (math.inf, math.inf)
+    along_beam_m = float(geometry.close_distance_m) / cosine
     hit_m = (along_beam_m * geometry.beam - geometry.pix0_m).detach()
     return (float(torch.dot(geometry.fdet, hit_m)) / geometry.pixel_size_m,
             float(torch.dot(geometry.sdet, hit_m)) / geometry.pixel_size_m)
@@ -168,7 +173,7 @@ def _read_out(photons: torch.Tensor, response: DetectorResponseConfig, layout: P
     if response.beamstop_radius_mm > 0.0:
 
         def shaded(panel: torch.Tensor, pixel_size_mm: float, beam_center_px: tuple[float, float]) -> torch.Tensor:
-            if not all(math.isfinite(value) for value in beam_center_px):
+            if any(math.isnan(value) for value in beam_center_px):  # infinite: a panel the beam misses, unshaded
                 raise NbsimError("beamstop_radius_mm needs the direct beam's position (PixelLayout.beam_center_px)")
             shadow = effects.beamstop_shadow(tuple(panel.shape), pixel_size_mm, beam_center_px,
                                              response.beamstop_radius_mm, device)
