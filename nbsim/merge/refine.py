@@ -321,7 +321,7 @@ class FVariables:
     free: torch.Tensor
     scale: torch.Tensor
     shot_scale: torch.Tensor
-    scales: int
+    scale_count: int
     """How many shots' log scales are variables (every shot's, or none where the scale is not refined)."""
     log_floor: float
     start_log_F: torch.Tensor
@@ -343,20 +343,20 @@ class FVariables:
         """The shots' log-scale changes at a point: their mean taken out (the likelihood sees only each shot's
         scale·|F|², so one factor on every scale and its inverse on every |F|² change nothing: without this the
         optimiser wanders along that direction). None where the scales are not refined."""
-        if not self.scales:
+        if not self.scale_count:
             return None
-        changes = point[self.count:self.count + self.scales] / self.shot_scale
+        changes = point[self.count:self.count + self.scale_count] / self.shot_scale
         return changes - changes.mean()
 
     def gradient(self, log_F_gradient: torch.Tensor, scale_gradient: torch.Tensor) -> torch.Tensor:
         """The objective's gradient in these variables from its gradients in every log|F| and each shot's log-scale
         change."""
-        by_scale = ((scale_gradient - scale_gradient.mean()) / self.shot_scale)[:self.scales]
+        by_scale = ((scale_gradient - scale_gradient.mean()) / self.shot_scale)[:self.scale_count]
         return torch.cat([log_F_gradient[self.free] / self.scale, by_scale])
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """The variables' bounds: no |F| or scale moves by more than STEP_FACTOR_LIMIT, and no |F| below the floor."""
-        reach = math.log(STEP_FACTOR_LIMIT) * torch.cat([self.scale, self.shot_scale[:self.scales]])
+        reach = math.log(STEP_FACTOR_LIMIT) * torch.cat([self.scale, self.shot_scale[:self.scale_count]])
         lowest = -reach
         lowest[:self.count] = torch.maximum(-reach[:self.count],
                                             (self.log_floor - self.origin[self.free]).clamp(max=0.0) * self.scale)
@@ -704,7 +704,7 @@ class Merge:
             value, gradient = self.with_penalty(nll, gradient, log_F)
             return value, variables.gradient(gradient, scale_gradient).numpy()
 
-        outcome = self.minimise(value_and_gradient, variables.count + variables.scales, *variables.bounds())
+        outcome = self.minimise(value_and_gradient, variables.count + variables.scale_count, *variables.bounds())
         return self.close_F_step(variables, outcome)
 
     def open_F_step(self) -> FVariables:
@@ -726,7 +726,7 @@ class Merge:
         return FVariables(origin=self.log_F.clone(), free=free,
                           scale=torch.sqrt(torch.where(known, curvature, torch.full_like(curvature, typical))),
                           shot_scale=torch.sqrt(self.scale_information().clamp(min=1.0)),
-                          scales=self.shot_count if "scale" in self.options.shots.refine else 0,
+                          scale_count=self.shot_count if "scale" in self.options.shots.refine else 0,
                           log_floor=self.model.log_floor, start_log_F=start_log_F, start_objective=start_objective,
                           em_steps=em_steps)
 
@@ -770,7 +770,7 @@ class Merge:
             self.log_F = variables.log_F_at(vector)
             if keep is not None:
                 keep(vector)
-            if variables.scales:
+            if variables.scale_count:
                 self.rescale_shots(torch.exp(variables.scale_changes(vector))[self.rank::self.size])
         self.measured = self.measured_parameters()
         return {"objective_before_F": variables.start_objective,
@@ -792,8 +792,8 @@ class Merge:
         with torch.no_grad():
             table = self.table(variables.origin)
         information = all_sum(shots.information(table), self.device)
-        shot_scale = torch.sqrt(information.clamp(min=1.0))
-        count = variables.count + variables.scales
+        coordinate_scale = torch.sqrt(information.clamp(min=1.0))
+        count = variables.count + variables.scale_count
 
         def value_and_gradient(point: np.ndarray) -> tuple[float, np.ndarray]:
             vector = torch.as_tensor(point)
@@ -803,14 +803,14 @@ class Merge:
             with torch.enable_grad():
                 table = self.table(log_F)
             nll, by_table, by_scale, by_shot = shots.likelihood(table, changes[self.rank::self.size],
-                                                                vector[count:] / shot_scale)
+                                                                vector[count:] / coordinate_scale)
             by_log_F = torch.autograd.grad(table, log_F, grad_outputs=by_table)[0].cpu()
             summed = all_sum(torch.cat([torch.tensor([nll], dtype=torch.float64), by_log_F,
                                         self._global(by_scale), by_shot]), self.device)
             size = self.model.size
             value, gradient = self.with_penalty(float(summed[0]), summed[1:1 + size], log_F.detach())
             by_scales, by_shots = summed[1 + size:1 + size + self.shot_count], summed[1 + size + self.shot_count:]
-            return value, torch.cat([variables.gradient(gradient, by_scales), by_shots / shot_scale]).numpy()
+            return value, torch.cat([variables.gradient(gradient, by_scales), by_shots / coordinate_scale]).numpy()
 
         lowest, highest = variables.bounds()
         reach = np.full(shots.size, JOINT_REACH_SIGMAS)
@@ -818,7 +818,7 @@ class Merge:
                                 np.concatenate([highest, reach]))
 
         def keep(vector: torch.Tensor) -> None:
-            coordinates = vector[count:] / shot_scale
+            coordinates = vector[count:] / coordinate_scale
             self.take_joint_shots(shots, coordinates)
 
         record = self.close_F_step(variables, outcome, keep)
