@@ -325,6 +325,17 @@ def implausible_model(shot: dict, start_cell: tuple[float, ...]) -> list[str]:
     return doubts
 
 
+def unmodelled_spread(configs: list) -> str | None:
+    """The warning for a model whose flags give a point spread (`-psf`, a `-detector_model`'s), which the fit
+    does not render; None without one."""
+    spread = sorted({(config.response.psf, config.response.psf_fwhm_um) for config in configs} - {("none", 0.0)})
+    if not spread:
+        return None
+    shape, fwhm_um = spread[0]
+    return (f"the model's point spread (-psf {shape} -psf_fwhm {fwhm_um:g}) is not modelled: the fit renders sharp "
+            "pixels, so spots the spread widened bias the refined model (docs/fitting.md)")
+
+
 def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per_image: list[list[str]],
          model_flags: list[str], experiments: list, spots: list, groups) -> int:
     import torch
@@ -344,6 +355,9 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
         for line in setup.warnings:
             print(f"nbsim: warning: {line}", file=sys.stderr)
         fit_images.append(dataclasses.replace(read_fit_image(name, setup, adc), spots=given_spots))
+    unmodelled = unmodelled_spread(configs)
+    if unmodelled:
+        print(f"nbsim: warning: {unmodelled}", file=sys.stderr)
     readout_photons = configs[0].response.readout_noise_adu / (configs[0].response.gain_adu_per_photon or 1.0)
     fit_options = FitOptions(
         refine=tuple(options.refine), shared=tuple(options.shared), lattice=options.lattice,

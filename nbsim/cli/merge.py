@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import InputFileError, NbsimError
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import parse
-from .fit import _flag_overrides, _names, _restraint, _starts
+from .fit import _flag_overrides, _names, _restraint, _starts, unmodelled_spread
 from .options import CommandParser, split_model_flags
 
 DESCRIPTION = __doc__.split("\n\n")[0]
@@ -225,6 +225,9 @@ def main(argv: list[str]) -> int:
     if options.truth is not None:
         read_reflection_file(options.truth, options.truth_column)
     mean_cell = tuple(float(sum(values) / len(values)) for values in zip(*cells, strict=True))
+    unmodelled = unmodelled_spread(configs)
+    if unmodelled:
+        print(f"nbsim: warning: {unmodelled}", file=sys.stderr)
     return _run(options, shots, argv_per_shot, mean_cell, group.hm, configs[0], refine)
 
 
