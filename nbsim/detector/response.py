@@ -64,10 +64,10 @@ class PixelLayout:
 
 
 def direct_beam_px(geometry: DetectorGeometry) -> tuple[float, float]:
-    """Where the direct beam meets the detector plane: (fast, slow) pixels from the first pixel's corner; infinite
-    for a plane it never meets (along the beam or facing it from behind the sample: a side module's)."""
+    """Where the direct beam's line meets the detector plane: (fast, slow) pixels from the first pixel's corner;
+    infinite for a plane along the beam, which it never meets (a side module's)."""
     cosine = float(torch.dot(geometry.beam, geometry.odet))
-    if cosine <= 0.0:
+    if cosine == 0.0:
         return (math.inf, math.inf)
     along_beam_m = float(geometry.close_distance_m) / cosine
     hit_m = (along_beam_m * geometry.beam - geometry.pix0_m).detach()
