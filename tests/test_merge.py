@@ -651,3 +651,15 @@ def test_a_joint_solves_shot_json_says_what_its_flags_say(tmp_path):
     assert (spectrum["shift_eV"], spectrum["stretch"]) == pytest.approx(
         (flag("-spectrum_shift"), flag("-spectrum_stretch")), rel=1e-9)
     assert spectrum["shift_eV"] != 0.0 and document["scale"] == 2.0
+
+
+def test_a_joint_solve_with_a_worker_without_shots_is_refused_as_it_starts(monkeypatch):
+    """Every worker of a joint solve renders shots of its own: more workers than shots is one line as the merge
+    starts, before anything is read (not after the scale-only cycles)."""
+    monkeypatch.setattr(merge_refine, "rank_and_size", lambda: (0, 3))
+    options = MergeOptions(shots=FitOptions(refine=("orientation", "scale")), cycles=2, solve="joint")
+    job = MergeJob(shots=(("a.bin", ()), ("b.bin", ())), hkl="absent.hkl", column=None, space_group=GROUP,
+                   cell_A_deg=CELL, default_F=0.0, anomalous=False, options=options)
+    with pytest.raises(nbsim.NbsimError, match=r"^the joint solve needs a shot on every worker: 3 workers for 2 "
+                                                r"shots$"):
+        Merge(job)
