@@ -93,6 +93,15 @@ def test_the_cell_has_the_free_parameters_of_its_lattice(cell, system, free):
 def test_an_unknown_lattice_system_is_an_error():
     with pytest.raises(nbsim.NbsimError, match="unknown lattice system"):
         lattice_system((50, 60, 70, 90, 90, 90), "cubicc")
+    # A named system is checked against the cell (it was taken as given: b jumped to a, and the fit failed).
+    with pytest.raises(nbsim.NbsimError, match="^the starting cell 50 60 70 90 90 90 is not tetragonal: its b is not"):
+        lattice_system((50, 60, 70, 90, 90, 90), "tetragonal")
+    with pytest.raises(nbsim.NbsimError, match="is not hexagonal: its gamma is not 120"):
+        lattice_system((50, 50, 70, 90, 90, 90), "hexagonal")
+    with pytest.raises(nbsim.NbsimError, match="is not monoclinic: its alpha is not 90"):
+        lattice_system((50, 60, 70, 80, 100, 90), "monoclinic")
+    assert lattice_system((50, 50, 50, 90, 90, 90), "orthorhombic").name == "orthorhombic"  # a lower system
+    assert lattice_system((50, 50, 50, 80, 80, 80), "rhombohedral").name == "rhombohedral"
     assert set(LATTICE_SYSTEMS) >= {"cubic", "triclinic"}
 
 

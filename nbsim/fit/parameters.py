@@ -21,6 +21,7 @@ from ..model.crystal import reciprocal_from_cell
 PANEL_STEP = 1e-3
 """The panels' typical step: a micrometre of a group's shift (mm), a thousandth of a degree of its rotation."""
 
+CELL_NAMES = ("a", "b", "c", "alpha", "beta", "gamma")
 ANGLE_TOLERANCE_DEG = 1e-3
 LENGTH_TOLERANCE = 1e-4
 
@@ -60,7 +61,16 @@ def lattice_system(cell: tuple[float, ...], name: str | None = None) -> LatticeS
     if name is not None:
         if name not in LATTICE_SYSTEMS:
             raise NbsimError(f"unknown lattice system {name!r}: choose from {', '.join(LATTICE_SYSTEMS)}")
-        return LATTICE_SYSTEMS[name]
+        system = LATTICE_SYSTEMS[name]
+        for position, index in enumerate(system.tied):
+            fixed = 120.0 if (name, position) == ("hexagonal", 5) else 90.0
+            target = fixed if index < 0 else cell[index]
+            if not (same(cell[position], target) if position < 3 else right(cell[position], target)):
+                wanted = f"{fixed:g}" if index < 0 else CELL_NAMES[index]
+                raise NbsimError(f"the starting cell {' '.join(f'{v:g}' for v in cell)} is not {name}: its "
+                                 f"{CELL_NAMES[position]} is not {wanted} (--lattice names the cell's own system "
+                                 "or a lower one)")
+        return system
     if right(alpha) and right(beta) and right(gamma):
         if same(a, b) and same(b, c):
             return LATTICE_SYSTEMS["cubic"]
