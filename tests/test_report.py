@@ -173,3 +173,21 @@ def test_plotted_values_carry_their_range_over_the_repeats():
     assert label.endswith("(bars: the range over the repeats)")
     [(label, *_, repeats_low, repeats_high)] = _series([_row(64, "float32", 1.0, speedup=1.0)], "size", "speedup")
     assert math.isnan(repeats_low[0]) and math.isnan(repeats_high[0]) and "bars" not in label
+
+
+def test_a_merge_report_says_how_many_reflections_each_cycles_cc_compares(tmp_path):
+    """The start's CC is over every reflection, a cycle's over those measured then (nbsim merge's small crystal:
+    0.569 over 1,031 at the start, 0.611 over the 178 measured at the end): the page and the progress line say
+    how many, so that cycle 0 is not read as the same reflections' CC."""
+    from nbsim.cli.merge import _progress_line
+    from nbsim.merge.report import write_report
+
+    cycles = [{"cycle": 0, "cc": 0.5694, "cc_reflections": 1031, "cc_by_shell": [0.62, 0.55]},
+              {"cycle": 1, "cc": 0.8411, "cc_reflections": 178, "cc_by_shell": [0.92, 0.70],
+               "shell_d_min_A": [4.0, 3.2]}]
+    write_report(tmp_path / "report.html", cycles, "merge")
+    page = (tmp_path / "report.html").read_text()
+    assert "<th>cycle</th><th>reflections</th><th>all</th>" in page
+    assert "<tr><td>0</td><td>1031</td><td>0.5694</td>" in page and "<tr><td>1</td><td>178</td>" in page
+    assert "Cycle 0 is the start, over every reflection" in page
+    assert _progress_line(cycles[0]).startswith("cycle 0  CC 0.5694 over 1031 reflections  by shell")

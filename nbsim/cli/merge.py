@@ -285,7 +285,8 @@ def _progress_line(record: dict) -> str:
         parts.append(f"{record['reindexed_shots']} shots reindexed")
     if "cc" in record:
         shells = " ".join(f"{value:.3f}" for value in record["cc_by_shell"])
-        parts.append(f"CC {record['cc']:.4f}  by shell (low to high) {shells}")
+        over = f" over {record['cc_reflections']} reflections" if "cc_reflections" in record else ""
+        parts.append(f"CC {record['cc']:.4f}{over}  by shell (low to high) {shells}")
     if "cc_anomalous" in record:
         parts.append(f"CCano {record['cc_anomalous']:.4f}")
     if "seconds" in record:

@@ -899,13 +899,15 @@ class Merge:
 
     def scores(self) -> dict:
         """CC(|F|, truth) overall and by reported shell (`report_shells`), and CCano (of |F(+)| − |F(−)|) overall
-        and by shell with `anomalous`, over the measured parameters."""
+        and by shell with `anomalous`, over the measured parameters (every one before cycle 1), and how many
+        reflections the overall CC compares (`cc_reflections`: the start's and a cycle's differ)."""
         if self.truth is None:
             return {}
         values = np.where(self.measured, torch.exp(self.log_F).numpy(), np.nan)
         count = self.options.shells
         shell = self.report_shells()
         record = {"cc": correlation(values, self.truth),
+                  "cc_reflections": int((np.isfinite(values) & np.isfinite(self.truth)).sum()),
                   "cc_by_shell": [correlation(values[shell == s], self.truth[shell == s]) for s in range(count)]}
         if self.reflections.anomalous:
             plus, _ = self.reflections.friedel_pairs()

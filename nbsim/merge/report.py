@@ -74,16 +74,21 @@ def write_report(path: str | Path, cycles: list[dict], title: str) -> Path:
     tables = []
     for name, overall, by_shell in _panels(cycles):
         head = "".join(f"<th>{html.escape(label)}</th>" for label in labels)
+        counted = overall == "cc"  # the reflections CC(|F|) compares; CCano's pairs are fewer
         rows = "".join(
-            f"<tr><td>{record['cycle']}</td><td>{_cell(record.get(overall))}</td>"
+            f"<tr><td>{record['cycle']}</td>" + (f"<td>{record.get('cc_reflections', '–')}</td>" if counted else "")
+            + f"<td>{_cell(record.get(overall))}</td>"
             + "".join(f"<td>{_cell(value)}</td>" for value in record.get(by_shell, []))
             + "</tr>" for record in cycles if by_shell in record)
-        tables.append(f"<h2>{html.escape(name)}</h2><table><tr><th>cycle</th><th>all</th>{head}</tr>{rows}</table>")
+        tables.append(f"<h2>{html.escape(name)}</h2><table><tr><th>cycle</th>"
+                      f"{'<th>reflections</th>' if counted else ''}<th>all</th>{head}</tr>{rows}</table>")
     content = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
                "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
                "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
-               f"<h1>{html.escape(title)}</h1><p>Cycle 0 is the start; shells run from low to high resolution "
-               "(each named by its high-resolution limit), over the reflections some pixel measures.</p>"
+               f"<h1>{html.escape(title)}</h1><p>Cycle 0 is the start, over every reflection (none is measured "
+               "before cycle 1); each cycle after it is over the reflections some pixel measures then (their count: "
+               "the reflections column). Shells run from low to high resolution (each named by its "
+               "high-resolution limit).</p>"
                f"<img alt='correlations by shell against the cycle' src='data:image/png;base64,{picture}'>"
                f"{''.join(tables)}</body></html>\n")
     atomic_write_text(page, content)
