@@ -413,9 +413,10 @@ def test_the_model_and_its_gradient_on_cuda_are_the_cpus():
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-7, atol=1e-9)
 
 
-def test_starts_give_each_image_its_own_start(tmp_path):
+def test_starts_give_each_image_its_own_start(tmp_path, capsys):
     """--starts FILE: per-image starting flags override the shared ones (each shot starts, and ends, at its
-    own orientation); an entry for an image not given is one line."""
+    own orientation, which its summary line gives as the refined flags' -misset); an entry for an image not
+    given is one line."""
     truths = {"a.img": "10 20 30", "b.img": "40 10 70"}
     for name, misset in truths.items():
         assert _nbsim_here(*small_still(64, misset), "-seed", "5", "-noisefile", name, "-nopgm", cwd=tmp_path) == 0
@@ -425,9 +426,13 @@ def test_starts_give_each_image_its_own_start(tmp_path):
                        "--search-deg", "0", "--json", "fit.json", "--", *small_still(64), cwd=tmp_path) in (0, 3)
     shots = json.loads((tmp_path / "fit.json").read_text())["shots"]
     assert [shot["image"] for shot in shots] == ["a.img", "b.img"]
+    summary = capsys.readouterr().out.splitlines()
     for shot, misset in zip(shots, truths.values(), strict=True):
         own = resolve(nbsim.config_from_args(small_still(64, misset))).lattice.reciprocal_per_A
         assert misorientation_deg(torch.tensor(shot["A_matrix"]), own) < 0.1
+        refined = shot["flags"][shot["flags"].index("-misset") + 1:][:3]
+        [line] = [line for line in summary if line.startswith(f"{shot['image']}: cell ")]
+        assert f"  misset {' '.join(f'{float(v):.4f}' for v in refined)}  N " in line
     (tmp_path / "bad.json").write_text(json.dumps({"images": {"c.img": {"N": 3}}}))
     bad = _run("fit", "a.img", "--starts", "bad.json", "--", *small_still(64), cwd=tmp_path)
     assert bad.returncode == 2 and "c.img" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -407,10 +407,12 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
                   "orientation and cell; docs/fitting.md)", file=sys.stderr)
     for shot in document["shots"]:
         cell = " ".join(f"{v:.4f}" for v in shot["cell"])
+        at = shot["flags"].index("-misset")  # the refined orientation, as the refined flags give it
+        misset = " ".join(f"{float(v):.4f}" for v in shot["flags"][at + 1:at + 4])
         n_cells = " ".join(f"{v:.2f}" for v in shot["N"])
         spectrum = (f"  spectrum shift {shot['spectrum']['shift_eV']:+.3f} eV stretch {shot['spectrum']['stretch']:.5f}"
                     if "spectrum" in shot else "")
-        print(f"{shot['image']}: cell {cell}  N {n_cells}  scale {shot['scale']:.5g}{spectrum}  "
+        print(f"{shot['image']}: cell {cell}  misset {misset}  N {n_cells}  scale {shot['scale']:.5g}{spectrum}  "
               f"({shot['pixels']} pixels in {shot['shoeboxes']} shoeboxes)")
     detector = document["detector"]
     if "distance_mm" in detector:
