@@ -138,6 +138,8 @@ FAST_ANSWERS = {
     "non-physical value": (GOOD + ["-lambda", "0"], 2, "-lambda must be positive"),
     "missing file": (GOOD + ["-hkl", "absent.hkl"], 2, "absent.hkl: no such file"),
     "impossible cell": (["-cell", "100", "100", "100", "120", "120", "120"] + REST, 2, "zero volume"),
+    "miniCBF of a tilted detector": (GOOD + ["-twotheta", "10", "-cbffile", "x.cbf"], 2,
+                                     "-cbffile: a miniCBF can only describe a detector square to the beam"),
 }
 
 

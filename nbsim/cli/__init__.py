@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 
-from ..config import SimulationConfig
+from ..config import DetectorConfig, SimulationConfig, scalar_value
 from ..errors import NbsimError
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import RunOptions, parse
@@ -127,4 +127,16 @@ def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
         if path is not None:
             require_file(path)
+    if run.cbffile:
+        refuse_tilted_mini_cbf(config.detector)
     return config, run
+
+
+def refuse_tilted_mini_cbf(detector: DetectorConfig) -> None:
+    """A miniCBF describes a detector square to the beam with its convention's axes (its Detector_distance
+    and Beam_xy; dxtbx builds it so): one turned by -twotheta or -detector_rot*, or given custom vectors,
+    is refused with the arguments, before anything is printed or rendered, with the format that can hold it."""
+    turned = [scalar_value(angle) for angle in (detector.twotheta_deg, *detector.rotation_deg)]
+    if any(angle != 0.0 for angle in turned) or detector.convention == "custom":
+        raise NbsimError("-cbffile: a miniCBF can only describe a detector square to the beam, and this one is "
+                         "tilted (-twotheta, -detector_rot* or custom vectors); write -nxmxfile instead")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import INT32_MAX_COUNT, DetectorConfig, PanelConfig, scalar_value, shifted_spectrum
+from ..config import INT32_MAX_COUNT, PanelConfig, shifted_spectrum
 from ..detector import direct_beam_px
 from ..detector.response import OVERLOAD_ADU
 from ..errors import NbsimError
@@ -193,16 +193,6 @@ def smv_fields(geometry: DetectorGeometry, setup: Setup, wavelength_A: float) ->
 def _plain(vector: torch.Tensor) -> tuple[float, float, float]:
     x, y, z = (float(v) for v in vector.detach().reshape(3))
     return x, y, z
-
-
-def refuse_tilted_mini_cbf(detector: DetectorConfig) -> None:
-    """A miniCBF describes a detector square to the beam with its convention's axes (its Detector_distance
-    and Beam_xy; dxtbx builds it so): one turned by -twotheta or -detector_rot*, or given custom vectors,
-    is refused, before rendering, with the format that can hold it."""
-    turned = [scalar_value(angle) for angle in (detector.twotheta_deg, *detector.rotation_deg)]
-    if any(angle != 0.0 for angle in turned) or detector.convention == "custom":
-        raise NbsimError("-cbffile: a miniCBF can only describe a detector square to the beam, and this one is "
-                         "tilted (-twotheta, -detector_rot* or custom vectors); write -nxmxfile instead")
 
 
 def experiment_record(setup: Setup, noise_seed: int | None, saturation_counts: int = INT32_MAX_COUNT,

@@ -33,7 +33,6 @@ from .products import (
     panel_images,
     panel_statistics,
     pgm_image,
-    refuse_tilted_mini_cbf,
     smv_fields,
     stacked_panels,
     statistics,
@@ -50,8 +49,6 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"WARNING: {line}")
     for line in describe(setup):
         print(line)
-    if run.cbffile:
-        refuse_tilted_mini_cbf(config.detector)
     if run.noise and config.response.poisson and config.response.generator == "nanobragg":
         load_compiled_noise()
     if run.compile is not Compile.OFF:
