@@ -234,6 +234,20 @@ def test_single_panel_flags_and_files_are_refused_with_a_panel_file(flag, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]
 
 
+@pytest.mark.parametrize("flag", [["-noisefile", "noise.img"], ["-noiseimage", "noise.SMV"],
+                                  ["-nxmxfile", "frame.cbf"]])
+def test_an_nxmx_file_named_as_smv_or_cbf_is_refused_before_rendering(flag, tmp_path, monkeypatch, capsys):
+    """A multi-panel -noisefile (and -nxmxfile) is NXmx: a name whose suffix says SMV or miniCBF is refused as
+    the arguments are parsed, naming the suffixes to use."""
+    monkeypatch.chdir(tmp_path)
+    assert main(CRYSTAL + ["-panelfile", _write(tmp_path, [GOOD]), *flag]) == 2
+    captured = capsys.readouterr()
+    shown = "-noisefile" if flag[0] == "-noiseimage" else flag[0]
+    assert captured.err.startswith(f"nbsim: error: {shown} {flag[1]}: the file is NXmx (HDF5)")
+    assert ".h5, .nxs" in captured.err and captured.err.count("\n") == 1 and captured.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["panels.yaml"]
+
+
 def test_a_panel_detector_draws_noise_only_for_a_file_that_holds_it(tmp_path):
     """With -panelfile the noise image is drawn (rendering in float64, as nanoBragg's noise asks) for -nxmxfile or a
     named -noisefile, not for -floatfile alone (nanoBragg's default noise file is SMV, one panel): detector flags

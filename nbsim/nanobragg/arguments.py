@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -119,6 +120,10 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
         state.intfile = None
         if not any(flag in argv for flag in ("-noisefile", "-noiseimage")):
             state.noisefile = None  # not nanoBragg's default SMV name: a multi-panel noise image is NXmx, when named
+        elif state.noisefile is not None:
+            _check_nxmx_name("-noisefile", state.noisefile)
+    if "-nxmxfile" in nbsim_options:
+        _check_nxmx_name("-nxmxfile", nbsim_options["-nxmxfile"])
     config = config.with_options(spectrum_shift_eV=float(nbsim_options.get("-spectrum_shift", 0.0)),
                                  spectrum_stretch=float(nbsim_options.get("-spectrum_stretch", 1.0)))
     if "-spectrumfile" in nbsim_options:
@@ -264,6 +269,21 @@ def _check_panel_flags(argv: list[str]) -> None:
             raise NbsimError(f"{flag} writes one panel; a multi-panel detector (-panelfile) is written by "
                              "-nxmxfile and -noisefile (NXmx, one module per panel) or -floatfile (the panels "
                              "stacked)")
+
+
+NXMX_SUFFIXES = (".h5", ".nxs", ".hdf5", ".nx5")
+"""The suffixes an NXmx (HDF5) file usually carries, named where a file's suffix says another format."""
+OTHER_FORMAT_SUFFIXES = (".img", ".smv", ".cbf")
+"""Suffixes of the SMV and miniCBF files: an NXmx file under one of them would be read as the wrong format."""
+
+
+def _check_nxmx_name(flag: str, path: str) -> None:
+    """Refuse an NXmx file (-nxmxfile, a multi-panel -noisefile) named as an SMV or miniCBF file: a user reads a
+    file's format from its suffix."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in OTHER_FORMAT_SUFFIXES:
+        raise NbsimError(f"{flag} {path}: the file is NXmx (HDF5){' with -panelfile' if flag == '-noisefile' else ''}"
+                         f", not the format {suffix} names; end its name in {', '.join(NXMX_SUFFIXES)}")
 
 
 def _response(argv: list[str], options: dict[str, str], adc: float, seed: int | None) -> DetectorResponseConfig:
