@@ -183,7 +183,8 @@ def test_good_input_writes_every_default_file(tmp_path, monkeypatch, capsys):
     assert main(GOOD + ["-seed", "5"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["floatimage.bin", "image.pgm", "intimage.img",
                                                            "noiseimage.img"]
-    assert "max_I =" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "max_I =" in out and "intfile_scale = " in out  # printed before the -intfile, as nanoBragg does
 
 
 def test_output_cut_short_ends_quietly():

@@ -176,7 +176,8 @@ def test_export_writes_a_rotation_series_as_nxmx_and_numbered_cbfs(tmp_path, cap
     images, config = _rotation_sweep(tmp_path, phis)
     assert main(["export", str(tmp_path / "sweep.zarr"), "--nxmx", str(tmp_path / "series.nxs"),
                  "--cbf", str(tmp_path / "frame")]) == 0
-    assert "10 frames" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "10 frames" in out and f"intfile_scale = {55000.0 / float(images.max()):g}" in out
     setup = resolve(config)
     expected = [integer_image(image, setup, 55000.0 / float(images.max()), 0.0, 2**31 - 1) for image in images]
     with h5py.File(tmp_path / "series.nxs") as handle:
@@ -336,7 +337,8 @@ def test_export_writes_noise_frames_each_with_its_seed_in_its_header(tmp_path, c
     images, config = _rotation_sweep(tmp_path, phis)
     assert main(["export", str(tmp_path / "sweep.zarr"), "--noise-cbf", str(tmp_path / "noisy"),
                  "--noise-nxmx", str(tmp_path / "noisy.nxs"), "--seed", "500", "--saturation", "12"]) == 0
-    assert "seeds 500 .. 502" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "seeds 500 .. 502" in out and "intfile_scale" not in out  # no frame of -intfile counts is written
     setup = resolve(config)
     with h5py.File(tmp_path / "noisy.nxs") as handle:
         frames = handle["entry/data/data"][()]

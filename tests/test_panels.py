@@ -397,6 +397,7 @@ def test_a_panel_detector_writes_its_noise_image_and_counts_as_nxmx(tmp_path, mo
     assert main([*argv, "-noisefile", "noise.h5", "-nxmxfile", "counts.h5"]) == 0
     out = capsys.readouterr().out
     assert "kernel: eager (float64 on cpu)" in out and "writing noise.h5 as NXmx (HDF5) of 16-bit ADU (2 panels)" in out
+    assert "intfile_scale" not in out  # no file of the -intfile scale is written
     config, _ = parse(argv)
     setup = resolve(config)
     image = Renderer(setup, dtype=torch.float64, compile="off")().to(torch.float32)
@@ -417,6 +418,7 @@ def test_a_panel_detector_writes_its_noise_image_and_counts_as_nxmx(tmp_path, mo
     assert (frames["noise.h5 saturation"], frames["counts.h5 saturation"]) == (65535, 2147483647)
     assert frames["counts.h5"].max() > 20 and not frames["counts.h5"][~inside].any()
     assert main([*argv, "-nonoise", "-nxmxfile", "clean.h5", "-scale", "1"]) == 0
+    assert "intfile_scale = 1\n" in capsys.readouterr().out
     with h5py.File("clean.h5") as handle:
         clean = handle["entry/data/data"][0].reshape(2, 10, 8)
     np.testing.assert_array_equal(clean, np.where(inside, np.floor(np.clip(image.numpy().astype(np.float64), 0, None)

@@ -175,8 +175,9 @@ def export_series(store: Path, size: int | None, files: SeriesFiles, options: Co
         return detector_image(torch.from_numpy(photons(frame)), response, layout_of(setup),
                               saturation_adu=options.saturation).adu.numpy()
 
+    noise_free = files.nxmx is not None or files.cbf_prefix is not None
     print(f"exporting {frames} frames of {images.shape[-1]}x{images.shape[-2]} pixels, omega "
-          f"{omega_deg[0]:g} to {omega_deg[-1]:g} deg, intfile_scale = {scale:g}")
+          f"{omega_deg[0]:g} to {omega_deg[-1]:g} deg" + (f", intfile_scale = {scale:g}" if noise_free else ""))
     noise_seeds = f"noise seed of frame k: {first_seed} + k - 1"
     if files.noise_nxmx is not None or files.noise_cbf_prefix is not None:
         print(f"noise frames drawn with seeds {first_seed} .. {first_seed + frames - 1} ({noise_seeds})")

@@ -27,6 +27,7 @@ from ..render import Renderer
 from ..resolve import Setup, resolve
 from ..vectors import DEGREES_PER_RADIAN
 from .products import (
+    ImageStatistics,
     experiment_record,
     integer_image,
     panel_counts,
@@ -76,8 +77,7 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         write_float_image(run.floatfile, image)
     print(f"max_I = {stats.max_I:g}  at {stats.max_position_m[0]:g} {stats.max_position_m[1]:g}")
     print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
-    scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
-    print(f"intfile_scale = {scale:g}")
+    scale = _intfile_scale(run, stats)
     if run.intfile:
         print(f"writing {run.intfile} as 2-byte integers")
         write_smv(run.intfile, integer_image(image, setup, scale, run.adc), fields)
@@ -116,8 +116,7 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
     print(f"max_I = {stats.max_I:g}  at {stats.max_position_m[0]:g} {stats.max_position_m[1]:g} "
           f"on panel {setup.config.detector.panels[brightest].name}")
     print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
-    scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
-    print(f"intfile_scale = {scale:g}")
+    scale = _intfile_scale(run, stats)
     response = dataclasses.replace(setup.config.response, noise_seed=run.seed)
     if run.noisefile:
         detected = detector_image(torch.from_numpy(image), response, layout_of(setup))
@@ -133,6 +132,16 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
     return 0
+
+
+def _intfile_scale(run: RunOptions, stats: ImageStatistics) -> float:
+    """-scale, else nanoBragg's 55000 / max_I (1 for an empty image); printed, as nanoBragg prints it before
+    writing the -intfile, only where an image of this scale is written: the -intfile, or the counts of -cbffile
+    and -nxmxfile under -nonoise."""
+    scale = run.intfile_scale if run.intfile_scale > 0 else (55000.0 / stats.max_I if stats.max_I > 0 else 1.0)
+    if run.intfile or (run.wants_counts and not run.noise):
+        print(f"intfile_scale = {scale:g}")
+    return scale
 
 
 def _processing_counts(image: np.ndarray, setup: Setup, run: RunOptions, scale: float,
