@@ -187,6 +187,15 @@ def test_good_input_writes_every_default_file(tmp_path, monkeypatch, capsys):
     assert "max_I =" in out and "intfile_scale = " in out  # printed before the -intfile, as nanoBragg does
 
 
+def test_a_printout_pixel_off_the_detector_is_refused_before_the_render(tmp_path, monkeypatch, capsys):
+    """Refused as soon as the set-up knows the pixel counts: no set-up summary, no render, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(GOOD + ["-printout_pixel", "3", "8"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "nbsim: error: -printout_pixel 3 8 is outside the 8x8 detector\n"
+    assert captured.out == "" and list(tmp_path.iterdir()) == []
+
+
 def test_output_cut_short_ends_quietly():
     """A reader that goes away (`nbsim -h | head -1`) ends the command without an error message."""
     read_end, write_end = os.pipe()

@@ -46,6 +46,8 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     device = resolve_device(run.device)
     dtype = resolve_dtype(run.dtype)
     setup = resolve(config)
+    if run.printout_pixel is not None:
+        _check_printout_pixel(setup, *run.printout_pixel)
     for line in run.notes + setup.warnings:
         print(f"WARNING: {line}")
     for line in describe(setup):
@@ -263,10 +265,14 @@ def describe(setup: Setup) -> list[str]:
     return lines
 
 
-def _print_trace(renderer: Renderer, setup: Setup, fast: int, slow: int) -> None:
+def _check_printout_pixel(setup: Setup, fast: int, slow: int) -> None:
+    """Refuse a -printout_pixel off the detector as soon as its pixel counts are known, before the render."""
     if not (0 <= fast < setup.geometry.pixels_f and 0 <= slow < setup.geometry.pixels_s):
         raise NbsimError(f"-printout_pixel {fast} {slow} is outside the {setup.geometry.pixels_f}x"
                          f"{setup.geometry.pixels_s} detector")
+
+
+def _print_trace(renderer: Renderer, setup: Setup, fast: int, slow: int) -> None:
     value, trace = renderer.trace(slow, fast)
     print(f"{fast:4d} {slow:4d} :")
     print("hkl= {:f} {:f} {:f}  hkl0= {:d} {:d} {:d}".format(*trace.hkl, *trace.hkl0))
