@@ -425,6 +425,32 @@ def test_a_panel_detector_writes_its_noise_image_and_counts_as_nxmx(tmp_path, mo
                                                                    + 0.5), 0))
 
 
+def test_a_first_panel_along_the_beam_leaves_the_record_to_a_panel_the_beam_meets(tmp_path, monkeypatch, capsys):
+    """The experiment record's distance and beam centre come from the first panel the direct beam meets (a
+    first panel along the beam made a ZeroDivisionError), and are left out where no panel meets it; the
+    multi-panel NXmx file holds each module's own placement and no detector-wide beam centre either way."""
+    import h5py
+
+    from nbsim.cli.products import experiment_record
+    from nbsim.detector import direct_beam_px
+
+    monkeypatch.chdir(tmp_path)
+    side = {**GOOD, "name": "side", "sdet": [1, 0, 0], "pix0_mm": [10, 20, -0.4]}
+    panel_file = _write(tmp_path, [side, GOOD])
+    assert main(CRYSTAL + ["-panelfile", panel_file, "-seed", "3", "-compile", "off", "-nxmxfile", "counts.h5"]) == 0
+    capsys.readouterr()
+    with h5py.File("counts.h5") as handle:
+        detector = handle["entry/instrument/detector"]
+        assert "beam_center_x" not in detector and len([k for k in detector if k.startswith("module_")]) == 2
+    setup = resolve(parse(CRYSTAL + ["-panelfile", panel_file])[0])
+    record = experiment_record(setup, None)
+    assert record.distance_m == pytest.approx(0.05)
+    assert (record.beam_fast_px, record.beam_slow_px) == pytest.approx(direct_beam_px(setup.panels[1]))
+    alone = resolve(parse(CRYSTAL + ["-panelfile", _write(tmp_path, [side], "side.yaml")])[0])
+    lone = experiment_record(alone, None)
+    assert (lone.distance_m, lone.beam_fast_px, lone.beam_slow_px) == (None, None, None)
+
+
 def test_a_panel_along_the_beam_is_read_out_and_left_unshaded(tmp_path, monkeypatch, capsys):
     """A side module, its plane along the beam (the direct beam never meets it), gets a noise image as any other
     panel (it was a ZeroDivisionError where its direct beam was placed), and the beam stop shades nothing on it."""

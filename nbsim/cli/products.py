@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..config import INT32_MAX_COUNT, PanelConfig, shifted_spectrum
-from ..detector import direct_beam_px
+from ..detector import direct_beam_px, distance_along_beam_m
 from ..detector.response import OVERLOAD_ADU
 from ..errors import NbsimError
 from ..io.detector_images import DetectorModule, ExperimentRecord
@@ -198,14 +198,16 @@ def _plain(vector: torch.Tensor) -> tuple[float, float, float]:
 def experiment_record(setup: Setup, noise_seed: int | None, saturation_counts: int = INT32_MAX_COUNT,
                       pedestal_adu: float = 0.0) -> ExperimentRecord:
     """What was simulated, for the headers of the miniCBF and NXmx files (`noise_seed`: None without noise;
-    `saturation_counts`: their largest count; `pedestal_adu`: the ADC offset their counts carry)."""
+    `saturation_counts`: their largest count; `pedestal_adu`: the ADC offset their counts carry). The distance
+    and beam centre are the first panel's that the direct beam meets, None where it meets none."""
     g = setup.geometry
     beam = setup.config.beam
     crystal = setup.config.crystal
     beamsize_m = beam.beamsize_mm / 1000.0
     reciprocal = setup.lattice.reciprocal_per_A.detach()
-    along_beam_m = float(g.close_distance_m) / float(torch.dot(g.beam, g.odet))
-    beam_fast_px, beam_slow_px = direct_beam_px(g)
+    met = next((panel for panel in setup.panels or (g,) if math.isfinite(distance_along_beam_m(panel))), None)
+    along_beam_m = None if met is None else distance_along_beam_m(met)
+    beam_fast_px, beam_slow_px = (None, None) if met is None else direct_beam_px(met)
     return ExperimentRecord(
         pixel_size_m=g.pixel_size_m, pixels_fast=g.pixels_f, pixels_slow=g.pixels_s, origin_m=_plain(g.pix0_m),
         fast_axis=_plain(g.fdet), slow_axis=_plain(g.sdet), beam_direction=_plain(g.beam),

@@ -8,8 +8,9 @@ from .response import (
     check_response,
     detector_image,
     direct_beam_px,
+    distance_along_beam_m,
     layout_of,
 )
 
 __all__ = ["DetectorImage", "PanelLayout", "PixelLayout", "check_response", "detector_image", "direct_beam_px",
-           "layout_of"]
+           "distance_along_beam_m", "layout_of"]

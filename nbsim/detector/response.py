@@ -63,13 +63,19 @@ class PixelLayout:
         return (len(self.panels), max(p.pixels_slow for p in self.panels), max(p.pixels_fast for p in self.panels))
 
 
+def distance_along_beam_m(geometry: DetectorGeometry) -> float:
+    """From the sample to the detector plane along the direct beam; infinite for a plane along the beam, which
+    it never meets (a side module's)."""
+    cosine = float(torch.dot(geometry.beam, geometry.odet))
+    return math.inf if cosine == 0.0 else float(geometry.close_distance_m) / cosine
+
+
 def direct_beam_px(geometry: DetectorGeometry) -> tuple[float, float]:
     """Where the direct beam's line meets the detector plane: (fast, slow) pixels from the first pixel's corner;
     infinite for a plane along the beam, which it never meets (a side module's)."""
-    cosine = float(torch.dot(geometry.beam, geometry.odet))
-    if cosine == 0.0:
+    along_beam_m = distance_along_beam_m(geometry)
+    if math.isinf(along_beam_m):
         return (math.inf, math.inf)
-    along_beam_m = float(geometry.close_distance_m) / cosine
     hit_m = (along_beam_m * geometry.beam - geometry.pix0_m).detach()
     return (float(torch.dot(geometry.fdet, hit_m)) / geometry.pixel_size_m,
             float(torch.dot(geometry.sdet, hit_m)) / geometry.pixel_size_m)

@@ -59,11 +59,13 @@ class ExperimentRecord:
     spindle_axis: tuple[float, float, float]
     twotheta_axis: tuple[float, float, float]
     twotheta_deg: float
-    distance_m: float
-    """From the sample to the detector plane along the beam (nanoBragg's DISTANCE ignores two-theta)."""
-    beam_fast_px: float
-    beam_slow_px: float
-    """Where the direct beam meets the detector, in pixels from the outer corner of the first pixel."""
+    distance_m: float | None
+    """From the sample to the detector plane along the beam (nanoBragg's DISTANCE ignores two-theta); None where
+    the beam runs along the plane (of every panel), which it never meets."""
+    beam_fast_px: float | None
+    beam_slow_px: float | None
+    """Where the direct beam meets the detector, in pixels from the outer corner of the first pixel (None with
+    `distance_m`)."""
     wavelength_A: float
     exposure_s: float
     total_flux_per_s: float
@@ -293,7 +295,7 @@ def write_nxmx(path: str | Path, frames: Iterable[np.ndarray], omega_deg: np.nda
             for index, module in enumerate(modules):
                 name = _group_name(module.name, index, len(modules)) if r.modules else module.name
                 _module(detector, module, name, (index * slab_slow, 0), before_twotheta)
-            if not r.modules:
+            if not r.modules and r.distance_m is not None:
                 for name, value, units in (("distance", r.distance_m * 1000.0, "mm"),
                                            ("beam_center_x", r.beam_fast_px, "pixel"),
                                            ("beam_center_y", r.beam_slow_px, "pixel")):
