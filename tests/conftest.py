@@ -82,12 +82,13 @@ def system_devices_untouched():
 
 # The test files of more than about 5 s in `make test`, longest first (their seconds on a worker, from the
 # suite's last per-test profile, 2026-11-27, test_dials.py's scaled to its 256² series: workflow 128, parity
-# 49, fit 47, docs_commands 43, slurm 37, dials 34, robustness 32, worker 32, ..., dials_import 5;
+# 49, fit 47, docs_commands 43, dials 34, robustness 32, worker 32, slurm 27 (37 before its status checks
+# every second), ..., dials_import 5;
 # test_compile.py, 75, starts first with its kernel builds). pytest-xdist hands a worker its next file when
 # it is almost done, so with the longest first the files left at the end are short and the two workers
 # finish within seconds of each other (in the order of the file names, test_worker.py's 32 s came last).
-LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_fit.py", "test_docs_commands.py", "test_slurm.py",
-                 "test_dials.py", "test_robustness.py", "test_worker.py", "test_dials_loop.py",
+LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_fit.py", "test_docs_commands.py", "test_dials.py",
+                 "test_robustness.py", "test_worker.py", "test_slurm.py", "test_dials_loop.py",
                  "test_dials_route.py", "test_bench.py", "test_dials_experiments.py", "test_merge_workflow.py",
                  "test_panels.py", "test_merge.py", "test_fit_panels.py", "test_merge_sad.py", "test_dataset.py",
                  "test_merge_groups.py", "test_physics_switch.py", "test_presets.py", "test_dials_panels.py",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -21,6 +22,22 @@ CONFIG = {
     "reference": {"compile": False},
     "resources": {"mem_mb": 1000, "runtime_min": 10},
 }
+STATUS_CHECK_SECONDS = 1
+SNAKEMAKE_CHECKING_EVERY_SECOND = f"""
+import sys
+from snakemake.cli import main
+from snakemake_executor_plugin_slurm import Executor
+
+# After a status check that finds no job finished, the plugin waits 10 s longer than before (a step that
+# no option sets): the test's jobs take seconds, and most of its time went on those waits.
+waits = Executor.next_seconds_between_status_checks
+assert isinstance(waits, property) and waits.fset is not None, "the SLURM plugin's status wait moved"
+Executor.next_seconds_between_status_checks = waits.setter(
+    lambda executor, seconds: waits.fset(executor, None if seconds is None else min(seconds, {STATUS_CHECK_SECONDS})))
+sys.argv[0] = "snakemake"
+main()
+"""
+"""Snakemake's command line, its SLURM plugin checking the jobs' status every second."""
 
 
 @pytest.mark.slow
@@ -29,9 +46,10 @@ def test_sweep_runs_every_batch_as_a_slurm_job(tmp_path):
     with single_node_slurm() as partition:
         config = {**CONFIG, "slurm": {"partition": partition, "gpu_partition": None, "account": None}}
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+        [_python, _module, _snakemake, *arguments] = snakemake_command(tmp_path, profile="slurm")
         result = subprocess.run(
-            [*snakemake_command(tmp_path, profile="slurm"), "--slurm-status-command", "squeue",
-             "--slurm-init-seconds-before-status-checks", "2",
+            [sys.executable, "-c", SNAKEMAKE_CHECKING_EVERY_SECOND, *arguments, "--slurm-status-command", "squeue",
+             "--slurm-init-seconds-before-status-checks", str(STATUS_CHECK_SECONDS),
              "--slurm-no-account", "--jobs", "4"],
             capture_output=True, text=True, timeout=1800,
             env=own_cache_env(tmp_path))
