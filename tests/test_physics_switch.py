@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from nbsim.cli import main
 from nbsim.model.background import AIR_CURVE, AVOGADRO, R_E_SQR_M2, WATER_CURVE
 from nbsim.nanobragg import parse
 from nbsim.render import Renderer
@@ -189,18 +190,21 @@ def test_background_file_is_linear_in_fluence_and_independent_of_sampling(tmp_pa
     (["-anomalous"], "give -model"),
     (["-model", "MODEL.pdb", "-anomalous", "-fp_fdp", "TABLE", "-energy", "9000"], "no f' and f'' of Se at 9000 eV"),
 ])
-def test_bad_values_are_one_line_errors_with_status_2(tmp_path, argv, message):
+def test_bad_values_are_one_line_errors_with_status_2(tmp_path, argv, message, capsys, monkeypatch):
+    """In this process, as tests/test_cli_errors.py checks its catalogue (a Python and PyTorch start each cost
+    1-2 s; test_cli_errors.py starts the installed command once)."""
     (tmp_path / "CURVE1").write_text("0 2.5\n")
     (tmp_path / "MODEL.pdb").write_text(MODEL)
     (tmp_path / "TABLE").write_text("Se 12000 -5 0.5\nSe 13000 -6 3.8\n")
     argv = [str(tmp_path / a) if a in ("CURVE1", "MODEL.pdb", "TABLE") else a for a in argv]
     crystal = MODEL_CRYSTAL if "-model" in argv else CRYSTAL
     command = crystal + argv + QUIET
-    result = subprocess.run([sys.executable, "-m", "nbsim.cli", *command], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=300)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
+    monkeypatch.chdir(tmp_path)
+    status = main(command)
+    stderr = capsys.readouterr().err
+    assert status == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], stderr
 
 
 def _direct_summation(structure: gemmi.Structure, hkl: np.ndarray, energy_eV: float) -> np.ndarray:

@@ -4,8 +4,8 @@ gaps (miniCBF -1, NXmx pixel_mask) and DIALS reads them as masked pixels."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
-import sys
 
 import fabio
 import h5py
@@ -102,12 +102,13 @@ def test_the_models_response_flags_make_no_note_under_nonoise():
     (["-module_gap", "2", "2"], "-module_gap separates modules: give -module_size"),
     (["-module_size", "0", "10"], "-module_size must be positive"),
 ])
-def test_bad_models_and_modules_are_one_line_input_errors(tmp_path, argv, message):
-    done = subprocess.run([sys.executable, "-m", "nbsim.cli", *argv, "-default_F", "1", "-nonoise", "-nopgm"],
-                          cwd=tmp_path, capture_output=True, text=True)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
+def test_bad_models_and_modules_are_one_line_input_errors(tmp_path, argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status = main([*argv, "-default_F", "1", "-nonoise", "-nopgm"])
+    stderr = capsys.readouterr().err
+    assert status == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -152,9 +153,8 @@ SMALL_PILATUS = ["-detector_model", "pilatus6m", "-detpixels", "600", "-default_
 def pilatus_files(tmp_path_factory):
     """A 600² corner of a PILATUS 6M (two module rows, two columns), written as miniCBF and NXmx."""
     folder = tmp_path_factory.mktemp("pilatus")
-    done = subprocess.run([sys.executable, "-m", "nbsim.cli", *SMALL_PILATUS], cwd=folder, capture_output=True,
-                          text=True)
-    assert done.returncode == 0, done.stderr
+    with contextlib.chdir(folder):
+        assert main(SMALL_PILATUS) == 0
     gap = np.zeros((600, 600), dtype=bool)
     gap[gaps_of(600, 195, 17), :] = True
     gap[:, gaps_of(600, 487, 7)] = True
