@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,26 @@ def snakemake_command(folder: Path, profile: str = "default", config: str = "con
 def own_cache_env(folder: Path) -> dict[str, str]:
     """This process's environment with a compile cache inside `folder`."""
     return {**os.environ, "NBSIM_CACHE_DIR": str(folder / "cache")}
+
+
+HIDDEN_FROM_USERS = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+"""The warnings Python's default filters do not show (a DeprecationWarning only where __main__ raises it)."""
+
+
+def one_line_error_here(argv: list[str], folder: Path, capsys) -> str:
+    """nbsim's main on `argv` in this process, in `folder` (no Python and PyTorch start, 1-2 s of CPU each):
+    asserts exit status 2, one line on stderr and no warning that the command would show a user; the line."""
+    from nbsim.cli import main
+
+    with contextlib.chdir(folder), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status = main(argv)
+    stderr = capsys.readouterr().err
+    shown = [str(warning.message) for warning in caught if not issubclass(warning.category, HIDDEN_FROM_USERS)]
+    assert status == 2 and not shown, (status, shown, stderr)
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
 
 
 @pytest.fixture(scope="session", autouse=True)

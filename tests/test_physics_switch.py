@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from nbsim.cli import main
 from nbsim.model.background import AIR_CURVE, AVOGADRO, R_E_SQR_M2, WATER_CURVE
 from nbsim.nanobragg import parse
 from nbsim.render import Renderer
 from nbsim.resolve import resolve
+
+from .conftest import one_line_error_here
 
 CRYSTAL = "-cell 50 60 70 90 90 90 -default_F 10 -N 3 -lambda 1 -distance 100 -detpixels 48 -pixel 0.1".split()
 MODEL_CRYSTAL = "-N 3 -distance 100 -detpixels 48 -pixel 0.1".split()
@@ -190,21 +191,13 @@ def test_background_file_is_linear_in_fluence_and_independent_of_sampling(tmp_pa
     (["-anomalous"], "give -model"),
     (["-model", "MODEL.pdb", "-anomalous", "-fp_fdp", "TABLE", "-energy", "9000"], "no f' and f'' of Se at 9000 eV"),
 ])
-def test_bad_values_are_one_line_errors_with_status_2(tmp_path, argv, message, capsys, monkeypatch):
-    """In this process, as tests/test_cli_errors.py checks its catalogue (a Python and PyTorch start each cost
-    1-2 s; test_cli_errors.py starts the installed command once)."""
+def test_bad_values_are_one_line_errors_with_status_2(tmp_path, argv, message, capsys):
     (tmp_path / "CURVE1").write_text("0 2.5\n")
     (tmp_path / "MODEL.pdb").write_text(MODEL)
     (tmp_path / "TABLE").write_text("Se 12000 -5 0.5\nSe 13000 -6 3.8\n")
     argv = [str(tmp_path / a) if a in ("CURVE1", "MODEL.pdb", "TABLE") else a for a in argv]
     crystal = MODEL_CRYSTAL if "-model" in argv else CRYSTAL
-    command = crystal + argv + QUIET
-    monkeypatch.chdir(tmp_path)
-    status = main(command)
-    stderr = capsys.readouterr().err
-    assert status == 2, stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], stderr
+    assert message in one_line_error_here(crystal + argv + QUIET, tmp_path, capsys)
 
 
 def _direct_summation(structure: gemmi.Structure, hkl: np.ndarray, energy_eV: float) -> np.ndarray:

@@ -18,7 +18,7 @@ from nbsim.reference import c_arguments
 from nbsim.sweep.plan import point_config, sweep_points
 from nbsim.sweep.validate import validate_config
 
-from .conftest import REPO_ROOT, SEED_ARGS
+from .conftest import REPO_ROOT, SEED_ARGS, one_line_error_here
 
 SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -102,13 +102,8 @@ def test_the_models_response_flags_make_no_note_under_nonoise():
     (["-module_gap", "2", "2"], "-module_gap separates modules: give -module_size"),
     (["-module_size", "0", "10"], "-module_size must be positive"),
 ])
-def test_bad_models_and_modules_are_one_line_input_errors(tmp_path, argv, message, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    status = main([*argv, "-default_F", "1", "-nonoise", "-nopgm"])
-    stderr = capsys.readouterr().err
-    assert status == 2
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], stderr
+def test_bad_models_and_modules_are_one_line_input_errors(tmp_path, argv, message, capsys):
+    assert message in one_line_error_here([*argv, "-default_F", "1", "-nonoise", "-nopgm"], tmp_path, capsys)
     assert list(tmp_path.iterdir()) == []
 
 
