@@ -34,7 +34,7 @@ from nbsim.fit.refine import FitImage, FitOptions, fit
 from nbsim.resolve import resolve
 from nbsim.vectors import rotate_xyz
 
-from .conftest import GOLDEN, REPO_ROOT
+from .conftest import GOLDEN, REPO_ROOT, one_line_error_here
 
 MODEL = str(REPO_ROOT / "config" / "examples" / "model.cif")
 
@@ -285,11 +285,6 @@ def test_a_fit_of_the_c_programs_noise_image_moves_towards_the_truth():
         assert abs(cell[index] - true) < 4 * sigma["cell"][index], (index, cell, sigma["cell"])
 
 
-def _run(*args: str, cwd) -> subprocess.CompletedProcess:
-    """nbsim's command line in a process of its own: for what only a process shows (its one-line stderr)."""
-    return subprocess.run([sys.executable, "-m", "nbsim.cli", *args], cwd=cwd, capture_output=True, text=True)
-
-
 def _nbsim_here(*args: str, cwd: Path) -> int:
     """nbsim's command line in this process, in `cwd`, and its exit status: for the images a test makes and
     the fits whose files it reads (no Python and PyTorch start, a model's |F| computed once per process)."""
@@ -359,14 +354,16 @@ def test_bad_fit_input_is_one_line(tmp_path, small_shot, change, message):
     assert done.stdout.strip() == "False", "refused only after importing PyTorch"
 
 
-def test_an_image_of_the_wrong_size_or_without_counts_is_one_line(tmp_path, small_shot):
+def test_an_image_of_the_wrong_size_or_without_counts_is_one_line(tmp_path, small_shot, capsys):
     shutil.copy(small_shot, tmp_path / "shot.img")
-    wrong = _run("fit", "shot.img", "--json", "out.json", "--", *small_still(80), cwd=tmp_path)
-    assert wrong.returncode == 2 and "64 x 64" in wrong.stderr and "80 x 80" in wrong.stderr, wrong.stderr
+    assert _nbsim_here("fit", "shot.img", "--json", "out.json", "--", *small_still(80), cwd=tmp_path) == 2
+    wrong = capsys.readouterr().err  # the error, after the model's sampling warning
+    assert "64 x 64" in wrong and "80 x 80" in wrong, wrong
     (tmp_path / "empty.bin").write_bytes(np.zeros((64, 64), np.float32).tobytes())
-    empty = _run("fit", "empty.bin", "--json", "out.json", "--no-observed-spots", "--", *small_still(64),
-                 cwd=tmp_path)
-    assert empty.returncode == 2 and "no counts" in empty.stderr, empty.stderr
+    assert _nbsim_here("fit", "empty.bin", "--json", "out.json", "--no-observed-spots", "--", *small_still(64),
+                       cwd=tmp_path) == 2
+    empty = capsys.readouterr().err
+    assert "no counts" in empty, empty
     assert not (tmp_path / "out.json").exists()
 
 
@@ -434,8 +431,8 @@ def test_starts_give_each_image_its_own_start(tmp_path, capsys):
         [line] = [line for line in summary if line.startswith(f"{shot['image']}: cell ")]
         assert f"  misset {' '.join(f'{float(v):.4f}' for v in refined)}  N " in line
     (tmp_path / "bad.json").write_text(json.dumps({"images": {"c.img": {"N": 3}}}))
-    bad = _run("fit", "a.img", "--starts", "bad.json", "--", *small_still(64), cwd=tmp_path)
-    assert bad.returncode == 2 and "c.img" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert "c.img" in one_line_error_here(["fit", "a.img", "--starts", "bad.json", "--", *small_still(64)], tmp_path,
+                                          capsys)
 
 
 def test_the_fit_samples_as_advised_unless_told():
