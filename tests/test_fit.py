@@ -357,8 +357,8 @@ def test_bad_fit_input_is_one_line(tmp_path, small_shot, change, message):
 def test_an_image_of_the_wrong_size_or_without_counts_is_one_line(tmp_path, small_shot, capsys):
     shutil.copy(small_shot, tmp_path / "shot.img")
     assert _nbsim_here("fit", "shot.img", "--json", "out.json", "--", *small_still(80), cwd=tmp_path) == 2
-    wrong = capsys.readouterr().err  # the error, after the model's sampling warning
-    assert "64 x 64" in wrong and "80 x 80" in wrong, wrong
+    wrong = capsys.readouterr().err  # one line: the model's sampling warning is not printed before a refusal
+    assert "64 x 64" in wrong and "80 x 80" in wrong and wrong.count("\n") == 1, wrong
     (tmp_path / "empty.bin").write_bytes(np.zeros((64, 64), np.float32).tobytes())
     assert _nbsim_here("fit", "empty.bin", "--json", "out.json", "--no-observed-spots", "--", *small_still(64),
                        cwd=tmp_path) == 2

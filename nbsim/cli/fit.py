@@ -349,12 +349,13 @@ def _run(options: argparse.Namespace, images: list[str], configs: list, argv_per
     adc = options.adc
     if adc is None and "-adc" in model_flags:
         adc = configs[0].response.adc_offset_adu
-    fit_images = []
+    fit_images, warnings = [], []
     for name, config, given_spots in zip(images, configs, spots, strict=True):
         setup = resolve(config)
-        for line in setup.warnings:
-            print(f"nbsim: warning: {line}", file=sys.stderr)
+        warnings += [line for line in setup.warnings if line not in warnings]
         fit_images.append(dataclasses.replace(read_fit_image(name, setup, adc), spots=given_spots))
+    for line in warnings:  # once each, and only once every image has been read (a refusal stays one line)
+        print(f"nbsim: warning: {line}", file=sys.stderr)
     unmodelled = unmodelled_spread(configs)
     if unmodelled:
         print(f"nbsim: warning: {unmodelled}", file=sys.stderr)
