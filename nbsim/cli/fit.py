@@ -311,17 +311,18 @@ def _dials_spots(path: str, experiments: list, max_spots: int) -> list:
             for start in experiments]
 
 
-MOST_CELL_CHANGE = 0.05
-"""A refined cell length further than this from its start is another crystal (as nbsim merge judges shots)."""
+CELL_LENGTH_TOLERANCE = 0.05
+"""Cell lengths further apart than this fraction are another crystal: a fit's refined cell against its start, the
+starting cells of a merge's shots against the first shot's."""
 
 
 def implausible_model(shot: dict, start_cell: tuple[float, ...]) -> list[str]:
     """What makes a fit's refined model (a shot of its JSON) implausible, converged or not: a crystal under one
-    cell along an axis, or a cell length more than `MOST_CELL_CHANGE` from its start."""
+    cell along an axis, or a cell length more than `CELL_LENGTH_TOLERANCE` from its start."""
     doubts = [f"N along {axis} is {n:.3g} cells" for axis, n in zip("abc", shot["N"], strict=True) if n < 1]
     doubts += [f"cell length {axis} moved from {start:.4g} to {refined:.4g} A"
                for axis, start, refined in zip("abc", start_cell[:3], shot["cell"][:3], strict=True)
-               if abs(refined / start - 1) > MOST_CELL_CHANGE]
+               if abs(refined / start - 1) > CELL_LENGTH_TOLERANCE]
     return doubts
 
 

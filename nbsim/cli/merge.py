@@ -21,13 +21,10 @@ from pathlib import Path
 from ..errors import InputFileError, NbsimError
 from ..io.paths import check_writable, require_file
 from ..nanobragg.arguments import parse
-from .fit import _flag_overrides, _names, _restraint, _starts, unmodelled_spread
+from .fit import CELL_LENGTH_TOLERANCE, _flag_overrides, _names, _restraint, _starts, unmodelled_spread
 from .options import CommandParser, split_model_flags
 
 DESCRIPTION = __doc__.split("\n\n")[0]
-CELL_LENGTH_TOLERANCE = 0.05
-"""Shots whose starting cell lengths differ from the first shot's by more than this fraction are different
-crystals: an input error."""
 CELL_ANGLE_TOLERANCE_DEG = 2.0
 
 
