@@ -415,6 +415,12 @@ class Merge:
         return HKLGrid(values=padded[1:-1, 1:-1, 1:-1].copy(), index_min=self.grid.index_min,
                        entries=self.grid.entries)
 
+    def _rebuilt(self, start: Setup, values: dict[str, list[float]], oversample: int, grid: HKLGrid) -> Setup:
+        """A shot's set-up from `start` with `values` of what `--refine` names in place, sampled with `oversample`
+        sub-pixels a side, rendering the table `grid`."""
+        return dataclasses.replace(rebuilt_setup(start, values, self.options.shots.refine, self.options.shots.lattice,
+                                                 oversample), grid=grid)
+
     def shot_options(self, cycle: int) -> FitOptions:
         """What the shot step of cycle `cycle` (0 the first) refines: only the scale in the first `scale_cycles`
         cycles (the rest of each shot's model, fitted to the pixels' intensities, would take up the errors of a
@@ -488,8 +494,7 @@ class Merge:
                     self.kept_shots += 1
                     continue
                 shot.values = shot_values(shot.start, refined[row], options.lattice)
-                shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
-                                                               options.lattice, refined[row].oversample), grid=grid)
+                shot.setup = self._rebuilt(shot.start, shot.values, refined[row].oversample, grid)
                 shot.scale = float(values[row]["scale"][0])
                 shot.document = {**documents[row], "converged": result.converged, "reason": result.reason,
                                  "negative_log_likelihood": nll, "refined_with": len(batch),
@@ -501,7 +506,7 @@ class Merge:
         reindexed (`state.reindexed_start`: every spot where it was, with the |F| of h·R). A shot takes the
         indexing that lowers it by at least REINDEX_MARGIN; its start becomes its given one reindexed (so its
         restraints and every later cycle are in that indexing). Returns the shots reindexed."""
-        lattice, refine = options.lattice, self.options.shots.refine
+        lattice = options.lattice
         fitted = [index for index, shot in enumerate(self.shots) if shot.rows is not None]
         nll = np.full((len(fitted), 1 + len(self.indexings)), np.inf)
         candidates: list[list[tuple[Setup, Setup]]] = []  # per other indexing, each fitted shot's start and setup
@@ -510,8 +515,7 @@ class Merge:
                 setups = [dataclasses.replace(self.shots[index].setup, grid=grid) for index in fitted]
             else:
                 starts = [reindexed_start(self.shots[index].start, operator, lattice) for index in fitted]
-                setups = [dataclasses.replace(rebuilt_setup(start, self.shots[index].values, refine, lattice,
-                                                            self.shots[index].setup.oversample), grid=grid)
+                setups = [self._rebuilt(start, self.shots[index].values, self.shots[index].setup.oversample, grid)
                           for start, index in zip(starts, fitted, strict=True)]
                 candidates.append(list(zip(starts, setups, strict=True)))
             model = DiffractionModel(setups, [(self.shots[index].rows, self.shots[index].cols) for index in fitted], (),
@@ -585,8 +589,7 @@ class Merge:
         shared = torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1e-300), sums[2] / self.shot_count)
         for shot in self.shots:
             shot.values["cell"] = shared.tolist()
-            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
-                                                           lattice, shot.setup.oversample), grid=grid)
+            shot.setup = self._rebuilt(shot.start, shot.values, shot.setup.oversample, grid)
             cell = [float(v) for v in shot.setup.lattice.cell_parameters()]
             flags = list(shot.document["flags"])
             position = flags.index("-cell") + 1
@@ -842,8 +845,7 @@ class Merge:
         documents = shots.documents(coordinates, [shot.argv for shot in self.shots])
         for shot, setup, document in zip(self.shots, refined, documents, strict=True):
             shot.values = shot_values(shot.start, setup, lattice)
-            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, shot.values, self.options.shots.refine,
-                                                           lattice, setup.oversample), grid=grid)
+            shot.setup = self._rebuilt(shot.start, shot.values, setup.oversample, grid)
             spectrum = {**shot.document.get("spectrum", {}), **document.get("spectrum", {})}  # its sigma kept
             shot.document = {**shot.document, **document, "solved_jointly": True}
             if spectrum:
@@ -945,8 +947,7 @@ class Merge:
             shot.indexing = state.document.get("indexing", AS_GIVEN)
             if shot.indexing != AS_GIVEN:
                 shot.start = reindexed_start(shot.start, self.indexings[shot.indexing], self.options.shots.lattice)
-            shot.setup = dataclasses.replace(rebuilt_setup(shot.start, state.values, self.options.shots.refine,
-                                                           self.options.shots.lattice, state.oversample), grid=grid)
+            shot.setup = self._rebuilt(shot.start, state.values, state.oversample, grid)
             shot.rows, shot.cols = state.rows, state.cols
             shot.background = torch.as_tensor(state.background, dtype=torch.float64, device=self.device)
         self.design = None
