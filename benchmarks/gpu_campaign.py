@@ -230,8 +230,10 @@ def last_json_line(output: str) -> dict | None:
 def step_environment(campaign: Campaign) -> dict:
     import torch
 
+    from nbsim.cpu import cpu_name
+
     found = {"python": platform.python_version(), "torch": torch.__version__, "cores": os.cpu_count(),
-             "cpu": _cpu_model(), "cuda_available": torch.cuda.is_available(), "c_binary": campaign.options.c_binary}
+             "cpu": cpu_name(), "cuda_available": torch.cuda.is_available(), "c_binary": campaign.options.c_binary}
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(0)
         found |= {"gpu": properties.name, "gpu_memory_gib": round(properties.total_memory / 2**30, 1),
@@ -241,16 +243,6 @@ def step_environment(campaign: Campaign) -> dict:
                                            "--format=csv,noheader"], 30, "nvidia-smi")
         found["nvidia_smi"] = output.strip() if status == "ok" else status
     return found
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def step_bench(campaign: Campaign) -> dict:
@@ -404,13 +396,16 @@ def step_pytest(campaign: Campaign) -> dict:
 
 def step_cpu_fits(campaign: Campaign) -> dict:
     """The convergence tests on this machine's processor (CUDA hidden), four at once where pytest-xdist is here."""
+    from nbsim.cpu import cpu_name
+
     parallel = ["-n", "4"] if importlib.util.find_spec("xdist") else []
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra", *parallel,
             *CONVERGENCE_TESTS]
     status, output = campaign.command(argv, math.inf, "cpu-fits", environment={"CUDA_VISIBLE_DEVICES": ""})
     closing = _pytest_summary(output)
-    campaign.say(f"convergence tests on {_cpu_model()}: {closing}")
-    result = {"cpu": _cpu_model(), "cores": os.cpu_count(), "tests": list(CONVERGENCE_TESTS), "summary": closing}
+    cpu = cpu_name()
+    campaign.say(f"convergence tests on {cpu}: {closing}")
+    result = {"cpu": cpu, "cores": os.cpu_count(), "tests": list(CONVERGENCE_TESTS), "summary": closing}
     if status != "ok":
         raise StepFailed(f"cpu_fits: {status}", result)
     return result
