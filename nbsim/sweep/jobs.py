@@ -341,9 +341,10 @@ def point_images(config: SimulationConfig, device: torch.device, dtype: torch.dt
     from .labels import image_statistics
 
     timed = timed_render(config, device, dtype, compile, warmup, repeats)
-    image = timed.image.detach().to("cpu", output_dtype).numpy()
+    host = timed.image.detach().cpu()
+    rendered = host.numpy()
+    image = host.to(output_dtype).numpy()
     images = {"image": image}
-    rendered = timed.image.detach().cpu().numpy()
     statistics_ = image_statistics(image)
     if detector:
         read_out = detector_image(timed.image, timed.setup.config.response, layout_of(timed.setup))
