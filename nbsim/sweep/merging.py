@@ -381,14 +381,14 @@ def write_merge_inputs(records: Sequence[Path], names: Sequence[str], drawn: Seq
     start_F = scrambled(mean_F, settings["start"]["correlation"], generator)
     spectra = folder / "spectra"
     spectra.mkdir(parents=True, exist_ok=True)
-    starts = {}
+    starts, lattice = {}, lattice_system_of(group)
     for spec, shot, _ in shots:
         spectrum_path = None
         if settings["spectra"] and spec.config.beam.spectrum is not None:
             spectrum_path = str(spectra / f"{spec.name}.txt")
             atomic_write_text(spectrum_path, "".join(f"{wavelength!r} {weight!r}\n"
                                                      for wavelength, weight in spec.config.beam.spectrum))
-        starts[shot] = shot_start(spec, drawn, settings, f"merge/{scenario}", spectrum_path, lattice_system_of(group))
+        starts[shot] = shot_start(spec, drawn, settings, f"merge/{scenario}", spectrum_path, lattice)
     flags = shared_flags(first.argv, drawn)
     arguments = ["--starts", str(folder / "starts.json"), "--hkl", str(folder / "start.mtz"),
                  "--space_group", group.hm.replace(" ", ""), *(["--anomalous"] if anomalous else []),
