@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -49,3 +51,48 @@ def test_a_library_writer_sees_the_real_name_and_a_failure_leaves_nothing(tmp_pa
         atomic_write_with(path, fail)
     assert path.read_text() == "image.cbf"
     assert [p.name for p in tmp_path.iterdir()] == ["image.cbf"]
+
+
+
+CANCELLED_WRITER = """
+import itertools, os, random, signal, sys, time
+from pathlib import Path
+from nbsim.io.atomic import atomic_write
+
+class Cancelled(BaseException):
+    pass
+
+def cancel(signum, frame):
+    raise Cancelled
+
+folder = Path(sys.argv[1])
+names = [f"out{index}.bin" for index in range(3)]
+for name in names:
+    atomic_write(folder / name, bytes(100))
+rng = random.Random(7)
+for _ in range(int(sys.argv[2])):
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, cancel)
+        try:
+            for index in itertools.count():
+                atomic_write(folder / names[index % 3], bytes(100))
+        finally:
+            os._exit(0)
+    time.sleep(rng.uniform(0.001, 0.006))
+    os.kill(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+    found = sorted(path.name for path in folder.iterdir())
+    if found != names or any(path.stat().st_size != 100 for path in folder.iterdir()):
+        sys.exit(f"left behind: {found}")
+"""
+
+
+def test_a_cancel_at_any_moment_leaves_no_temporary_folder(tmp_path):
+    """A writer cancelled (SIGTERM raising, as in the worker's command processes) at random moments of a
+    loop of small writes leaves whole files and no temporary folder, whichever step the cancel lands in:
+    the folder's creation, the write, the rename or the cleanup. The writers are forked from a fresh
+    interpreter of one thread, not from the test's own process."""
+    run = subprocess.run([sys.executable, "-c", CANCELLED_WRITER, str(tmp_path), "250"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -60,9 +60,13 @@ def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
         if streamed:
             with open(temporary, "rb") as built:
                 _stream_into(path, iter(lambda: built.read(COPY_CHUNK_BYTES), b""))
-            return
-        os.chmod(temporary, 0o666 & ~current_umask())
-        os.replace(temporary, destination)
+        else:
+            os.chmod(temporary, 0o666 & ~current_umask())
+        with _termination_deferred():  # renamed and cleaned up in one step: no cancel lands between
+            if not streamed:
+                os.replace(temporary, destination)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder = None
     finally:
         if folder is not None:
             with _termination_deferred():
@@ -83,10 +87,12 @@ def _stream_into(path: Path, parts: Iterable[bytes | memoryview]) -> None:
 @contextlib.contextmanager
 def _termination_deferred() -> Iterator[None]:
     """SIGTERM and SIGINT held back (this thread's signal mask) while the temporary folder is made and
-    recorded, or removed: a cancel (the worker's SIGTERM, Ctrl-C) lands before or after, never between the
-    folder's creation and its cleanup, which would leave it behind."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    recorded, or renamed and removed: a cancel (the worker's SIGTERM, Ctrl-C) lands before or after, never
+    between the folder's creation and its cleanup, which would leave it behind. The mask to restore is read
+    before anything is blocked, so a cancel raised as the block takes effect still restores it."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
