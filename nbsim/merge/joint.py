@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as forward_ad
 
+from ..fit.joint import product_columns
 from ..fit.likelihood import negative_log_likelihood
 from ..fit.model import DiffractionModel
 from ..fit.newton import fisher_weights
@@ -109,30 +110,24 @@ class JointShots:
 
     def information(self, table: torch.Tensor) -> torch.Tensor:
         """The diagonal of the Fisher information of every coordinate over this worker's pixels, placed
-        (Σ_p w_p·(∂λ_p/∂x)², the derivatives by forward-mode differentiation: one pass per position of a shot's
-        block, every shot's at once, and one per shared coordinate)."""
+        (Σ_p w_p·(∂λ_p/∂x)², the derivatives by forward-mode differentiation along the joint fit's directions,
+        `nbsim.fit.joint.product_columns`: one pass per position of a shot's block, every shot's at once, and one
+        per shared coordinate)."""
         model, device = self.model, self.model.device
         table = table.detach().to(device, torch.float64)
         changes = torch.zeros(len(model.setups), dtype=torch.float64, device=device)
-        image_of = torch.full((model.size,), -1, dtype=torch.int64)
-        for slot in model.slots:
-            if slot.image is not None:
-                image_of[slot.start:slot.stop] = slot.image
-        position = torch.where(image_of >= 0, self.where % max(self.per_shot, 1), -1)
-        groups = [torch.nonzero(position == p).reshape(-1) for p in range(self.per_shot)]
-        groups += [index.reshape(1) for index in torch.nonzero(image_of < 0).reshape(-1)]
+        layout = product_columns(model)
         found = torch.zeros(model.size, dtype=torch.float64)
-        for group in groups:
-            tangent = torch.zeros(model.size, dtype=torch.float64, device=device)
-            tangent[group] = 1.0
+        for column, tangent in enumerate(layout.tangents):
             with forward_ad.dual_level():
-                internal = forward_ad.make_dual(torch.zeros(model.size, dtype=torch.float64, device=device), tangent)
-                for image in range(len(model.setups)):
+                internal = forward_ad.make_dual(torch.zeros(model.size, dtype=torch.float64, device=device),
+                                                tangent.to(device))
+                for image, blocks in enumerate(layout.blocks):
                     primal, derivative = forward_ad.unpack_dual(self._expected(image, internal, changes, table))
-                    information = float((fisher_weights(primal.detach(), self.readout, self.kind)
-                                         * derivative.detach() ** 2).sum())
-                    members = group[image_of[group] == image] if bool((image_of[group] >= 0).all()) else group
-                    found[members] += information
+                    terms = fisher_weights(primal.detach(), self.readout, self.kind) * derivative.detach() ** 2
+                    for start, stop, target in blocks:
+                        if target[column] >= 0:
+                            found[target[column]] += float(terms[start:stop].sum())
         return self.placed(found)
 
     def refined(self, coordinates: torch.Tensor) -> list[Setup]:
