@@ -62,11 +62,12 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
             (time_png, "warm_median_s", "warm render time", "warm median time (s)", True)):
         figure, axis = plt.subplots(figsize=(6.4, 4.2))
         series = list(_series(ok, x_axis, key))
-        for label, xs, median, low, high, repeats_low, repeats_high in series:
+        for label, xs, median, low, high, repeats in series:
             line = axis.plot(xs, median, marker="o" if len(xs) <= 50 else None, label=label)
             if any(lo != hi for lo, hi in zip(low, high, strict=True)):
                 axis.fill_between(xs, low, high, alpha=0.25, color=line[0].get_color())
-            if len(xs) <= 50 and not any(math.isnan(v) for v in repeats_low + repeats_high):
+            if len(xs) <= 50 and repeats is not None:
+                repeats_low, repeats_high = repeats
                 axis.errorbar(xs, median, yerr=[np.subtract(median, repeats_low), np.subtract(repeats_high, median)],
                               fmt="none", capsize=3, color=line[0].get_color())
         if log:
@@ -89,8 +90,8 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
 
 
 def _series(rows: list[dict], x_axis: str, key: str):
-    """(label, x values, median, min, max, and the lowest and highest of the points' ranges over the repeats:
-    NaN where a point has none) per (dtype, device, compile)."""
+    """(label, x values, median, min, max, and the lowest and highest of the points' ranges over the repeats per
+    x value: None where a point has none) per (dtype, device, compile)."""
     groups: dict[tuple, dict[Any, list[dict]]] = {}
     for row in rows:
         if isinstance(row.get(key), (int, float)):
@@ -110,10 +111,11 @@ def _series(rows: list[dict], x_axis: str, key: str):
         values = {x: [point[key] for point in by_x[x]] for x in xs}
         repeats_low = [bound(by_x[x], low_key, min) for x in xs]
         repeats_high = [bound(by_x[x], high_key, max) for x in xs]
-        if not any(math.isnan(v) for v in repeats_low + repeats_high):
+        repeats = None if any(math.isnan(v) for v in repeats_low + repeats_high) else (repeats_low, repeats_high)
+        if repeats is not None:
             label += " (bars: the range over the repeats)"
         yield (label, xs, [float(np.median(values[x])) for x in xs], [min(values[x]) for x in xs],
-               [max(values[x]) for x in xs], repeats_low, repeats_high)
+               [max(values[x]) for x in xs], repeats)
 
 
 def preview_grid(rows: list[dict[str, Any]], axes: list[str]) -> tuple[str, list[Any], list[tuple], list[str]]:
