@@ -628,7 +628,8 @@ def test_a_shots_refined_mosaic_spread_is_rebuilt_with_it():
 
 def test_a_joint_solves_shot_json_says_what_its_flags_say(tmp_path):
     """Each shot's JSON after a joint solve holds its model's distance, beam centre and spectrum, not only its
-    crystal: they agree with its flags, off the start (the shot step's values were kept there before)."""
+    crystal: they agree with its flags and its refined set-up, off the start (the shot step's values were kept there
+    before)."""
     from nbsim.merge.joint import JointShots
 
     (tmp_path / "spectrum.txt").write_text("1.0 1\n1.002 2\n1.004 1\n")
@@ -639,7 +640,7 @@ def test_a_joint_solves_shot_json_says_what_its_flags_say(tmp_path):
     shots = JointShots([setup], [pixels], [torch.zeros(4)], [torch.zeros(4)], [2.0],
                        ["orientation", "distance", "beam", "spectrum", "scale"], (), None, [0], 1, 0.0, "poisson",
                        "cpu")
-    [document] = shots.documents(torch.full((shots.size,), 0.3, dtype=torch.float64), [argv])
+    [(refined, document)] = shots.refined(torch.full((shots.size,), 0.3, dtype=torch.float64), [argv])
     flags = document["flags"]
 
     def flag(name: str) -> float:
@@ -651,6 +652,7 @@ def test_a_joint_solves_shot_json_says_what_its_flags_say(tmp_path):
     assert (spectrum["shift_eV"], spectrum["stretch"]) == pytest.approx(
         (flag("-spectrum_shift"), flag("-spectrum_stretch")), rel=1e-9)
     assert spectrum["shift_eV"] != 0.0 and document["scale"] == 2.0
+    assert float(refined.geometry.distance_m) * 1e3 == pytest.approx(document["distance_mm"], rel=1e-9)  # one model
 
 
 def test_a_joint_solve_with_a_worker_without_shots_is_refused_as_it_starts(monkeypatch):

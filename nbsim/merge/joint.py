@@ -130,22 +130,18 @@ class JointShots:
                             found[target[column]] += float(terms[start:stop].sum())
         return self.placed(found)
 
-    def refined(self, coordinates: torch.Tensor) -> list[Setup]:
-        """Each local shot's set-up at these coordinates (detached)."""
-        with torch.no_grad():
-            self.model.internal.copy_(self.local(coordinates))
-        return self.model.refined_setups()
-
-    def documents(self, coordinates: torch.Tensor, argv: Sequence[Sequence[str]]) -> list[dict]:
-        """What each local shot's JSON says of its model at these coordinates (nbsim fit's keys,
-        `nbsim.fit.output.model_values_json`: A matrix, cell, N, scale, mosaic spread, wavelength, a single panel's
-        distance and beam centre, a spectrum's shift and stretch; flags with the shot's scale in its fluence)."""
+    def refined(self, coordinates: torch.Tensor, argv: Sequence[Sequence[str]]) -> list[tuple[Setup, dict]]:
+        """Each local shot's set-up at these coordinates (detached) and what its JSON says of its model there
+        (nbsim fit's keys, `nbsim.fit.output.model_values_json`: A matrix, cell, N, scale, mosaic spread, wavelength,
+        a single panel's distance and beam centre, a spectrum's shift and stretch; flags with the shot's scale in its
+        fluence)."""
         model = self.model
         with torch.no_grad():
             model.internal.copy_(self.local(coordinates))
-            found = []
+            setups = model.refined_setups()
+            documents = []
             for image in range(len(model.setups)):
                 values = {**model.image_natural(image), "scale": self.scales[image].reshape(1).cpu()}
-                found.append({**model_values_json(model, image, values),
-                              "flags": model_flags(model, image, values, argv[image])})
-        return found
+                documents.append({**model_values_json(model, image, values),
+                                  "flags": model_flags(model, image, values, argv[image])})
+        return list(zip(setups, documents, strict=True))

@@ -841,9 +841,8 @@ class Merge:
         (with the current |F|) and JSON (the shot step's sigmas kept; `solved_jointly`); the design is rebuilt."""
         grid = self.current_grid()
         lattice = self.options.shots.lattice
-        refined = shots.refined(coordinates)
-        documents = shots.documents(coordinates, [shot.argv for shot in self.shots])
-        for shot, setup, document in zip(self.shots, refined, documents, strict=True):
+        refined = shots.refined(coordinates, [shot.argv for shot in self.shots])
+        for shot, (setup, document) in zip(self.shots, refined, strict=True):
             shot.values = shot_values(shot.start, setup, lattice)
             shot.setup = self._rebuilt(shot.start, shot.values, setup.oversample, grid)
             spectrum = {**shot.document.get("spectrum", {}), **document.get("spectrum", {})}  # its sigma kept
