@@ -55,7 +55,7 @@ def test_a_library_writer_sees_the_real_name_and_a_failure_leaves_nothing(tmp_pa
 
 
 CANCELLED_WRITER = """
-import itertools, os, random, signal, sys, time
+import itertools, os, random, signal, sys, threading, time
 from pathlib import Path
 from nbsim.io.atomic import atomic_write
 
@@ -70,11 +70,13 @@ names = [f"out{index}.bin" for index in range(3)]
 for name in names:
     atomic_write(folder / name, bytes(100))
 rng = random.Random(7)
-for _ in range(int(sys.argv[2])):
+for writer in range(int(sys.argv[2])):
     pid = os.fork()
     if pid == 0:
-        signal.signal(signal.SIGTERM, cancel)
         try:
+            signal.signal(signal.SIGTERM, cancel)
+            if writer % 2:  # a second thread, idle, as a render's thread pool: it may take the SIGTERM
+                threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
             for index in itertools.count():
                 atomic_write(folder / names[index % 3], bytes(100))
         finally:
@@ -91,8 +93,9 @@ for _ in range(int(sys.argv[2])):
 def test_a_cancel_at_any_moment_leaves_no_temporary_folder(tmp_path):
     """A writer cancelled (SIGTERM raising, as in the worker's command processes) at random moments of a
     loop of small writes leaves whole files and no temporary folder, whichever step the cancel lands in:
-    the folder's creation, the write, the rename or the cleanup. The writers are forked from a fresh
-    interpreter of one thread, not from the test's own process."""
+    the folder's creation, the write, the rename or the cleanup. Every other writer has a second thread, as
+    a render's thread pool has, which may take the signal (Python still runs the handler in the main
+    thread). The writers are forked from a fresh interpreter of one thread, not from the test's own process."""
     run = subprocess.run([sys.executable, "-c", CANCELLED_WRITER, str(tmp_path), "250"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

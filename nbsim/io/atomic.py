@@ -17,8 +17,10 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ..errors import NbsimError
 from .paths import check_writable, current_umask, is_stream, write_destination
@@ -86,16 +88,35 @@ def _stream_into(path: Path, parts: Iterable[bytes | memoryview]) -> None:
 
 @contextlib.contextmanager
 def _termination_deferred() -> Iterator[None]:
-    """SIGTERM and SIGINT held back (this thread's signal mask) while the temporary folder is made and
-    recorded, or renamed and removed: a cancel (the worker's SIGTERM, Ctrl-C) lands before or after, never
-    between the folder's creation and its cleanup, which would leave it behind. The mask to restore is read
-    before anything is blocked, so a cancel raised as the block takes effect still restores it."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    """SIGTERM and SIGINT (the worker's cancel, Ctrl-C) held back while the temporary folder is made and
+    recorded, or renamed and removed: a cancel lands before or after, never between the folder's creation and
+    its cleanup, which would leave it behind. Their handlers are swapped for one that notes the signal, raised
+    again once they are back. A signal mask would not do: it holds a signal back from this thread only, and
+    in a process with other threads (a render's OpenMP pool, in the worker's command processes) one of them
+    takes it and Python runs the handler here all the same. Python runs handlers in the main thread only, so
+    elsewhere nothing is swapped, nor needs to be."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    swapped: dict[int, Any] = {}
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(signum)
+            if handler is not None:  # None: a handler not installed from Python, left alone
+                swapped[signum] = handler
+                signal.signal(signum, lambda received, _frame: noted.append(received))
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        # Each handler back even if the one restored before it raises at once (a cancel just arrived).
+        try:
+            if signal.SIGTERM in swapped:
+                signal.signal(signal.SIGTERM, swapped[signal.SIGTERM])
+        finally:
+            if signal.SIGINT in swapped:
+                signal.signal(signal.SIGINT, swapped[signal.SIGINT])
+        for signum in noted:
+            signal.raise_signal(signum)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
