@@ -98,6 +98,10 @@ def test_an_unknown_lattice_system_is_an_error():
         lattice_system((50, 60, 70, 90, 90, 90), "tetragonal")
     with pytest.raises(nbsim.NbsimError, match="is not hexagonal: its gamma is not 120"):
         lattice_system((50, 50, 70, 90, 90, 90), "hexagonal")
+    # Hexagonal's gamma is held at 120°, every other held angle at 90° (a trigonal cell, hexagonal setting).
+    assert lattice_system((61.5, 61.5, 109.8, 90, 90, 120), "hexagonal").name == "hexagonal"
+    with pytest.raises(nbsim.NbsimError, match="is not tetragonal: its gamma is not 90"):
+        lattice_system((61.5, 61.5, 109.8, 90, 90, 120), "tetragonal")
     with pytest.raises(nbsim.NbsimError, match="is not monoclinic: its alpha is not 90"):
         lattice_system((50, 60, 70, 80, 100, 90), "monoclinic")
     assert lattice_system((50, 50, 50, 90, 90, 90), "orthorhombic").name == "orthorhombic"  # a lower system

@@ -29,23 +29,26 @@ LENGTH_TOLERANCE = 1e-4
 @dataclass(frozen=True)
 class LatticeSystem:
     """A lattice system's free cell parameters: `free` indexes (a, b, c, alpha, beta, gamma), and `tied`
-    says which entry each of the six copies (a = b = c for cubic)."""
+    says which entry each of the six copies (a = b = c for cubic; -1: an angle held at its starting value);
+    `held_deg`: what the angles alpha, beta, gamma are where they are held, which a starting cell named to be of
+    the system must show (the fit keeps the start's, cell_from_free)."""
 
     name: str
     free: tuple[int, ...]
     tied: tuple[int, ...]
+    held_deg: tuple[float, float, float] = (90.0, 90.0, 90.0)
 
 
 LATTICE_SYSTEMS = {
     "cubic": LatticeSystem("cubic", (0,), (0, 0, 0, -1, -1, -1)),
     "tetragonal": LatticeSystem("tetragonal", (0, 2), (0, 0, 2, -1, -1, -1)),
-    "hexagonal": LatticeSystem("hexagonal", (0, 2), (0, 0, 2, -1, -1, -1)),
+    "hexagonal": LatticeSystem("hexagonal", (0, 2), (0, 0, 2, -1, -1, -1), (90.0, 90.0, 120.0)),
     "rhombohedral": LatticeSystem("rhombohedral", (0, 3), (0, 0, 0, 3, 3, 3)),
     "orthorhombic": LatticeSystem("orthorhombic", (0, 1, 2), (0, 1, 2, -1, -1, -1)),
     "monoclinic": LatticeSystem("monoclinic", (0, 1, 2, 4), (0, 1, 2, -1, 4, -1)),
     "triclinic": LatticeSystem("triclinic", (0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5)),
 }
-"""-1 in `tied`: the angle stays at its starting value (90° or 120°)."""
+"""-1 in `tied`: the angle stays at its starting value (`held_deg`: 90°, or hexagonal's gamma 120°)."""
 
 
 def lattice_system(cell: tuple[float, ...], name: str | None = None) -> LatticeSystem:
@@ -63,10 +66,9 @@ def lattice_system(cell: tuple[float, ...], name: str | None = None) -> LatticeS
             raise NbsimError(f"unknown lattice system {name!r}: choose from {', '.join(LATTICE_SYSTEMS)}")
         system = LATTICE_SYSTEMS[name]
         for position, index in enumerate(system.tied):
-            fixed = 120.0 if (name, position) == ("hexagonal", 5) else 90.0
-            target = fixed if index < 0 else cell[index]
+            target = system.held_deg[position - 3] if index < 0 else cell[index]
             if not (same(cell[position], target) if position < 3 else right(cell[position], target)):
-                wanted = f"{fixed:g}" if index < 0 else CELL_NAMES[index]
+                wanted = f"{target:g}" if index < 0 else CELL_NAMES[index]
                 raise NbsimError(f"the starting cell {' '.join(f'{v:g}' for v in cell)} is not {name}: its "
                                  f"{CELL_NAMES[position]} is not {wanted} (--lattice names the cell's own system "
                                  "or a lower one)")
