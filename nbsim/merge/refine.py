@@ -508,25 +508,20 @@ class Merge:
         restraints and every later cycle are in that indexing). Returns the shots reindexed."""
         lattice = options.lattice
         fitted = [index for index, shot in enumerate(self.shots) if shot.rows is not None]
+        shots = [self.shots[index] for index in fitted]
+        pixels = [(shot.rows, shot.cols) for shot in shots]
+        backgrounds = [shot.background for shot in shots]
         nll = np.full((len(fitted), 1 + len(self.indexings)), np.inf)
         candidates: list[list[tuple[Setup, Setup]]] = []  # per other indexing, each fitted shot's start and setup
         for column, operator in enumerate([None, *self.indexings.values()]):
             if operator is None:
-                setups = [dataclasses.replace(self.shots[index].setup, grid=grid) for index in fitted]
+                setups = [dataclasses.replace(shot.setup, grid=grid) for shot in shots]
             else:
-                starts = [reindexed_start(self.shots[index].start, operator, lattice) for index in fitted]
-                setups = [self._rebuilt(start, self.shots[index].values, self.shots[index].setup.oversample, grid)
-                          for start, index in zip(starts, fitted, strict=True)]
+                starts = [reindexed_start(shot.start, operator, lattice) for shot in shots]
+                setups = [self._rebuilt(start, shot.values, shot.setup.oversample, grid)
+                          for start, shot in zip(starts, shots, strict=True)]
                 candidates.append(list(zip(starts, setups, strict=True)))
-            model = DiffractionModel(setups, [(self.shots[index].rows, self.shots[index].cols) for index in fitted], (),
-                                     device=options.device, dtype=torch.float64, compile=options.compile)
-            with torch.no_grad():
-                photons = model()
-            for row, index in enumerate(fitted):
-                shot = self.shots[index]
-                counts = torch.as_tensor(shot.image.counts[shot.rows, shot.cols], dtype=torch.float64)
-                nll[row, column] = _scaled_nll(photons[row].to(torch.float64).cpu(), shot.background.cpu(), counts,
-                                               shot.scale, options)
+            nll[:, column] = self._likelihoods(shots, setups, pixels, backgrounds, options, best_scale=True)
         reindexed = []
         names = list(self.indexings)
         for row, index in enumerate(fitted):
@@ -558,20 +553,32 @@ class Merge:
         background (inf for a shot without one: the first cycle)."""
         earlier = [index for index, shot in enumerate(shots) if shot.values is not None]
         found = [math.inf] * len(shots)
-        if not earlier:
-            return found
-        model = DiffractionModel([dataclasses.replace(shots[index].setup, grid=grid) for index in earlier],
-                                 [(boxes[index].rows, boxes[index].cols) for index in earlier], (),
-                                 device=options.device, dtype=torch.float64, compile=options.compile)
-        for row, index in enumerate(earlier):
-            model.set_start(row, "scale", [shots[index].scale])
+        if earlier:
+            likelihoods = self._likelihoods([shots[index] for index in earlier],
+                                            [dataclasses.replace(shots[index].setup, grid=grid) for index in earlier],
+                                            [(boxes[index].rows, boxes[index].cols) for index in earlier],
+                                            [backgrounds[index] for index in earlier], options, best_scale=False)
+            for index, nll in zip(earlier, likelihoods, strict=True):
+                found[index] = nll
+        return found
+
+    @staticmethod
+    def _likelihoods(shots: Sequence[Shot], setups: Sequence[Setup], pixels: Sequence[tuple[np.ndarray, np.ndarray]],
+                     backgrounds: Sequence[torch.Tensor], options: FitOptions, best_scale: bool) -> list[float]:
+        """Each shot's −log L of its `pixels` (rows, cols) rendered from its set-up in `setups`, the expected counts
+        a scale times the photons plus its background: the shot's scale, or with `best_scale` the scale that fits
+        best (`_scaled_nll`). One model renders every shot, nothing refined."""
+        model = DiffractionModel(list(setups), list(pixels), (), device=options.device, dtype=torch.float64,
+                                 compile=options.compile)
         with torch.no_grad():
             photons = model()
-        for row, index in enumerate(earlier):
-            box = boxes[index]
-            counts = torch.as_tensor(shots[index].image.counts[box.rows, box.cols], dtype=torch.float64)
-            found[index] = float(negative_log_likelihood(photons[row].to(torch.float64) + backgrounds[index], counts,
-                                                         options.readout_photons, options.likelihood))
+        found = []
+        for shot, (rows, cols), signal, background in zip(shots, pixels, photons, backgrounds, strict=True):
+            counts = torch.as_tensor(shot.image.counts[rows, cols], dtype=torch.float64)
+            signal, background = signal.to(torch.float64).cpu(), background.cpu()
+            found.append(_scaled_nll(signal, background, counts, shot.scale, options) if best_scale else
+                         float(negative_log_likelihood(shot.scale * signal + background, counts,
+                                                       options.readout_photons, options.likelihood)))
         return found
 
     def share_cell(self, grid: HKLGrid) -> None:
