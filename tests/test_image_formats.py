@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import nbsim.detector.response as detector_response
 from nbsim.cli import main
 from nbsim.model.geometry import build_geometry
 from nbsim.nanobragg.arguments import parse
@@ -59,7 +60,13 @@ def test_cbf_counts_and_header_match_the_simulation(tmp_path, monkeypatch, capsy
 
 
 def test_cbf_holds_the_noise_image_when_there_is_one(tmp_path, monkeypatch):
+    """The miniCBF's counts are the -noisefile's less its pedestal: one draw of the noise read out for both (as
+    nanoBragg draws its noise once a run), not a second draw from the same seed."""
+    draws = []
+    poisson = detector_response._poisson
+    monkeypatch.setattr(detector_response, "_poisson", lambda *args: draws.append(args) or poisson(*args))
     _render(tmp_path, monkeypatch, "-noisefile", "noise.img", "-cbffile", "image.cbf")
+    assert len(draws) == 1
     np.testing.assert_array_equal(fabio.open(str(tmp_path / "image.cbf")).data + 40,
                                   fabio.open(str(tmp_path / "noise.img")).data)
     assert "Silicon sensor, thickness" not in _header(tmp_path / "image.cbf")

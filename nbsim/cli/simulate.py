@@ -12,8 +12,8 @@ import torch
 
 from .. import __version__
 from ..cache import configure_compile_cache
-from ..config import EMPTY_SHOT_ADVICE, DetectorResponseConfig, SimulationConfig
-from ..detector import detector_image, layout_of
+from ..config import EMPTY_SHOT_ADVICE, SimulationConfig
+from ..detector import DetectorImage, Readout, detector_images, layout_of
 from ..detector.native import load as load_compiled_noise
 from ..detector.response import OVERLOAD_ADU
 from ..devices import resolve_device, resolve_dtype
@@ -88,16 +88,15 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
         print(f"pgm_scale = {pgm_scale:g}")
         print(f"writing {run.pgmfile} as 1-byte integers")
         write_pgm(run.pgmfile, pgm_image(image, setup, pgm_scale), pgm_scale)
-    response = dataclasses.replace(config.response, noise_seed=run.seed)
-    if run.noisefile:
-        detected = detector_image(torch.from_numpy(image), response, layout_of(setup))
+    detected, noisy_counts = _noise_images(image, setup, run)
+    if detected is not None:
         print(f"{detected.total_photons:.0f} photons on noise image ({detected.overloads} overloads)")
         print(f"writing {run.noisefile} as 2-byte integers")
         write_smv(run.noisefile, detected.adu.numpy().astype(np.uint16), fields)
     if run.wants_counts:
         seed = run.seed if run.noise else None
         record = experiment_record(setup, seed, run.saturation_counts, run.counts_pedestal)
-        _write_processing_images(run, _processing_counts(image, setup, run, scale, response), record, started)
+        _write_processing_images(run, _processing_counts(image, setup, run, scale, noisy_counts), record, started)
     if run.p1_table_file and setup.p1_table is not None:
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
@@ -119,9 +118,8 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
           f"on panel {setup.config.detector.panels[brightest].name}")
     print(f"mean= {stats.mean:g} rms= {stats.rms:g} rmsd= {stats.rmsd:g}")
     scale = _intfile_scale(run, stats)
-    response = dataclasses.replace(setup.config.response, noise_seed=run.seed)
-    if run.noisefile:
-        detected = detector_image(torch.from_numpy(image), response, layout_of(setup))
+    detected, noisy_counts = _noise_images(image, setup, run)
+    if detected is not None:
         print(f"{detected.total_photons:.0f} photons on noise image ({detected.overloads} overloads)")
         print(f"writing {run.noisefile} as NXmx (HDF5) of 16-bit ADU ({len(panels)} panels)")
         record = experiment_record(setup, run.seed, int(OVERLOAD_ADU), run.adc)
@@ -129,11 +127,29 @@ def _write_panels(image: np.ndarray, setup: Setup, run: RunOptions, started: dat
                    datetime.datetime.now(datetime.timezone.utc))
     if run.nxmxfile:
         record = experiment_record(setup, run.seed if run.noise else None, run.saturation_counts, run.counts_pedestal)
-        _write_processing_images(run, _processing_counts(image, setup, run, scale, response), record, started)
+        _write_processing_images(run, _processing_counts(image, setup, run, scale, noisy_counts), record, started)
     if run.p1_table_file and setup.p1_table is not None:
         print(f"writing {run.p1_table_file} as {len(setup.p1_table.reflections)} h k l F lines (the P1 table used)")
         write_hkl(run.p1_table_file, setup.p1_table.reflections)
     return 0
+
+
+def _noise_images(image: np.ndarray, setup: Setup, run: RunOptions) -> tuple[DetectorImage | None, np.ndarray | None]:
+    """The run's reads of one draw of the detector's noise (nanoBragg draws it once a run), so that its files hold
+    the same counts: the -noisefile's detector image (nanoBragg's ADU: the -adc pedestal, clamped at 65535) and the
+    int32 files' counts (no pedestal unless -adc is given, clamped at -saturation; docs/formats.md), each None
+    where the run writes none."""
+    readouts: dict[str, Readout] = {}
+    if run.noisefile:
+        readouts["noise"] = Readout(setup.config.response.adc_offset_adu)
+    if run.noise and run.wants_counts:
+        readouts["counts"] = Readout(run.counts_pedestal, run.saturation_counts)
+    if not readouts:
+        return None, None
+    response = dataclasses.replace(setup.config.response, noise_seed=run.seed)
+    read = dict(zip(readouts, detector_images(torch.from_numpy(image), response, layout_of(setup),
+                                              list(readouts.values())), strict=True))
+    return read.get("noise"), read["counts"].adu.numpy() if "counts" in read else None
 
 
 def _intfile_scale(run: RunOptions, stats: ImageStatistics) -> float:
@@ -147,13 +163,12 @@ def _intfile_scale(run: RunOptions, stats: ImageStatistics) -> float:
 
 
 def _processing_counts(image: np.ndarray, setup: Setup, run: RunOptions, scale: float,
-                       response: DetectorResponseConfig) -> np.ndarray:
-    """The int32 files' counts: the noise image's when there is one, else the -intfile image's (each panel's);
-    clamped at -saturation, not at the SMV's 65535, and with no pedestal unless -adc is given (docs/formats.md)."""
-    if run.noise:
-        pedestal = dataclasses.replace(response, adc_offset_adu=run.counts_pedestal)
-        return detector_image(torch.from_numpy(image), pedestal, layout_of(setup),
-                              saturation_adu=run.saturation_counts).adu.numpy()
+                       noisy_counts: np.ndarray | None) -> np.ndarray:
+    """The int32 files' counts: the noise image's when there is one (`noisy_counts`, `_noise_images`), else the
+    -intfile image's (each panel's); clamped at -saturation, not at the SMV's 65535, and with no pedestal unless
+    -adc is given (docs/formats.md)."""
+    if noisy_counts is not None:
+        return noisy_counts
     if setup.panels is not None:
         return panel_counts(panel_images(image, setup.config.detector.panels), setup, scale, run.counts_pedestal,
                             run.saturation_counts)

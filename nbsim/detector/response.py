@@ -13,8 +13,8 @@ while the point spread and the beam stop act on each panel alone (no photon cros
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -110,30 +110,48 @@ class DetectorImage:
     overloads: int
 
 
+@dataclass(frozen=True)
+class Readout:
+    """How a file reads the detector's draws out: the ADC offset added to every pixel (ADU) and the saturation its
+    values are clamped at (the int32 files take a larger one than the 16-bit SMV's; hot pixels read it)."""
+
+    adc_offset_adu: float
+    saturation_adu: float = OVERLOAD_ADU
+
+
 def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
                    saturation_adu: float = OVERLOAD_ADU) -> DetectorImage:
     """The detector image of a noise-free (slow, fast) photon image under `response` (checked first), its
-    ADU clamped at `saturation_adu` (the int32 files take a larger one; hot pixels read it). With a
-    multi-panel layout, the photons are (panels, slow, fast), zero-padded as the renderer pads them.
+    ADU clamped at `saturation_adu`: `detector_images` read out once, with the response's ADC offset."""
+    return detector_images(photons, response, layout, [Readout(response.adc_offset_adu, saturation_adu)])[0]
+
+
+def detector_images(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
+                    readouts: Sequence[Readout]) -> list[DetectorImage]:
+    """The detector images of a noise-free (slow, fast) photon image under `response` (checked first, with each
+    readout's ADC offset), one per readout, all from one set of draws (as nanoBragg draws its noise once a run):
+    the files of a run hold the same counts, each with its own offset and saturation. With a multi-panel layout,
+    the photons are (panels, slow, fast), zero-padded as the renderer pads them.
 
     Same arguments, device and dtype: the same bits. With generator "nanobragg" the Poisson draws are
     nanoBragg's serial sequence over the float32-rounded image (its noise image, bit for bit, with the
     default settings); with "philox" every draw is a pure function of its seed, stream and pixel.
     """
-    check_response(response)
+    for readout in readouts:
+        check_response(replace(response, adc_offset_adu=readout.adc_offset_adu))
     if response.noise_seed is None:
         raise NbsimError("the detector image needs a noise seed (noise_seed, or -seed)")
     if not layout.panels:
-        return _read_out(photons, response, layout, saturation_adu)
+        return _read_outs(photons, response, layout, readouts)
     shape = layout.panels_shape
     if tuple(photons.shape) != shape:
         raise NbsimError(f"the photon image is {tuple(photons.shape)}, the detector's {len(layout.panels)} panels "
                          f"need {shape} (panels, slow, fast)")
     stacked = torch.cat([photons[index, :panel.pixels_slow, :panel.pixels_fast].reshape(-1)
                          for index, panel in enumerate(layout.panels)])
-    read = _read_out(stacked.view(1, -1), response, layout, saturation_adu)
-    return DetectorImage(adu=_padded(read.adu, layout), photons=_padded(read.photons, layout),
-                         total_photons=read.total_photons, max_photons=read.max_photons, overloads=read.overloads)
+    return [DetectorImage(adu=_padded(read.adu, layout), photons=_padded(read.photons, layout),
+                          total_photons=read.total_photons, max_photons=read.max_photons, overloads=read.overloads)
+            for read in _read_outs(stacked.view(1, -1), response, layout, readouts)]
 
 
 def _padded(stacked: torch.Tensor, layout: PixelLayout) -> torch.Tensor:
@@ -163,9 +181,10 @@ def _each_panel(image: torch.Tensor, layout: PixelLayout,
     return torch.cat(parts).view(image.shape)
 
 
-def _read_out(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
-              saturation_adu: float) -> DetectorImage:
-    """`detector_image` of one (slow, fast) image: the single panel, or a multi-panel layout's (1, pixels) stack."""
+def _read_outs(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
+               readouts: Sequence[Readout]) -> list[DetectorImage]:
+    """`detector_images` of one (slow, fast) image: the single panel, or a multi-panel layout's (1, pixels) stack.
+    Every draw is made once; each readout converts the same photons, read-out noise and defects to its ADU."""
     shape = tuple(photons.shape)
     device = photons.device
     roi = layout.roi or (0, shape[1] - 1, 0, shape[0] - 1)
@@ -201,29 +220,37 @@ def _read_out(photons: torch.Tensor, response: DetectorResponseConfig, layout: P
         blur = effects.gaussian_blur if response.psf == "gaussian" else effects.fiber_blur
         observed = _each_panel(observed, layout, lambda panel, pixel_size_mm, _: blur(
             panel, response.psf_fwhm_um / (pixel_size_mm * 1000.0)))
-    if response.gain_adu_per_photon == 1.0:
-        adu = observed + response.adc_offset_adu
-    else:
-        adu = observed * response.gain_adu_per_photon
-        adu += response.adc_offset_adu
-    if response.readout_noise_adu > 0.0:
-        adu = adu + response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index)
-    if saturation_adu > OVERLOAD_ADU:
-        adu = adu.to(torch.float64)  # float32 would round int32's largest count up, past the int32 range
-    overloads = int(torch.count_nonzero(adu[window] > saturation_adu))
-    adu = adu.clamp_(0.0, saturation_adu)
+    readout_noise = (response.readout_noise_adu * philox.normals(seed, STREAM_READOUT, index)
+                     if response.readout_noise_adu > 0.0 else None)
+    hot = dead = None
     if response.hot_pixel_fraction > 0.0 or response.dead_pixel_fraction > 0.0:
         draw = philox.uniforms(response.defect_seed, STREAM_DEFECTS, 0, index)
         hot = draw < response.hot_pixel_fraction
         dead = ~hot & (draw < response.hot_pixel_fraction + response.dead_pixel_fraction)
-        adu = adu.masked_fill_(hot, saturation_adu).masked_fill_(dead, 0.0)
-    if layout.roi is None:
-        counts = adu.to(torch.int32)
-    else:
-        counts = torch.zeros(shape, dtype=torch.int32, device=device)
-        counts[window] = adu[window].to(torch.int32)
-    return DetectorImage(adu=counts, photons=observed, total_photons=total, max_photons=max_photons,
-                         overloads=overloads)
+    found = []
+    for readout in readouts:
+        saturation_adu = readout.saturation_adu
+        if response.gain_adu_per_photon == 1.0:
+            adu = observed + readout.adc_offset_adu
+        else:
+            adu = observed * response.gain_adu_per_photon
+            adu += readout.adc_offset_adu
+        if readout_noise is not None:
+            adu = adu + readout_noise
+        if saturation_adu > OVERLOAD_ADU:
+            adu = adu.to(torch.float64)  # float32 would round int32's largest count up, past the int32 range
+        overloads = int(torch.count_nonzero(adu[window] > saturation_adu))
+        adu = adu.clamp_(0.0, saturation_adu)
+        if hot is not None:
+            adu = adu.masked_fill_(hot, saturation_adu).masked_fill_(dead, 0.0)
+        if layout.roi is None:
+            counts = adu.to(torch.int32)
+        else:
+            counts = torch.zeros(shape, dtype=torch.int32, device=device)
+            counts[window] = adu[window].to(torch.int32)
+        found.append(DetectorImage(adu=counts, photons=observed, total_photons=total, max_photons=max_photons,
+                                   overloads=overloads))
+    return found
 
 
 def _poisson(expected: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
