@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -68,17 +67,13 @@ def gather(value: Any) -> list[Any]:
     return values
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _spawned(rank: int, target: Callable[..., None], args: tuple, size: int, port: int, backend: str) -> None:
-    """A spawned worker: joins the group, runs `target`; an error leaves as one line for the parent."""
+    """A spawned worker: joins the group through the launching process's store on `port`, runs `target`; an
+    error leaves as one line for the parent."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
                       LOCAL_RANK=str(rank))
-    dist.init_process_group(backend, rank=rank, world_size=size)
+    dist.init_process_group(backend, store=dist.TCPStore("127.0.0.1", port, is_master=False), rank=rank,
+                            world_size=size)
     try:
         target(*args)
     except Exception as error:  # noqa: BLE001 - the parent reports the worker's error as one line
@@ -117,8 +112,11 @@ def launch(target: Callable[..., None], args: tuple, workers: int, device: str) 
 
     # torch logs a line as it ends the other workers after one failed; the failure is reported here, in one line
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    # The workers meet at a store this process holds, on a port the system picks as the store binds it: a free
+    # port looked up here and bound by worker 0 once started (seconds later) could be taken meanwhile.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     try:
-        mp.spawn(_spawned, args=(target, args, workers, _free_port(), backend), nprocs=workers, join=True)
+        mp.spawn(_spawned, args=(target, args, workers, store.port, backend), nprocs=workers, join=True)
     except mp.ProcessRaisedException as error:
         lines = [line for line in str(error).strip().splitlines() if line.strip()]
         message = lines[-1].split(": ", 1)[-1] if lines else "failed"
