@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -115,11 +116,35 @@ def launch(target: Callable[..., None], args: tuple, workers: int, device: str) 
     # The workers meet at a store this process holds, on a port the system picks as the store binds it: a free
     # port looked up here and bound by worker 0 once started (seconds later) could be taken meanwhile.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    context = mp.start_processes(_spawned, args=(target, args, workers, store.port, backend), nprocs=workers,
+                                 join=False, start_method="spawn")
     try:
-        mp.spawn(_spawned, args=(target, args, workers, store.port, backend), nprocs=workers, join=True)
+        while not context.join():
+            pass
     except mp.ProcessRaisedException as error:
+        died = _died_without_an_error(context)
+        if died is not None:
+            raise NbsimError(_death(*died)) from None
         lines = [line for line in str(error).strip().splitlines() if line.strip()]
         message = lines[-1].split(": ", 1)[-1] if lines else "failed"
         raise NbsimError(message) from None
     except mp.ProcessExitedException as error:
-        raise NbsimError(f"worker {error.error_index} died ({error}); no output was written") from None
+        raise NbsimError(_death(error.error_index, error.exit_code)) from None
+
+
+def _died_without_an_error(context: torch.multiprocessing.ProcessContext) -> tuple[int, int] | None:
+    """(index, exit status) of a worker that ended without an error of its own (os._exit, the out-of-memory
+    killer), not counting those the launcher ended (SIGTERM) once one failed. A worker's death breaks its
+    peers' all-reduce, and their errors (a connection reset) are its consequence: torch reports the first
+    failure it sees, which on a loaded machine is a peer's error when the launcher wakes after it (measured:
+    the peer's error 0.5-1 s after the death)."""
+    for index, process in enumerate(context.processes):
+        if process.exitcode not in (0, -signal.SIGTERM) and not os.path.exists(context.error_files[index]):
+            return index, process.exitcode
+    return None
+
+
+def _death(index: int, exit_status: int) -> str:
+    """The one line for a worker that died: its exit code, or the signal that killed it."""
+    how = f"exit code {exit_status}" if exit_status >= 0 else f"signal {signal.Signals(-exit_status).name}"
+    return f"worker {index} died ({how}); no output was written"
