@@ -131,7 +131,8 @@ def test_restraint_curvature_is_the_hessian_diagonal():
     p1 = expand_to_p1_sphere(miller, np.linspace(10, 90, len(miller)), None, group)
     reflections, start = asymmetric_unit(p1, group, CELL, anomalous=True, what="test")
     model = StructureFactorModel(reflections, start, Restraints(start=0.5, shell=0.3, friedel=0.2, shells=3))
-    point = model.log_start + 0.1 * torch.randn(model.size, dtype=torch.float64)
+    point = model.log_start + 0.1 * torch.randn(model.size, dtype=torch.float64,
+                                                generator=torch.Generator().manual_seed(0))
     hessian = torch.autograd.functional.hessian(model.penalty, point)
     assert torch.allclose(torch.diagonal(hessian), model.curvature(), rtol=1e-10)
 
