@@ -8,6 +8,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 
@@ -101,16 +102,21 @@ def test_the_summary_tables_hold_every_measured_row():
     assert "| float32-cpu-single-square-default | pixel_kernel | jit (aot refused) | 100.0 | 4.0 | 90.5 |" in text
 
 
-def test_each_step_keeps_the_time_the_steps_after_it_reserve(tmp_path):
+def test_each_step_keeps_the_time_the_steps_after_it_reserve(tmp_path, monkeypatch):
     """A step may take what is left of the budget less the later selected steps' shares; the sweep times the
-    batches of the larger half of the sizes first."""
+    batches of the larger half of the sizes first. The campaign's clock is the test's: a loaded machine's
+    pause between two readings changes nothing."""
+    now_s = [1000.0]
+    monkeypatch.setattr(gpu_campaign, "time", types.SimpleNamespace(monotonic=lambda: now_s[0]))
     options = argparse.Namespace(budget_s=400.0, only=["environment", "sweep", "merge"])
     campaign = gpu_campaign.Campaign(options, gpu_campaign.Plan.of(True), tmp_path)
     campaign.start_step("sweep")
     reserved = gpu_campaign.STEP_SHARES["merge"] * 400.0
-    assert 400.0 - reserved - 1 < campaign.time_left_s() <= 400.0 - reserved
+    assert campaign.time_left_s() == pytest.approx(400.0 - reserved, abs=1e-9)
+    now_s[0] += 100.0  # the sweep took 100 s
+    assert campaign.time_left_s() == pytest.approx(300.0 - reserved, abs=1e-9)
     campaign.start_step("merge")
-    assert 399 < campaign.time_left_s() <= 400
+    assert campaign.time_left_s() == pytest.approx(300.0, abs=1e-9)
     assert gpu_campaign.headline_batches(gpu_campaign.Plan.of(False)) == [
         f"n{size}-{dtype}-{device}-compile_on-b0000" for size in (4096, 2048) for dtype in ("float32", "float64")
         for device in ("cpu", "cuda")]
