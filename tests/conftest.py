@@ -105,8 +105,9 @@ def system_devices_untouched():
 # The test files of more than about 5 s in `make test`, longest first (their seconds on a worker, from the
 # suite's last per-test profile, 2026-11-27, test_dials.py's scaled to its 256² series: workflow 128, parity
 # 49, fit 43, docs_commands 43, dials 34, robustness 32, worker 32, slurm 27 (fit 47 and slurm 37 before
-# fit's error cases ran in-process and slurm's status checks every second), ..., dials_import 5;
-# test_compile.py, 75, starts first with its kernel builds). pytest-xdist hands a worker its next file when
+# fit's error cases ran in-process and slurm's status checks every second; slurm about 3.5 s less since its
+# controller schedules a job at once, measured alone), ..., dials_import 5; test_compile.py, 75, starts first
+# with its kernel builds). pytest-xdist hands a worker its next file when
 # it is almost done, so with the longest first the files left at the end are short and the two workers
 # finish within seconds of each other (in the order of the file names, test_worker.py's 32 s came last).
 LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_fit.py", "test_docs_commands.py", "test_dials.py",

@@ -186,7 +186,7 @@ def _interrupt_mid_render(folder: Path, env: dict[str, str], signum: int) -> sub
             if line.strip().endswith("steps per pixel"):
                 break
         assert lines and lines[-1].strip() == "256 steps per pixel", "".join(lines) + client.stderr.read()
-        time.sleep(1.0)
+        time.sleep(0.3)  # into the render, which takes minutes
         client.send_signal(signum)
         stdout, stderr = client.communicate(timeout=10)
     finally:
