@@ -340,7 +340,7 @@ def _run_command(control: socket.socket) -> NoReturn:
     except _Cancelled:
         status = 128 + signal.SIGTERM
     finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # a late cancel must not skip the exit
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a late cancel (taken by any thread) must not skip the exit
         with contextlib.suppress(OSError):
             control.send(str(status).encode())
         with contextlib.suppress(OSError, pickle.PicklingError):
