@@ -105,11 +105,12 @@ def system_devices_untouched():
 # The test files of more than about 5 s in `make test`, longest first (their seconds on a worker, from the
 # suite's last per-test profile, 2026-11-27, test_dials.py's scaled to its 256² series: workflow 128, parity
 # 49, fit 43, docs_commands 43, dials 34, robustness 32, worker 32, slurm 27 (fit 47 and slurm 37 before
-# fit's error cases ran in-process and slurm's status checks every second; slurm about 3.5 s less since its
-# controller schedules a job at once, measured alone), ..., dials_import 5; test_compile.py, 75, starts first
-# with its kernel builds). pytest-xdist hands a worker its next file when
-# it is almost done, so with the longest first the files left at the end are short and the two workers
-# finish within seconds of each other (in the order of the file names, test_worker.py's 32 s came last).
+# fit's error cases ran in-process and slurm's status checks every second; measured alone since, slurm about
+# 3.5 s less with its controller scheduling a job at once and worker about 7 s less with six of its tests
+# sharing one worker), ..., dials_import 5; test_compile.py, 75, starts first with its kernel builds).
+# pytest-xdist hands a worker its next file when it is almost done, so with the longest first the files left
+# at the end are short and the two workers finish within seconds of each other (in the order of the file
+# names, test_worker.py's 32 s came last).
 LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_fit.py", "test_docs_commands.py", "test_dials.py",
                  "test_robustness.py", "test_worker.py", "test_slurm.py", "test_dials_loop.py",
                  "test_dials_route.py", "test_bench.py", "test_dials_experiments.py", "test_merge_workflow.py",

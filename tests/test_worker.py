@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,10 +39,36 @@ def worker_env(tmp_path):
 
 @pytest.fixture
 def running_worker(tmp_path, worker_env):
-    """worker_env with its worker started."""
+    """worker_env with its worker started, for a test that stops it."""
     started = _nbsim(["worker", "start", "--idle-timeout", "300"], tmp_path, worker_env)
     assert started.returncode == 0 and "started" in started.stdout, started.stdout + started.stderr
     return worker_env
+
+
+@pytest.fixture(scope="module")
+def shared_worker(tmp_path_factory):
+    """One worker for the tests that leave it running (a worker's start is a Python and PyTorch start, 1.5 s):
+    an environment with a cache folder of its own, the worker stopped after the module. These tests check
+    what their own commands changed (`_counts` before and after), not the totals."""
+    folder = tmp_path_factory.mktemp("shared_worker")
+    env = {**os.environ, "NBSIM_CACHE_DIR": str(folder / "cache")}
+    env.pop("NBSIM_WORKER", None)
+    started = _nbsim(["worker", "start", "--idle-timeout", "300"], folder, env)
+    assert started.returncode == 0 and "started" in started.stdout, started.stdout + started.stderr
+    yield env
+    _nbsim(["worker", "stop"], folder, env)
+
+
+def _counts(status: str) -> tuple[int, int, int]:
+    """Commands served, tables kept and table parses, from the worker's status line."""
+    found = re.search(r"(\d+) commands served, (\d+) tables kept, (\d+) table parses", status)
+    assert found, status
+    served, kept, parses = (int(count) for count in found.groups())
+    return served, kept, parses
+
+
+def _status_counts(env: dict[str, str], cwd: Path) -> tuple[int, int, int]:
+    return _counts(_nbsim(["worker", "status"], cwd, env).stdout)
 
 
 def _client(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -93,11 +120,11 @@ def test_a_waiting_process_killed_from_outside_is_replaced(tmp_path, running_wor
     assert "1 commands served" in _nbsim(["worker", "status"], tmp_path, running_worker).stdout
 
 
-def test_client_does_not_import_torch(tmp_path, running_worker):
+def test_client_does_not_import_torch(tmp_path, shared_worker):
     """With a worker running, an `nbsim` command loads neither torch nor numpy."""
     result = _client("import json, sys\nfrom nbsim.server.client import main\nstatus = main(sys.argv[1:])\n"
                      "print(json.dumps([status, 'torch' in sys.modules, 'numpy' in sys.modules]))\n",
-                     tmp_path, running_worker)
+                     tmp_path, shared_worker)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, False, False], result.stderr
     assert np.fromfile(tmp_path / "float.bin", dtype=np.float32).max() > 0
 
@@ -151,10 +178,11 @@ def test_a_shared_socket_folder_is_refused(tmp_path, monkeypatch, capsys):
     assert "not a private folder" in capsys.readouterr().err
 
 
-def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, running_worker, monkeypatch):
+def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, shared_worker, monkeypatch):
     from nbsim.server import client, protocol
 
-    monkeypatch.setenv("NBSIM_CACHE_DIR", running_worker["NBSIM_CACHE_DIR"])
+    monkeypatch.setenv("NBSIM_CACHE_DIR", shared_worker["NBSIM_CACHE_DIR"])
+    served_before = _counts(client._ask("status"))[0]
     with protocol.connect(timeout_s=60) as connection:
         protocol.send_request(connection, {"command": "run", "argv": ["-help"], "cwd": str(tmp_path / "gone"),
                                            "source": protocol.source_digest(), "env": {}, "umask": 0o022,
@@ -162,7 +190,7 @@ def test_a_bad_request_gets_an_error_and_the_worker_goes_on(tmp_path, running_wo
         frames = list(protocol.frames(connection))
     assert frames == [(b"e", frames[0][1]), (b"x", b"2")]
     assert b"FileNotFoundError" in frames[0][1]
-    assert "1 commands served" in client._ask("status")
+    assert _counts(client._ask("status"))[0] == served_before + 1
 
 
 LONG_ARGS = f"{SEED_ARGS} -detpixels 3000 -oversample 16 -compile off -floatfile long.bin -nonoise -nopgm".split()
@@ -195,9 +223,16 @@ def _interrupt_mid_render(folder: Path, env: dict[str, str], signum: int) -> sub
     return subprocess.CompletedProcess(client.args, client.returncode, "".join(lines) + stdout, stderr)
 
 
-def _worker_serves_next_command_at_once(tmp_path: Path, env: dict[str, str], long_folder: Path) -> None:
+def _worker_log_size(env: dict[str, str]) -> int:
+    return (Path(env["NBSIM_CACHE_DIR"]) / "worker.log").stat().st_size
+
+
+def _worker_serves_next_command_at_once(tmp_path: Path, env: dict[str, str], long_folder: Path, served_before: int,
+                                        log_before: int) -> None:
     """A short command through the same worker finishes within seconds (the cancelled one would need
-    minutes), the worker goes on serving, and the cancelled command left no file at all."""
+    minutes), the worker goes on serving (the cancelled command and the short one served since
+    `served_before`), and the cancelled command left no file at all; what the worker logged since
+    `log_before` says it cancelled it."""
     started = time.monotonic()
     short = _nbsim(ARGS, tmp_path, env)
     elapsed = time.monotonic() - started
@@ -205,34 +240,36 @@ def _worker_serves_next_command_at_once(tmp_path: Path, env: dict[str, str], lon
     assert elapsed < 8, f"the next command waited {elapsed:.1f} s"
     assert np.fromfile(tmp_path / "float.bin", dtype=np.float32).max() > 0
     status = _nbsim(["worker", "status"], tmp_path, env)
-    assert status.returncode == 0 and "2 commands served" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and _counts(status.stdout)[0] == served_before + 2, status.stdout + status.stderr
     assert sorted(p.name for p in long_folder.iterdir()) == []
-    log = (Path(env["NBSIM_CACHE_DIR"]) / "worker.log").read_text()
+    log = (Path(env["NBSIM_CACHE_DIR"]) / "worker.log").read_bytes()[log_before:].decode()
     assert "cancelled `nbsim" in log and "Traceback" not in log, log
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupted_client_cancels_its_command(tmp_path, running_worker, signum):
+def test_an_interrupted_client_cancels_its_command(tmp_path, shared_worker, signum):
     """Ctrl-C (or SIGTERM) in a client mid-render: one line and status 128 + signal, and the worker drops
     the command at once, writing none of its files."""
     long_folder = tmp_path / "long"
-    interrupted = _interrupt_mid_render(long_folder, running_worker, signum)
+    served_before, log_before = _status_counts(shared_worker, tmp_path)[0], _worker_log_size(shared_worker)
+    interrupted = _interrupt_mid_render(long_folder, shared_worker, signum)
     assert interrupted.returncode == 128 + signum, interrupted.stdout + interrupted.stderr
     assert interrupted.stderr.startswith("nbsim: interrupted") and interrupted.stderr.count("\n") == 1, \
         interrupted.stderr
     assert "writing long.bin" not in interrupted.stdout
-    _worker_serves_next_command_at_once(tmp_path, running_worker, long_folder)
+    _worker_serves_next_command_at_once(tmp_path, shared_worker, long_folder, served_before, log_before)
 
 
 @pytest.mark.timeout(60)
-def test_a_killed_client_cancels_its_command(tmp_path, running_worker):
+def test_a_killed_client_cancels_its_command(tmp_path, shared_worker):
     """A client killed mid-render (its connection just drops) cancels its command in the worker too."""
     long_folder = tmp_path / "long"
-    killed = _interrupt_mid_render(long_folder, running_worker, signal.SIGKILL)
+    served_before, log_before = _status_counts(shared_worker, tmp_path)[0], _worker_log_size(shared_worker)
+    killed = _interrupt_mid_render(long_folder, shared_worker, signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
     assert killed.stderr == ""
-    _worker_serves_next_command_at_once(tmp_path, running_worker, long_folder)
+    _worker_serves_next_command_at_once(tmp_path, shared_worker, long_folder, served_before, log_before)
 
 
 def _run_in_child(worker, message: dict, hang_up_after_s: float | None = None) -> tuple[int | None, list]:
@@ -332,25 +369,26 @@ def _worker_process(env: dict[str, str], folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.timeout(120)
-def test_commands_in_a_row_keep_their_settings_apart(tmp_path, running_worker):
+def test_commands_in_a_row_keep_their_settings_apart(tmp_path, shared_worker):
     """Commands through one worker in other folders, umasks and thread counts (OpenMP with 2 threads in
     some): each writes its own files with its own permissions, and the worker itself keeps its folder,
     umask and threads (it never renders, so it never starts a thread pool its children would inherit)."""
-    before = _worker_process(running_worker, tmp_path)
+    before = _worker_process(shared_worker, tmp_path)
+    served_before = _status_counts(shared_worker, tmp_path)[0]
     for index, (mask, threads) in enumerate([(0o077, "2"), (0o022, "1"), (0o027, "2")]):
         folder = tmp_path / f"command{index}"
         folder.mkdir()
-        env = {**running_worker, "OMP_NUM_THREADS": threads}
+        env = {**shared_worker, "OMP_NUM_THREADS": threads}
         result = subprocess.run([sys.executable, "-m", "nbsim.server.client", *ARGS], cwd=folder, env=env,
                                 capture_output=True, text=True, timeout=60,
                                 preexec_fn=lambda mask=mask: os.umask(mask))
         assert result.returncode == 0, result.stderr
         assert {f.name: f.stat().st_mode & 0o777 for f in folder.iterdir()} == \
             {"float.bin": 0o666 & ~mask, "int.img": 0o666 & ~mask}
-    after = _worker_process(running_worker, tmp_path)
+    after = _worker_process(shared_worker, tmp_path)
     assert after["cwd"] == before["cwd"] and after["umask"] == before["umask"]
     assert int(after["threads"]) <= int(before["threads"])  # NumPy's BLAS shuts its own pool at a fork
-    assert "3 commands served" in _nbsim(["worker", "status"], tmp_path, running_worker).stdout
+    assert _status_counts(shared_worker, tmp_path)[0] == served_before + 3
 
 
 def test_the_worker_never_initialises_cuda():
@@ -375,7 +413,7 @@ def test_a_command_whose_process_dies_ends_in_one_line(tmp_path, monkeypatch):
     assert frames == [(b"e", b"nbsim: error: the command's process was killed by SIGKILL\n")]
 
 
-def test_a_series_through_the_worker_parses_its_tables_once(tmp_path, running_worker):
+def test_a_series_through_the_worker_parses_its_tables_once(tmp_path, shared_worker):
     """Commands naming the same table (an -hkl file, a -model and the |F| computed from it) find it parsed:
     the worker keeps what its commands parsed, by content hash, for the commands after; the images are
     those of commands run alone."""
@@ -387,16 +425,17 @@ def test_a_series_through_the_worker_parses_its_tables_once(tmp_path, running_wo
     frames = [[*"-hkl p1.hkl -cell 40 50 60 90 90 90".split(), *common, "-phi", str(phi), "-floatfile",
                f"hkl{phi}.bin"] for phi in range(3)]
     frames += [["-model", str(model), *common, "-phi", str(phi), "-floatfile", f"model{phi}.bin"] for phi in range(2)]
+    before = _status_counts(shared_worker, tmp_path)
     for args in frames:
-        served = _nbsim(args, tmp_path, running_worker)
+        served = _nbsim(args, tmp_path, shared_worker)
         assert served.returncode == 0, served.stderr
-    status = _nbsim(["worker", "status"], tmp_path, running_worker).stdout
+    after = _status_counts(shared_worker, tmp_path)
     # one parse of the table, one of the model file and one |F| computation, over five commands
-    assert "5 commands served, 3 tables kept, 3 table parses" in status, status
+    assert [now - then for now, then in zip(after, before, strict=True)] == [5, 3, 3], (before, after)
     alone = tmp_path / "alone"
     alone.mkdir()
     (alone / "p1.hkl").write_bytes(table.read_bytes())
     for args in (frames[2], frames[4]):
-        assert _nbsim(args, alone, {**running_worker, "NBSIM_WORKER": "off"}).returncode == 0
+        assert _nbsim(args, alone, {**shared_worker, "NBSIM_WORKER": "off"}).returncode == 0
         name = args[-1]
         assert (alone / name).read_bytes() == (tmp_path / name).read_bytes()
