@@ -74,7 +74,8 @@ for writer in range(int(sys.argv[2])):
     pid = os.fork()
     if pid == 0:
         try:
-            signal.signal(signal.SIGTERM, cancel)
+            if writer % 3:  # every third writer keeps SIGTERM's default action, as a plain nbsim process
+                signal.signal(signal.SIGTERM, cancel)
             if writer % 2:  # a second thread, idle, as a render's thread pool: it may take the SIGTERM
                 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
             for index in itertools.count():
@@ -83,7 +84,9 @@ for writer in range(int(sys.argv[2])):
             os._exit(0)
     time.sleep(rng.uniform(0.001, 0.006))
     os.kill(pid, signal.SIGTERM)
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
+    if writer % 3 == 0 and os.waitstatus_to_exitcode(status) != -signal.SIGTERM:
+        sys.exit(f"a writer under the default action ended with {status}, not by SIGTERM")
     found = sorted(path.name for path in folder.iterdir())
     if found != names or any(path.stat().st_size != 100 for path in folder.iterdir()):
         sys.exit(f"left behind: {found}")
@@ -95,7 +98,9 @@ def test_a_cancel_at_any_moment_leaves_no_temporary_folder(tmp_path):
     loop of small writes leaves whole files and no temporary folder, whichever step the cancel lands in:
     the folder's creation, the write, the rename or the cleanup. Every other writer has a second thread, as
     a render's thread pool has, which may take the signal (Python still runs the handler in the main
-    thread). The writers are forked from a fresh interpreter of one thread, not from the test's own process."""
+    thread). Every third writer keeps SIGTERM's default action (a plain `nbsim` process ended by Snakemake or
+    SLURM): it still ends by SIGTERM, its temporary folder removed first. The writers are forked from a fresh
+    interpreter of one thread, not from the test's own process."""
     run = subprocess.run([sys.executable, "-c", CANCELLED_WRITER, str(tmp_path), "250"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -77,8 +77,9 @@ def lattice_system(cell: tuple[float, ...], name: str | None = None) -> LatticeS
         if same(a, b) and same(b, c):
             return LATTICE_SYSTEMS["cubic"]
         return LATTICE_SYSTEMS["tetragonal" if same(a, b) else "orthorhombic"]
-    if same(a, b) and right(alpha) and right(beta) and right(gamma, 120.0):
-        return LATTICE_SYSTEMS["hexagonal"]
+    hexagonal = LATTICE_SYSTEMS["hexagonal"]
+    if same(a, b) and all(right(angle, held) for angle, held in zip(cell[3:], hexagonal.held_deg, strict=True)):
+        return hexagonal
     equal_angles = abs(alpha - beta) <= ANGLE_TOLERANCE_DEG and abs(beta - gamma) <= ANGLE_TOLERANCE_DEG
     if same(a, b) and same(b, c) and equal_angles:
         return LATTICE_SYSTEMS["rhombohedral"]

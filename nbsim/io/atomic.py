@@ -53,26 +53,27 @@ def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
     streamed = is_stream(path)
     destination = write_destination(path)
     folder = None
-    try:
-        with _termination_deferred():
-            folder = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp",
-                                           dir=None if streamed else destination.parent))
-        temporary = folder / destination.name
-        write(temporary)
-        if streamed:
-            with open(temporary, "rb") as built:
-                _stream_into(path, iter(lambda: built.read(COPY_CHUNK_BYTES), b""))
-        else:
-            os.chmod(temporary, 0o666 & ~current_umask())
-        with _termination_deferred():  # renamed and cleaned up in one step: no cancel lands between
-            if not streamed:
-                os.replace(temporary, destination)
-            shutil.rmtree(folder, ignore_errors=True)
-            folder = None
-    finally:
-        if folder is not None:
+    with _default_termination_raised():
+        try:
             with _termination_deferred():
+                folder = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp",
+                                               dir=None if streamed else destination.parent))
+            temporary = folder / destination.name
+            write(temporary)
+            if streamed:
+                with open(temporary, "rb") as built:
+                    _stream_into(path, iter(lambda: built.read(COPY_CHUNK_BYTES), b""))
+            else:
+                os.chmod(temporary, 0o666 & ~current_umask())
+            with _termination_deferred():  # renamed and cleaned up in one step: no cancel lands between
+                if not streamed:
+                    os.replace(temporary, destination)
                 shutil.rmtree(folder, ignore_errors=True)
+                folder = None
+        finally:
+            if folder is not None:
+                with _termination_deferred():
+                    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _stream_into(path: Path, parts: Iterable[bytes | memoryview]) -> None:
@@ -86,6 +87,36 @@ def _stream_into(path: Path, parts: Iterable[bytes | memoryview]) -> None:
         raise NbsimError(f"cannot write {path}: {error.strerror or error}") from None
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where its default action would end the process at once (see _default_termination_raised)."""
+
+
+@contextlib.contextmanager
+def _default_termination_raised() -> Iterator[None]:
+    """Where SIGTERM has its default action (a plain `nbsim` process that Snakemake, SLURM or `kill` ends), it
+    raises _Terminated for the while, so that the temporary folder is removed; the process then ends by SIGTERM
+    as it would have. A handler of the program's own (the worker's cancel) is left as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    terminated = False
+    try:
+        yield
+    except _Terminated:
+        terminated = True
+        raise
+    finally:
+        terminated |= isinstance(_restored(signal.SIGTERM, signal.SIG_DFL), _Terminated)
+        if terminated:
+            signal.raise_signal(signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def _termination_deferred() -> Iterator[None]:
     """SIGTERM and SIGINT (the worker's cancel, Ctrl-C) held back while the temporary folder is made and
@@ -94,7 +125,7 @@ def _termination_deferred() -> Iterator[None]:
     again once they are back. A signal mask would not do: it holds a signal back from this thread only, and
     in a process with other threads (a render's OpenMP pool, in the worker's command processes) one of them
     takes it and Python runs the handler here all the same. Python runs handlers in the main thread only, so
-    elsewhere nothing is swapped, nor needs to be."""
+    elsewhere nothing is swapped (a signal's default action there is the process's end whatever this does)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -108,15 +139,25 @@ def _termination_deferred() -> Iterator[None]:
                 signal.signal(signum, lambda received, _frame: noted.append(received))
         yield
     finally:
-        # Each handler back even if the one restored before it raises at once (a cancel just arrived).
-        try:
-            if signal.SIGTERM in swapped:
-                signal.signal(signal.SIGTERM, swapped[signal.SIGTERM])
-        finally:
-            if signal.SIGINT in swapped:
-                signal.signal(signal.SIGINT, swapped[signal.SIGINT])
-        for signum in noted:
+        interrupts = [_restored(signum, handler) for signum, handler in swapped.items()]
+        interrupt = next((raised for raised in interrupts if raised is not None), None)
+        if interrupt is not None:
+            raise interrupt
+        for signum in dict.fromkeys(noted):
             signal.raise_signal(signum)
+
+
+def _restored(signum: int, handler: Any) -> BaseException | None:
+    """Put `handler` back for `signum`. Python runs a pending signal's handler before it installs another
+    and installs nothing if that handler raises (a cancel that arrived just now, to a handler put back a
+    moment before), so this tries again until it is installed; the first exception raised meanwhile, or None."""
+    interrupt = None
+    while True:
+        try:
+            signal.signal(signum, handler)
+            return interrupt
+        except BaseException as raised:  # noqa: BLE001 - a cancel, raised by the caller once every handler is back
+            interrupt = interrupt or raised
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -146,5 +146,11 @@ def _died_without_an_error(context: torch.multiprocessing.ProcessContext) -> tup
 
 def _death(index: int, exit_status: int) -> str:
     """The one line for a worker that died: its exit code, or the signal that killed it."""
-    how = f"exit code {exit_status}" if exit_status >= 0 else f"signal {signal.Signals(-exit_status).name}"
+    if exit_status >= 0:
+        how = f"exit code {exit_status}"
+    else:
+        try:
+            how = f"signal {signal.Signals(-exit_status).name}"
+        except ValueError:  # a real-time signal, which the enumeration does not name
+            how = f"signal {-exit_status}"
     return f"worker {index} died ({how}); no output was written"

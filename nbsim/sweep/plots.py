@@ -91,7 +91,7 @@ def plot_scenario(rows: list[dict[str, Any]], stores: dict[str, Path], axes: lis
 
 def _series(rows: list[dict], x_axis: str, key: str):
     """(label, x values, median, min, max, and the lowest and highest of the points' ranges over the repeats per
-    x value: None where a point has none) per (dtype, device, compile)."""
+    x value: None for the whole series where any of its points has none) per (dtype, device, compile)."""
     groups: dict[tuple, dict[Any, list[dict]]] = {}
     for row in rows:
         if isinstance(row.get(key), (int, float)):
