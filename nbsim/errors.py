@@ -25,6 +25,17 @@ class InputFileError(NbsimError):
         self.line_number = line_number
 
 
+def signal_name(signum: int) -> str:
+    """A signal's name for a message (SIGKILL), or its number where the enumeration names none (a real-time
+    signal: `signal.Signals` raises for those)."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """' (did you mean X?)' for the known name closest to a misspelt one (difflib), else ''."""
     from difflib import get_close_matches

@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import signal
 import subprocess
 import time
 import warnings
@@ -35,6 +34,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..devices import dtype_name
+from ..errors import signal_name
 from .cache import KernelCache, KernelLoads, child_command, locked, runs_here
 from .inductor_patches import contracted_options, masked_tails, thread_options, tile_shaped_loops, vectors_per_iteration
 from .inputs import COLS, EXAMPLE_SIZES, ROWS, KernelOptions, example_tensors, input_dims
@@ -171,12 +171,7 @@ def probe_package(cache: KernelCache, package: Path, variant: StageVariant, dtyp
 
 def _ending(status: int) -> str:
     """How a process with this return code ended: the signal's name (SIGSEGV) or its exit status."""
-    if status >= 0:
-        return f"exit status {status}"
-    try:
-        return signal.Signals(-status).name
-    except ValueError:
-        return f"signal {-status}"
+    return f"exit status {status}" if status >= 0 else signal_name(-status)
 
 
 def open_package(package: Path, device: torch.device) -> PackageRunner:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import NbsimError
+from ..errors import NbsimError, signal_name
 
 
 def launched_world() -> tuple[int, int] | None:
@@ -71,8 +71,7 @@ def gather(value: Any) -> list[Any]:
 def _spawned(rank: int, target: Callable[..., None], args: tuple, size: int, port: int, backend: str) -> None:
     """A spawned worker: joins the group through the launching process's store on `port`, runs `target`; an
     error leaves as one line for the parent."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank))
     dist.init_process_group(backend, store=dist.TCPStore("127.0.0.1", port, is_master=False), rank=rank,
                             world_size=size)
     try:
@@ -146,11 +145,5 @@ def _died_without_an_error(context: torch.multiprocessing.ProcessContext) -> tup
 
 def _death(index: int, exit_status: int) -> str:
     """The one line for a worker that died: its exit code, or the signal that killed it."""
-    if exit_status >= 0:
-        how = f"exit code {exit_status}"
-    else:
-        try:
-            how = f"signal {signal.Signals(-exit_status).name}"
-        except ValueError:  # a real-time signal, which the enumeration does not name
-            how = f"signal {-exit_status}"
+    how = f"exit code {exit_status}" if exit_status >= 0 else signal_name(-exit_status)
     return f"worker {index} died ({how}); no output was written"

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..errors import signal_name
 from .protocol import (
     DECLINE,
     DEFAULT_IDLE_TIMEOUT_S,
@@ -254,7 +255,7 @@ class CommandProcess:
         status = os.waitstatus_to_exitcode(self._reap())
         if status < 0:
             _send(connection, STDERR, f"nbsim: error: the command's process was killed by "
-                                      f"{signal.Signals(-status).name}\n")
+                                      f"{signal_name(-status)}\n")
             return 128 - status
         return status
 
