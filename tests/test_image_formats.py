@@ -334,18 +334,22 @@ def test_saturation_values_outside_int32_are_refused_and_a_useless_one_is_noted(
     assert "-saturation sets the counts of -cbffile and -nxmxfile, and neither is written" in capsys.readouterr().out
 
 
-def test_export_writes_noise_frames_each_with_its_seed_in_its_header(tmp_path, capsys):
+def test_export_writes_noise_frames_each_with_its_seed_in_its_header(tmp_path, capsys, monkeypatch):
     from dataclasses import replace
 
+    import nbsim.detector
     from nbsim.detector import detector_image, layout_of
     from nbsim.resolve import resolve
 
     phis = [10.0, 10.5, 11.0]
     images, config = _rotation_sweep(tmp_path, phis)
+    draws = []
+    monkeypatch.setattr(nbsim.detector, "detector_image", lambda *a, **k: draws.append(1) or detector_image(*a, **k))
     assert main(["export", str(tmp_path / "sweep.zarr"), "--noise-cbf", str(tmp_path / "noisy"),
                  "--noise-nxmx", str(tmp_path / "noisy.nxs"), "--seed", "500", "--saturation", "12"]) == 0
     out = capsys.readouterr().out
     assert "seeds 500 .. 502" in out and "intfile_scale" not in out  # no frame of -intfile counts is written
+    assert len(draws) == len(phis)  # each frame's noise drawn once for both files
     setup = resolve(config)
     with h5py.File(tmp_path / "noisy.nxs") as handle:
         frames = handle["entry/data/data"][()]

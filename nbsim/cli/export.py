@@ -12,6 +12,7 @@ point's φ.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import time
@@ -181,22 +182,28 @@ def export_series(store: Path, size: int | None, files: SeriesFiles, options: Co
     noise_seeds = f"noise seed of frame k: {first_seed} + k - 1"
     if files.noise_nxmx is not None or files.noise_cbf_prefix is not None:
         print(f"noise frames drawn with seeds {first_seed} .. {first_seed + frames - 1} ({noise_seeds})")
-    for prefix, noise in ((files.cbf_prefix, False), (files.noise_cbf_prefix, True)):
-        if prefix is None:
-            continue
+    def frames_written(noise: bool, prefix: Path | None):
+        """Each frame's counts (drawn once for both files of a kind), its miniCBF written on the way."""
         for frame in range(frames):
-            record = experiment_record(setup, first_seed + frame if noise else None, options.saturation,
-                                       options.pedestal)
-            write_mini_cbf(prefix.with_name(f"{prefix.name}_{frame + 1:05d}.cbf"),
-                           (noise_counts if noise else counts)(frame),
-                           replace(record, phi_start_deg=float(omega_deg[frame])), started)
-        print(f"wrote {prefix}_00001.cbf .. {prefix}_{frames:05d}.cbf" + (" (with noise)" if noise else ""))
-    for path, noise in ((files.nxmx, False), (files.noise_nxmx, True)):
-        if path is None:
-            continue
-        record = experiment_record(setup, first_seed if noise else None, options.saturation, options.pedestal)
-        if noise:
-            record = replace(record, notes=(*record.notes, noise_seeds))
-        write_nxmx(path, ((noise_counts if noise else counts)(frame) for frame in range(frames)), omega_deg,
-                   record, started, datetime.datetime.now(datetime.timezone.utc))
-        print(f"wrote {path} (NXmx, {frames} frames{', with noise' if noise else ''})")
+            frame_counts = (noise_counts if noise else counts)(frame)
+            if prefix is not None:
+                record = experiment_record(setup, first_seed + frame if noise else None, options.saturation,
+                                           options.pedestal)
+                write_mini_cbf(prefix.with_name(f"{prefix.name}_{frame + 1:05d}.cbf"), frame_counts,
+                               replace(record, phi_start_deg=float(omega_deg[frame])), started)
+            yield frame_counts
+
+    kinds = ((False, files.cbf_prefix, files.nxmx), (True, files.noise_cbf_prefix, files.noise_nxmx))
+    for noise, prefix, path in kinds:
+        if path is not None:
+            record = experiment_record(setup, first_seed if noise else None, options.saturation, options.pedestal)
+            if noise:
+                record = replace(record, notes=(*record.notes, noise_seeds))
+            write_nxmx(path, frames_written(noise, prefix), omega_deg, record, started,
+                       datetime.datetime.now(datetime.timezone.utc))
+        elif prefix is not None:
+            collections.deque(frames_written(noise, prefix), maxlen=0)
+        if prefix is not None:
+            print(f"wrote {prefix}_00001.cbf .. {prefix}_{frames:05d}.cbf" + (" (with noise)" if noise else ""))
+        if path is not None:
+            print(f"wrote {path} (NXmx, {frames} frames{', with noise' if noise else ''})")
