@@ -13,6 +13,7 @@ import torch
 
 import nbsim.detector.response as detector_response
 from nbsim.cli import main
+from nbsim.io.images import read_smv
 from nbsim.model.geometry import build_geometry
 from nbsim.nanobragg.arguments import parse
 
@@ -365,3 +366,19 @@ def test_export_writes_noise_frames_each_with_its_seed_in_its_header(tmp_path, c
     assert not np.array_equal(frames[0], frames[1])
     assert frames.max() == 12 and frames.min() == 0
     assert sorted(p.name for p in tmp_path.glob("noisy_*.cbf")) == [f"noisy_{k:05d}.cbf" for k in (1, 2, 3)]
+
+
+def test_an_smv_header_longer_than_512_bytes_takes_the_next_multiple_of_512(tmp_path, monkeypatch):
+    """A tilted, rotated detector's header text outgrows 512 bytes (nanoBragg then writes it unpadded under
+    HEADER_BYTES=512, so readers take its last bytes as pixels): nbsim writes HEADER_BYTES=1024, and the files
+    read back, by nbsim and by fabio, as the float image scaled (-intfile) and as its noise (-noisefile)."""
+    _render(tmp_path, monkeypatch, "-twotheta", "-15.78", "-detector_rotx", "1.23", "-detector_roty", "-2.71",
+            "-phi", "10.37", "-osc", "0.531", "-noisefile", "noise.img", "-scale", "10")
+    image = np.fromfile(tmp_path / "float.bin", dtype=np.float32).reshape(40, 40)
+    for name in ("int.img", "noise.img"):
+        header, pixels = read_smv(tmp_path / name)
+        assert header.size == 1024 and header.last_value("HEADER_BYTES") == 1024
+        assert (tmp_path / name).stat().st_size == 1024 + 2 * image.size
+        np.testing.assert_array_equal(fabio.open(str(tmp_path / name)).data, pixels)
+    _, ints = read_smv(tmp_path / "int.img")
+    np.testing.assert_array_equal(ints, np.floor(np.clip(image.astype(np.float64) * 10 + 40, 0, 65535) + 0.5))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputFileError, NbsimError
+from ..errors import InputFileError
 from .atomic import atomic_write
 from .text import c_atof
 
@@ -33,13 +33,17 @@ def format_g(value: float) -> str:
 
 
 def smv_header_text(fields: list[tuple[str, str]]) -> bytes:
-    """A nanoBragg-style 512-byte SMV header: `{`, KEY=value; lines, `}`, form feed, space padding."""
-    lines = ["{", "HEADER_BYTES=512;", "DIM=2;", f"BYTE_ORDER={byte_order()};", "TYPE=unsigned_short;"]
-    lines += [f"{key}={value}" if key == "DIALS_ORIGIN" else f"{key}={value};" for key, value in fields]
-    text = ("\n".join(lines) + "\n}\f").encode("ascii")
-    if len(text) > SMV_HEADER_BYTES:
-        raise NbsimError("SMV header longer than 512 bytes")
-    return text + b" " * (SMV_HEADER_BYTES - len(text))
+    """A nanoBragg-style SMV header: `{`, KEY=value; lines, `}`, form feed, space padding to 512 bytes, or to
+    the next multiple of 512 that holds the text, which HEADER_BYTES then states (nanoBragg writes such a text
+    unpadded after a 512-byte HEADER_BYTES, so readers take part of its header as pixels)."""
+    fixed = ["DIM=2;", f"BYTE_ORDER={byte_order()};", "TYPE=unsigned_short;"]
+    fixed += [f"{key}={value}" if key == "DIALS_ORIGIN" else f"{key}={value};" for key, value in fields]
+    size = SMV_HEADER_BYTES
+    while True:
+        text = ("\n".join(["{", f"HEADER_BYTES={size};", *fixed]) + "\n}\f").encode("ascii")
+        if len(text) <= size:
+            return text + b" " * (size - len(text))
+        size += SMV_HEADER_BYTES
 
 
 def write_smv(path: str | Path, image: np.ndarray, fields: list[tuple[str, str]]) -> None:
