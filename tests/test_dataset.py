@@ -430,24 +430,43 @@ def test_planning_imports_no_torch_where_it_computes_no_count(tmp_path):
     """Validation and the batch cost model need PyTorch only to compute counts (a sampling advice, a point's
     steps per pixel): a dataset whose arguments give the mosaic domains (and no rotation) validates, and a
     sweep of one point per size and variant gets its batches (a point each, whatever it costs), without
-    importing it, as every Snakemake start plans (each saves a PyTorch import, about 1.5 s of CPU)."""
+    importing it, as every Snakemake start plans (each saves a PyTorch import, about 1.5 s of CPU). A sweep
+    with CUDA points asks PyTorch for its devices only where the installed PyTorch is built for a GPU
+    (torch.version's cuda or hip): a CPU build refuses them without the import."""
+    import torch
+
     sweep = dataset_config(size=32)
     del sweep["sweep"]["draws"], sweep["sweep"]["batch_size"]
     sweep["sweep"].update(sizes=[32, 64], dtypes=["float32", "float64"])
+    cuda = copy.deepcopy(sweep)
+    cuda["sweep"]["devices"] = ["cpu", "cuda"]
     script = ("import json, sys\n"
               "from pathlib import Path\n"
+              "from nbsim.errors import NbsimError\n"
               "from nbsim.sweep.batching import Timing, batch_sizes\n"
               "from nbsim.sweep.plan import StructureMemo\n"
               "from nbsim.sweep.validate import validate_config\n"
-              "dataset, sweep, schema, base = *map(json.loads, sys.argv[1:3]), *map(Path, sys.argv[3:])\n"
+              "dataset, sweep, cuda, schema, base = *map(json.loads, sys.argv[1:4]), *map(Path, sys.argv[4:])\n"
               "shots = validate_config(dataset, schema, base)\n"
               "sizes = batch_sizes(sweep, validate_config(sweep, schema, base), base, StructureMemo(None), "
               "Timing(1, 1), 2, False)\n"
-              "print(json.dumps([len(shots), sorted(sizes.values()), 'torch' in sys.modules]))\n")
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(dataset_config()), json.dumps(sweep), str(SCHEMA),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+              "planned = 'torch' in sys.modules\n"
+              "try:\n"
+              "    validate_config(cuda, schema, base, devices=True)\n"
+              "    refused = None\n"
+              "except NbsimError as error:\n"
+              "    refused = str(error)\n"
+              "print(json.dumps([len(shots), sorted(sizes.values()), planned, refused, 'torch' in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", script, *(json.dumps(c) for c in (dataset_config(), sweep, cuda)),
+                           str(SCHEMA), str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout) == [DRAWS["count"], [1, 1], False]
+    shots, sizes, planned, refused, imported = json.loads(done.stdout)
+    assert [shots, sizes, planned] == [DRAWS["count"], [1, 1], False]
+    assert imported == (torch.version.cuda is not None or torch.version.hip is not None)
+    if torch.cuda.is_available():
+        assert refused is None
+    else:
+        assert refused.startswith("sweep.devices: cuda is not available: this machine has 0 CUDA device(s)")
 
 
 def test_shots_take_the_advised_sampling_unless_told(tmp_path):

@@ -70,14 +70,45 @@ def check_devices(config: dict) -> None:
     cuda = [d for d in sweep["devices"] if d.startswith("cuda")]
     if not cuda or sweep.get("on_unavailable_device") == "skip" or (config.get("slurm") or {}).get("gpu_partition"):
         return
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = cuda_device_count()
     for device in cuda:
         if int(device.partition(":")[2] or 0) >= count:
             raise NbsimError(f"sweep.devices: {device} is not available: this machine has {count} CUDA device(s) "
                              "and no slurm.gpu_partition is set; set sweep.on_unavailable_device: skip to record "
                              "its points as skipped")
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices PyTorch sees here: 0 without importing it where the installed PyTorch is built for
+    neither CUDA nor ROCm (`torch_has_gpu_build`), else asked of `torch.cuda`. The import is about 1.5 s of
+    CPU in every Snakemake start that plans CUDA points, dry runs included."""
+    if not torch_has_gpu_build():
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def torch_has_gpu_build() -> bool:
+    """Whether the installed PyTorch was built for CUDA or ROCm, read from its `torch/version.py` (the
+    `cuda` and `hip` that `torch.version` holds: both None in a CPU build) without importing it; True
+    where that file cannot be read as such, so that the caller asks PyTorch itself."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    try:
+        tree = ast.parse((Path(folders[0]) / "version.py").read_text())
+    except (IndexError, OSError, SyntaxError, ValueError):
+        return True
+    constants = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    constants[target.id] = node.value.value
+    return not all(name in constants and constants[name] is None for name in ("cuda", "hip"))
 
 
 def check_schema(config: dict, schema_path: str | Path) -> None:
