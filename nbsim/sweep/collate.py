@@ -20,11 +20,9 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import xarray as xr
 
 from ..config import EMPTY_SHOT_ADVICE
 from ..errors import NbsimError
@@ -32,6 +30,9 @@ from .fitting import write_fit_variables
 from .merging import write_merge_variables
 from .progress import Progress
 from .store import DETECTOR_IMAGE, AtomicStore, open_store_array, read_json
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 TIMING_COLUMNS = ("batch", "cold_s", "warm_median_s", "warm_min_s", "warm_max_s", "reference", "reference_batch",
                   "reference_median_s", "reference_min_s", "reference_max_s", "speedup", "speedup_min", "speedup_max",
@@ -194,7 +195,11 @@ def write_collated_store(rows: list[dict[str, Any]], stores: dict[str, Path], ax
     are gridded over the axes by pandas and xarray (a DataFrame indexed by the axes, as a Dataset: sorted
     coordinates, NaN where no point is); the images are then copied one shard at a time. `fits`: the rows of
     a `fit:` section (nbsim.sweep.fitting.fit_rows), kept as `fit_*` variables; `merges`: a `merge:` section's
-    (nbsim.sweep.merging.merge_rows), kept as `merge_*` variables."""
+    (nbsim.sweep.merging.merge_rows), kept as `merge_*` variables. pandas and xarray are imported here, not
+    with the module: the summary and plot jobs that read its rows need neither (half a CPU-second a job)."""
+    import pandas as pd
+    import xarray as xr
+
     grid = xr.Dataset.from_dataframe(pd.DataFrame(rows).set_index(axes))
     attributes = {"description": "nbsim sweep: one entry per point, every variable over the sweep axes", "axes": axes}
     with AtomicStore(output, attributes) as store:
