@@ -268,7 +268,8 @@ def test_a_panel_detector_draws_noise_only_for_a_file_that_holds_it(tmp_path):
 def test_a_sweep_keeps_the_panels(tmp_path):
     """A -panelfile scenario through the Snakemake workflow: the batch store's images are (point, panel, slow,
     fast), the collated store's `image` has a `panel` dimension, the padding is zero and the
-    panels are the renderer's; the float64 reference compares panel for panel."""
+    panels are the renderer's; the float64 reference compares panel for panel. Its batch size is given: the
+    cost model's steps per pixel would import PyTorch into Snakemake's planning (3 CPU-s)."""
     import subprocess
 
     import xarray as xr
@@ -283,7 +284,7 @@ def test_a_sweep_keeps_the_panels(tmp_path):
     config = {"results": "results", "compile_cache": "results/compile-cache",
               "scenarios": {"panels": {"args": [*crystal, "-panelfile", "panels.yaml"]}},
               "sweep": {"sizes": [8], "dtypes": ["float32"], "devices": ["cpu"], "compile": ["off"],
-                        "extra": {"fudge": [1.0, 2.0]}},
+                        "extra": {"fudge": [1.0, 2.0]}, "batch_size": 2},
               "resources": {"mem_mb": 1000, "runtime_min": 5}, "timing": {"warmup": 0, "repeats": 1, "threads": 1},
               "reference": {"compile": False}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
