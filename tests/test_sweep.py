@@ -56,8 +56,7 @@ def test_axis_values(spec, values):
 def test_range_axes_validate_and_expand(tmp_path):
     config = config_with({"-phi": {"start": 0, "stop": 100, "step": 0.1}, "-misset_seed": {"count": 4, "start": 1}},
                          sizes={"start": 8, "stop": 17, "step": 8})
-    validate_config(config, SCHEMA, tmp_path)
-    points = sweep_points(config)
+    points = validate_config(config, SCHEMA, tmp_path)  # plan.sweep_points's, each point built once
     assert len(points) == 2 * 1000 * 4
     assert {p.size for p in points} == {8, 16}
     assert points[-1].axis_values["phi"] == 99.9 and points[-1].axis_values["misset_seed"] == 4
