@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from .config import (
     CRYSTAL_SHAPES,
     PHYSICS_MODELS,
+    CrystalConfig,
     DetectorConfig,
     Scalar,
     SimulationConfig,
@@ -127,15 +127,16 @@ def requested_oversample(detector: DetectorConfig) -> int | None:
     return detector.oversample if detector.oversample and detector.oversample > 0 else None
 
 
-def lookup_of(structure: StructureFactorConfig, n_cells: Callable[[], tuple[int, int, int]]) -> str:
+def lookup_of(structure: StructureFactorConfig, crystal: CrystalConfig) -> str:
     """How structure factors are looked up: "default" without -hkl or -model; with one, "interpolate" where asked or,
-    unless -nointerpolate, automatically for a crystal of at most two cells along an axis, else "nearest".
-    `n_cells` is called only in that last case (where it may have to build the lattice)."""
+    unless -nointerpolate, automatically where -N, -Na, -Nb or -Nc gives at most two cells along an axis (or
+    leaves it at 1), else "nearest". As in nanoBragg, which decides before a crystal size (-xtalsize ...) sets
+    the counts, the counts given decide, not those a size implies: -xtalsize alone interpolates."""
     if not structure.hkl_file and not structure.model_file:
         return "default"
     interpolate = structure.interpolate
     if interpolate is None:
-        interpolate = min(n_cells()) <= 2
+        interpolate = min(crystal.n_cells) <= 2
     return "interpolate" if interpolate else "nearest"
 
 
@@ -264,7 +265,7 @@ def resolve(config: SimulationConfig) -> Setup:
     warnings += structure_factor_warnings(config, p1_table)
     grid = None if p1_table is None else (channel_grids[0] if channel_grids else
                                           build_grid(p1_table.reflections, config.structure.default_F))
-    lookup = lookup_of(config.structure, lambda: n_cells)
+    lookup = lookup_of(config.structure, config.crystal)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
     if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import workloads
+from nbsim.nanobragg.flags import absolute_file_arguments
 
 
 def _share_the_cores_among_workers() -> None:
@@ -136,8 +137,8 @@ def pytest_collection_modifyitems(items):
 GOLDEN = Path(os.environ.get("NBSIM_GOLDEN", REPO_ROOT.parent / "shared" / "golden"))
 C_CASES = REPO_ROOT / "tests" / "data" / "c_cases"
 """Small cases made from the C as the golden ones were (tests/data/c_cases/cases.txt says how), kept in the
-repository: each leaves one of the C's defaults to its rules. They name no input file and run with the golden
-ones, or without them where the golden folder is absent."""
+repository: each leaves one of the C's defaults to its rules. Their input files lie beside them (`load_case` makes
+their names absolute), so they run with the golden ones, or without them where the golden folder is absent."""
 
 
 @dataclass
@@ -173,9 +174,12 @@ def golden_case_names() -> list[str]:
 
 def load_case(name: str) -> GoldenCase:
     """A golden case, or one of the repository's C_CASES."""
-    folder = C_CASES / name if (C_CASES / name / "meta.json").is_file() else GOLDEN / name
+    repository = (C_CASES / name / "meta.json").is_file()
+    folder = C_CASES / name if repository else GOLDEN / name
     meta = json.loads((folder / "meta.json").read_text())
-    return GoldenCase(name=name, folder=folder, args=meta["args"].split(), shape=tuple(meta["shape_slow_fast"]))
+    args = meta["args"].split()
+    return GoldenCase(name=name, folder=folder, args=absolute_file_arguments(args, C_CASES) if repository else args,
+                      shape=tuple(meta["shape_slow_fast"]))
 
 
 requires_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"nanoBragg golden outputs not found at {GOLDEN} "
@@ -199,7 +203,7 @@ def case_params(names: list[str] | None = None):
 @pytest.fixture
 def in_golden_dir(monkeypatch):
     """Run with the golden folder as working directory (case arguments name files relative to it; the
-    repository's cases name none)."""
+    repository's cases name theirs absolute)."""
     monkeypatch.chdir(GOLDEN if GOLDEN.is_dir() else C_CASES)
 
 

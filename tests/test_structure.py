@@ -78,12 +78,13 @@ CASES = {
     "hkl one axis N<=2": (ONE_STEP, "-hkl {hkl} -N 5 -Nb 2", "interpolate", True),
     "hkl -interpolate": (ONE_STEP, "-hkl {hkl} -N 5 -interpolate", "interpolate", True),
     "hkl -nointerpolate N<=2": (ONE_STEP, "-hkl {hkl} -nointerpolate", "nearest", True),
-    "hkl xtalsize N<=2": (ONE_STEP, "-hkl {hkl} -N 9 -xtalsize 0.00001", "interpolate", True),
+    "hkl -N 9, xtalsize N<=2": (ONE_STEP, "-hkl {hkl} -N 9 -xtalsize 0.00001", "nearest", True),
+    "hkl xtalsize, no -N": (BASE, "-hkl {hkl} -xtalsize 0.001 -oversample 1", "interpolate", True),
     "mat xtalsize auto oversample": (BASE, "-mat {mat} -lambda 1 -distance 100 -xtalsize 0.0001", "default",
                                      False),
     "mat xtalsize auto oversample of one": (BASE, "-mat {mat} -lambda 1 -distance 1000 -xtalsize 0.0001",
                                             "default", True),
-    "mat hkl xtalsize": (ONE_STEP, "-mat {mat} -lambda 1 -hkl {hkl} -xtalsize 0.0001", "nearest", True),
+    "mat hkl xtalsize, -N 2": (ONE_STEP, "-mat {mat} -lambda 1 -hkl {hkl} -xtalsize 0.0001", "interpolate", True),
     "sourcefile one row": (ONE_STEP, "-sourcefile {src1}", "default", True),
     "sourcefile three rows": (ONE_STEP, "-sourcefile {src3}", "default", False),
     "divergence grid": (ONE_STEP, "-hdivrange 1 -vdivrange 1 -divsteps 3", "default", False),
@@ -155,7 +156,7 @@ def test_structure_of_reads_no_file(tmp_path, monkeypatch):
                          (pathlib.Path, "read_bytes")):
         monkeypatch.setattr(target, name, refuse)
     structure = structure_of(config)
-    assert (structure.options.lookup, structure.single_step) == ("nearest", False)
+    assert (structure.options.lookup, structure.single_step) == ("interpolate", False)
 
 
 def test_structure_of_builds_nothing_image_sized():

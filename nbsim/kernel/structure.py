@@ -35,11 +35,10 @@ def structure_of(config: SimulationConfig) -> Structure:
     The cell counts and the automatic oversample need the lattice and the detector distance after pivots:
     they come from `crystal.build_lattice` and the detector's geometry (`setup.detector_panels`, float64 3×3
     CPU tensors, about a millisecond together) rather than from a second copy of their arithmetic, and only
-    where a decision needs them: the lookup with -hkl and neither -interpolate nor -nointerpolate, the
-    oversample where it is automatic and every other count is 1."""
+    where a decision needs them: the oversample where it is automatic and every other count is 1."""
     counts = _Counts(config)
     single_step = counts.steps_per_subpixel == 1 and counts.oversample() == 1
-    return Structure(kernel_options(config, lookup_of(config.structure, counts.n_cells)), single_step=single_step)
+    return Structure(kernel_options(config, lookup_of(config.structure, config.crystal)), single_step=single_step)
 
 
 def steps_per_pixel(config: SimulationConfig) -> int:

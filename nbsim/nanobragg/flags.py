@@ -135,7 +135,7 @@ TABLE: tuple[Flag, ...] = (
     Flag(SAMPLING, "-square_div", (), "", "full divergence grid"),
     Flag(SAMPLING, "-detector_thicksteps -thicksteps", I1, "N", "sensor layers", "1"),
     Flag(SAMPLING, "-interpolate -nointerpolate", (), "", "force or forbid tricubic interpolation of F between "
-         "reflections (default: on when a crystal is under 3 cells wide)"),
+         "reflections (default: on when -N, -Na, -Nb or -Nc gives under 3 cells, or is not given)"),
     Flag(SAMPLING, "-dmin", N1, "Å", "resolution limit: nothing beyond it is rendered, Å", "0: no limit"),
     Flag(SAMPLING, "-roi", (INT, INT, INT, INT), "XMIN XMAX YMIN YMAX",
          "render only these pixels", "the whole detector"),
