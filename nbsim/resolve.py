@@ -319,6 +319,8 @@ def nanobragg_defects(config: SimulationConfig, stale_phi: bool) -> list[str]:
                                    ("-oversample_omega", detector.oversample_omega)) if on]
     if flags:
         met.append(f"{'/'.join(flags)} multiply the running sum, not each contribution")
+    if beam.no_polarization and detector.oversample_polar:
+        met.append("-oversample_polar recomputes the polarization that -nopolar turns off")
     if crystal.misset_random:
         met.append("-misset random draws from a cap of 90 radians, not degrees")
     if not met:

@@ -107,6 +107,17 @@ def test_corrected_oversample_omega_multiplies_each_contribution():
     assert np.abs(nanobragg / plain - 1).max() > 0.5
 
 
+def test_nopolar_holds_under_oversample_polar_only_when_corrected():
+    """nanoBragg recomputes the polarization per sub-pixel under -oversample_polar, -nopolar or not (the C case
+    nopolar_oversample_polar holds its image); -physics corrected keeps -nopolar: no polarization at all."""
+    argv = CRYSTAL + ["-oversample", "2", "-distance", "30", "-nopolar"]
+    plain, _ = render(argv + ["-physics", "corrected"])
+    per_step, _ = render(argv + ["-physics", "corrected", "-oversample_polar"])
+    polarized, _ = render(argv[:-1] + ["-physics", "corrected", "-oversample_polar"])
+    np.testing.assert_allclose(per_step, plain, rtol=1e-12)
+    assert np.abs(polarized / plain - 1).max() > 0.005  # ½(1 + cos²2θ) at the corners, 2θ ≈ 6.5°
+
+
 def test_corrected_misset_random_uses_degrees():
     argv = CRYSTAL + ["-misset_seed", "5", "-misset", "random"]
     from nbsim.model.crystal import build_lattice
@@ -297,6 +308,7 @@ def test_corrected_changes_nothing_where_no_defect_is_met():
     (["-phi", "0", "-osc", "0.5", "-phisteps", "2"], "phi step at 0"),
     (["-oversample_thick", "-oversample_omega"], "-oversample_thick/-oversample_omega"),
     (["-misset_seed", "5", "-misset", "random"], "-misset random"),
+    (["-nopolar", "-oversample_polar"], "recomputes the polarization that -nopolar turns off"),
 ])
 def test_default_physics_names_each_defect_met_in_one_warning(extra, named):
     config, _ = parse(CRYSTAL + extra)

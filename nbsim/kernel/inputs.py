@@ -283,5 +283,11 @@ def kernel_options(config: SimulationConfig, lookup: Lookup) -> KernelOptions:
     beam, detector = config.beam, config.detector
     return KernelOptions(
         shape=config.crystal.shape, lookup=lookup, point_pixel=detector.point_pixel, curved=detector.curved,
-        polarization=("none" if beam.no_polarization else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
+        polarization=("none" if polarization_off(config) else "kahn" if beam.kahn_polarization != 0 else "unpolarized"),
         use_dmin=beam.dmin_A > 0, use_sensor=sensor_layers(detector).thickness_m > 0)
+
+
+def polarization_off(config: SimulationConfig) -> bool:
+    """Whether -nopolar holds: nanoBragg recomputes the Kahn factor for every sub-pixel under -oversample_polar
+    whatever -nopolar says (only its first, per-pixel evaluation checks it); -physics corrected keeps -nopolar."""
+    return config.beam.no_polarization and not (config.detector.oversample_polar and not config.corrected)
