@@ -179,7 +179,6 @@ class Renderer:
         lookup = self.inputs.options.lookup
         switch = self._interpolation_switch() if lookup == "interpolate" else None
         self._render_rows(ymin, ymax + 1, "nearest" if switch is not None else lookup, region)
-        fixed: dict[tuple[int, int], OrderedOptions] = {}
         if switch is not None:
             interpolated_until, trigger = switch
             for start, count in interpolated_until:
@@ -190,14 +189,8 @@ class Renderer:
                     self._render_rows(start, start + len(block), "interpolate", block)
                     rows, cols = torch.as_tensor(rows, device=self.device), torch.as_tensor(cols, device=self.device)
                     region[start - ymin + rows, cols] = block[rows, cols]
-            fixed[trigger] = OrderedOptions(interpolation_switch=True)
             self._warn_once(_interpolation_warning(trigger, setup.grid))
-        if self.inputs.first_evaluation is not None:
-            for pixel in self._thread_first_pixels():
-                base = fixed.get(pixel, OrderedOptions())
-                fixed[pixel] = dataclasses.replace(base, first_evaluation=self.inputs.first_evaluation)
-        for (row, col), ordered in fixed.items():
-            ordered = dataclasses.replace(ordered, **self._ordered_flags())
+        for (row, col), ordered in self._loop_ordered_pixels(switch).items():
             value, _ = self._ordered(row, col, ordered)
             region[row - ymin, col - xmin] = value
         if self.background is not None:
@@ -239,7 +232,35 @@ class Renderer:
         panel's pixel with `renderer.panels[i].trace`."""
         if self.panels:
             raise NbsimError("a multi-panel renderer traces a pixel of one panel: use renderer.panels[i].trace")
-        return self._ordered(row, col, OrderedOptions(**self._ordered_flags()))
+        switch = self._interpolation_switch() if self.inputs.options.lookup == "interpolate" else None
+        ordered = self._loop_ordered_pixels(switch).get(
+            (row, col), OrderedOptions(lookup=self._lookup_at(row, col, switch), **self._ordered_flags()))
+        return self._ordered(row, col, ordered)
+
+    def _loop_ordered_pixels(self, switch) -> dict[tuple[int, int], OrderedOptions]:
+        """The pixels a render evaluates alone, in nanoBragg's loop order, and what each must reproduce: the
+        step that switches interpolation off (`switch`, from `_interpolation_switch`), and each reference
+        thread's first evaluation, which sees the unrotated crystal (the lookup of its pixel's steps is the
+        one the switch leaves there)."""
+        fixed: dict[tuple[int, int], OrderedOptions] = {}
+        if switch is not None:
+            fixed[switch[1]] = OrderedOptions(interpolation_switch=True)
+        if self.inputs.first_evaluation is not None:
+            for row, col in self._thread_first_pixels():
+                base = fixed.get((row, col), OrderedOptions(lookup=self._lookup_at(row, col, switch)))
+                fixed[row, col] = dataclasses.replace(base, first_evaluation=self.inputs.first_evaluation)
+        return {pixel: dataclasses.replace(ordered, **self._ordered_flags()) for pixel, ordered in fixed.items()}
+
+    def _lookup_at(self, row: int, col: int, switch) -> str | None:
+        """The lookup of a pixel's steps other than the switching one's: "interpolate" before the switch in
+        its reference thread, "nearest" after it; None (the options') without a switch."""
+        if switch is None:
+            return None
+        for (first, count), (_, stop) in zip(switch[0], self._thread_chunks(), strict=True):
+            if first <= row < stop:
+                position = (row - first) * len(self.cols) + col - self.setup.roi[0]
+                return "interpolate" if position in self._unmasked_positions(first, stop - first)[:count] else "nearest"
+        return None
 
     def _ordered_flags(self) -> dict[str, bool]:
         detector = self.setup.config.detector

@@ -50,6 +50,9 @@ class OrderedOptions:
     sub-step 0, source 0 (nanoBragg's first evaluation in a thread)."""
     interpolation_switch: bool = False
     """Interpolate until the first out-of-range step of the tile's pixel (0, 0), then look up nearest."""
+    lookup: str | None = None
+    """The lookup of every step where it is not the options' (None): "nearest" for a pixel after the
+    interpolation switch that is rendered here for another reason (a thread's first pixel)."""
     corrected: bool = False
     """-physics corrected: the -oversample_* factors multiply each contribution, not the running sum (and
     -oversample_thick without a sensor thickness captures everything instead of nothing)."""
@@ -85,7 +88,7 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, opt
                   else polarization_factor(f, t, options))
     running = torch.full_like(omega_each[:, :, 0], float(background))
     interpolating = ordered.interpolation_switch
-    lookup = None
+    lookup = ordered.lookup
     last = None
     for k in range(n_sub):
         for s in range(n_src):
