@@ -103,21 +103,21 @@ def system_devices_untouched():
             f"{name} was replaced during the tests"
 
 
-# The test files of more than about 5 s in `make test`, longest first (their seconds on a worker, from the
-# suite's last per-test profile, 2026-11-27, test_dials.py's scaled to its 256² series: workflow 128, parity
-# 49, fit 43, docs_commands 43, dials 34, robustness 32, worker 32, slurm 27 (fit 47 and slurm 37 before
-# fit's error cases ran in-process and slurm's status checks every second; measured alone since, slurm about
-# 3.5 s less with its controller scheduling a job at once and worker about 7 s less with six of its tests
-# sharing one worker), ..., dials_import 5; test_compile.py, 75, starts first with its kernel builds).
+# The test files of more than about 5 s in `make test`, longest first (their seconds on a worker in the suite's
+# per-test profile of a fresh clone, 2026-11-27 evening, 331.7 s: workflow 125 (about 118 since its CUDA and
+# shipped-config tests and the sweeps' summary and plot jobs were cut), parity 47, docs_commands 46, dials 35,
+# slurm 34, worker 29, merge 27, fit 24, dials_route 24, dials_loop 23, robustness 22, merge_workflow 17, bench
+# 16, dataset 16, panels 14 (about 12 with its batch size given), merge_sad 12, sweep 11, ..., kernel 6;
+# test_compile.py, 79, starts first with its kernel builds).
 # pytest-xdist hands a worker its next file when it is almost done, so with the longest first the files left
 # at the end are short and the two workers finish within seconds of each other (in the order of the file
 # names, test_worker.py's 32 s came last).
-LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_fit.py", "test_docs_commands.py", "test_dials.py",
-                 "test_robustness.py", "test_worker.py", "test_slurm.py", "test_dials_loop.py",
-                 "test_dials_route.py", "test_bench.py", "test_dials_experiments.py", "test_merge_workflow.py",
-                 "test_panels.py", "test_merge.py", "test_fit_panels.py", "test_merge_sad.py", "test_dataset.py",
-                 "test_merge_groups.py", "test_physics_switch.py", "test_presets.py", "test_dials_panels.py",
-                 "test_sweep.py", "test_dials_import.py")
+LONGEST_FILES = ("test_workflow.py", "test_parity.py", "test_docs_commands.py", "test_dials.py", "test_slurm.py",
+                 "test_worker.py", "test_merge.py", "test_fit.py", "test_dials_route.py", "test_dials_loop.py",
+                 "test_robustness.py", "test_merge_workflow.py", "test_bench.py", "test_dataset.py",
+                 "test_panels.py", "test_merge_sad.py", "test_sweep.py", "test_dials_panels.py",
+                 "test_package_probe.py", "test_reference_intermediates.py", "test_dials_experiments.py",
+                 "test_fit_panels.py", "test_presets.py", "test_dials_import.py", "test_kernel.py")
 
 
 def pytest_collection_modifyitems(items):
