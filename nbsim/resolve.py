@@ -86,7 +86,10 @@ class OversampleAdvice:
 
     @property
     def recommended(self) -> int:
-        """Sub-pixels per side that sample the crystal's finest fringes (at least 1)."""
+        """Sub-pixels per side that sample the crystal's finest fringes (at least 1; 1 where the distance after
+        pivots is 0, a beam parallel to the detector, whose infinite ratio nanoBragg's int cast makes negative)."""
+        if self.reciprocal_pixel_m == 0:
+            return 1
         return max(math.ceil(3.0 * self.crystal_size_m / self.reciprocal_pixel_m), 1)
 
 

@@ -60,6 +60,8 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "bad pivot": (GOOD + ["-pivot", "sideways"], "-pivot expects one of beam, sample"),
         "divergence cut leaves no source": (GOOD + "-hdivrange 0.5 -hdivstep 0.5 -vdivrange 0.5 -vdivstep 0.5".split(),
                                             "keeps none of the 1x1 divergence points"),
+        "curved detector along the beam": (GOOD + "-fdet_vector 0 0 1 -sdet_vector 1 0 0 -odet_vector 0 1 0 "
+                                           "-curved_det -oversample_omega".split(), "non-finite pixel values"),
         "misset with two angles": (GOOD + ["-misset", "10", "20"], "-misset needs 3 value"),
         "cell not numeric": (["-cell", "big"] + GOOD[3:], "-cell needs 6 numbers"),
         "cell with three numbers": (["-cell", "100", "100", "100"] + REST, "-cell needs 6 numbers (a b c alpha "

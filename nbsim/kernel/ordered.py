@@ -16,6 +16,7 @@ over pixels and crystal orientations. It is slower than the kernel and only used
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -175,8 +176,13 @@ def _trace(terms: StepTerms, f_cell: torch.Tensor, running: torch.Tensor, polar:
     def value(v: torch.Tensor) -> float:
         return float(v.detach())
 
+    def index(v: torch.Tensor) -> int:
+        """nanoBragg's int h0: x86's conversion gives INT_MIN for NaN and out-of-range values."""
+        number = value(v)
+        return int(number) if math.isfinite(number) and abs(number) < 2**31 else -2**31
+
     return Trace(hkl=tuple(value(v[0, 0, 0, 0, -1]) for v in (terms.h, terms.k, terms.l)),
-                 hkl0=tuple(int(v[0, 0, 0, 0, -1]) for v in (terms.h0, terms.k0, terms.l0)),
+                 hkl0=tuple(index(v[0, 0, 0, 0, -1]) for v in (terms.h0, terms.k0, terms.l0)),
                  f_cell=value(f_cell[0, 0, -1]), f_latt=value(terms.f_latt[0, 0, 0, 0, -1]),
                  intensity=value(running[0, 0]), polar=value(polar[0, 0]), omega=value(omega[0, 0]),
                  capture=value(capture[0, 0]))
