@@ -104,11 +104,11 @@ def system_devices_untouched():
 
 
 # The test files of more than about 5 s in `make test`, longest first (their seconds on a worker in the suite's
-# per-test profile of a fresh clone, 2026-11-27 evening, 331.7 s: workflow 125 (about 118 since its CUDA and
-# shipped-config tests and the sweeps' summary and plot jobs were cut), parity 47, docs_commands 46, dials 35,
-# slurm 34, worker 29, merge 27, fit 24, dials_route 24, dials_loop 23, robustness 22, merge_workflow 17, bench
-# 16, dataset 16, panels 14 (about 12 with its batch size given), merge_sad 12, sweep 11, ..., kernel 6;
-# test_compile.py, 79, starts first with its kernel builds).
+# per-test profile of a fresh clone, 2026-11-27 evening, 331.7 s: workflow 125 (about 115 since its CUDA,
+# shipped-config and fit-section tests were cut), parity 47, docs_commands 46, dials 35, slurm 34 (about 28 up
+# to its timing table), worker 29, merge 27, fit 24, dials_route 24, dials_loop 23, robustness 22,
+# merge_workflow 17, bench 16, dataset 16, panels 14 (about 12 with its batch size given), merge_sad 12, sweep
+# 11, ..., kernel 6; test_compile.py, 79, starts first with its kernel builds).
 # pytest-xdist hands a worker its next file when it is almost done, so with the longest first the files left
 # at the end are short and the two workers finish within seconds of each other (in the order of the file
 # names, test_worker.py's 32 s came last).

@@ -43,6 +43,8 @@ main()
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=f"no single-node SLURM here: {REASON}")
 def test_sweep_runs_every_batch_as_a_slurm_job(tmp_path):
+    """Every batch and reference batch a SLURM job of its own, up to the timing table (the collation, a local
+    rule, runs beside them; the plots and the summary, local rules too, are test_workflow's)."""
     with single_node_slurm() as partition:
         config = {**CONFIG, "slurm": {"partition": partition, "gpu_partition": None, "account": None}}
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
@@ -50,7 +52,7 @@ def test_sweep_runs_every_batch_as_a_slurm_job(tmp_path):
         result = subprocess.run(
             [sys.executable, "-c", SNAKEMAKE_CHECKING_EVERY_SECOND, *arguments, "--slurm-status-command", "squeue",
              "--slurm-init-seconds-before-status-checks", str(STATUS_CHECK_SECONDS),
-             "--slurm-no-account", "--jobs", "4"],
+             "--slurm-no-account", "--jobs", "4", "results/seed/tables/timing.csv"],
             capture_output=True, text=True, timeout=1800,
             env=own_cache_env(tmp_path))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
