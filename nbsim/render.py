@@ -29,7 +29,7 @@ from .kernel.cache import KernelCache, KernelLoads
 from .kernel.dispatch import kernel_callable
 from .kernel.inputs import kernel_inputs
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
-from .kernel.physics import PixelTerms
+from .kernel.physics import PixelTerms, pixel_frame
 from .kernel.policy import PROBE_PIXEL_STEPS, CompileDecision, plan_compile
 from .kernel.stages import OUT_OF_RANGE_STAGES, Structure
 from .kernel.structure import structure_of
@@ -329,14 +329,20 @@ class Renderer:
         return chunks
 
     def _thread_first_pixels(self) -> list[tuple[int, int]]:
-        """The first pixel each reference OpenMP thread renders (where the phi-step quirk bites)."""
+        """The pixel of each reference OpenMP thread's first evaluation (where the phi-step quirk bites): its
+        first rendered pixel with a step that -dmin keeps (nanoBragg skips a cut source before the phi loop)."""
         xmin = self.setup.roi[0]
         pixels = []
         for first, stop in self._thread_chunks():
-            positions = self._unmasked_positions(first, stop - first)
-            if len(positions):
-                row, col = divmod(int(positions[0]), len(self.cols))
-                pixels.append((first + row, xmin + col))
+            for row in range(first, stop):  # a row at a time: the first row mostly holds one
+                kept = self._mask_rows(row, row + 1)[0]
+                if self.inputs.options.use_dmin:
+                    rows = torch.tensor([row], device=self.device, dtype=self.dtype)
+                    valid = pixel_frame(rows, self.cols, self.inputs.tensors, self.inputs.options).valid
+                    kept = kept & valid[0].flatten(1).any(-1).cpu().numpy()
+                if kept.any():
+                    pixels.append((row, xmin + int(np.argmax(kept))))
+                    break
         return pixels
 
     def _interpolation_switch(self):

@@ -47,8 +47,8 @@ class OrderedOptions:
     oversample_polar: bool = False
     oversample_omega: bool = False
     first_evaluation: KernelTensors | None = None
-    """Inputs whose first phi step holds the unrotated crystal: used for the tile's pixel (0, 0) at
-    sub-step 0, source 0 (nanoBragg's first evaluation in a thread)."""
+    """Inputs whose first phi step holds the unrotated crystal: used for the tile's pixel (0, 0) at its first
+    sub-step and source that -dmin keeps (nanoBragg's first evaluation in a thread)."""
     interpolation_switch: bool = False
     """Interpolate until the first out-of-range step of the tile's pixel (0, 0), then look up nearest."""
     lookup: str | None = None
@@ -91,14 +91,16 @@ def render_ordered(rows: torch.Tensor, cols: torch.Tensor, t: KernelTensors, opt
     interpolating = ordered.interpolation_switch
     lookup = ordered.lookup
     last = None
+    first_pending = ordered.first_evaluation is not None
     for k in range(n_sub):
         for s in range(n_src):
             block_inputs = restrict(t, k, s)
             block = frame_slice(f, k, s)
             terms = step_terms(block, block_inputs, options, lookup)
-            if k == 0 and s == 0 and ordered.first_evaluation is not None:
-                first_inputs = restrict(ordered.first_evaluation, 0, 0)
+            if first_pending and (block.valid is None or bool(block.valid[0, 0].any())):
+                first_inputs = restrict(ordered.first_evaluation, k, s)
                 terms = _with_first_evaluation(terms, step_terms(block, first_inputs, options, lookup))
+                first_pending = False
             mask = evaluated(terms, None if block.valid is None else block.valid.unsqueeze(-1), t)[:, :, 0, 0, :]
             f_cell = terms.f_cell[:, :, 0, 0, :]
             if interpolating:
