@@ -326,6 +326,8 @@ def nanobragg_defects(config: SimulationConfig, stale_phi: bool) -> list[str]:
         met.append("-oversample_polar recomputes the polarization that -nopolar turns off")
     if crystal.misset_random:
         met.append("-misset random draws from a cap of 90 radians, not degrees")
+    if config.response.adc_offset_adu < 0:
+        met.append("a negative -adc wraps the noise image's negative counts to 65536 less them")
     if not met:
         return []
     return [f"nanoBragg's physics (-physics nanobragg, the default): {'; '.join(met)}. -physics corrected fixes "

@@ -121,6 +121,22 @@ def test_overloads_are_clamped_and_counted():
     assert re.fullmatch(r"\d+", f"{result.total_photons:.0f}") and result.total_photons > 2e6
 
 
+@pytest.mark.parametrize("physics, wrapped", [("nanobragg", True), ("corrected", False)])
+def test_a_negative_adc_wraps_the_noise_image_as_nanoBragg_casts_it(physics, wrapped, tmp_path, monkeypatch):
+    """nanoBragg casts photons + -adc to unsigned 16 bits unclamped below: -5 reads 65531 (measured on the C
+    binary, -adc -10: 347 of 576 pixels); -physics corrected clamps at 0. Same seed, same draws."""
+    monkeypatch.chdir(tmp_path)
+    argv = ("-default_F 100 -cell 60 70 80 90 90 90 -N 3 -lambda 1 -distance 80 -detpixels 12 -pixel 0.4 -seed 7 "
+            f"-nopgm -compile off -fluence 1e25 -physics {physics}").split()
+    assert main([*argv, "-adc", "0", "-noisefile", "plain.img"]) == 0
+    assert main([*argv, "-adc", "-10", "-noisefile", "shifted.img"]) == 0
+    plain, shifted = (np.fromfile(name, dtype=np.uint16, offset=512).astype(np.int64)
+                      for name in ("plain.img", "shifted.img"))
+    assert (plain < 10).any()
+    expected = (plain - 10) % 65536 if wrapped else np.maximum(plain - 10, 0)
+    np.testing.assert_array_equal(shifted, expected)
+
+
 def test_processes_building_at_once_share_one_library(tmp_path):
     """The compiled code is built into the cache by whichever process comes first; processes that build
     at the same time each rename a whole library into place, and all of them load it."""

@@ -141,7 +141,7 @@ def _noise_images(image: np.ndarray, setup: Setup, run: RunOptions) -> tuple[Det
     where the run writes none."""
     readouts: dict[str, Readout] = {}
     if run.noisefile:
-        readouts["noise"] = Readout(setup.config.response.adc_offset_adu)
+        readouts["noise"] = Readout(setup.config.response.adc_offset_adu, wraps_negative=not setup.config.corrected)
     if run.noise and run.wants_counts:
         readouts["counts"] = Readout(run.counts_pedestal, run.saturation_counts)
     if not readouts:

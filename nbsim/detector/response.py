@@ -117,6 +117,9 @@ class Readout:
 
     adc_offset_adu: float
     saturation_adu: float = OVERLOAD_ADU
+    wraps_negative: bool = False
+    """Whether an ADU below 0 (photons plus a negative ADC offset) is cast as nanoBragg casts its noise image's
+    pixels to 16 bits, truncated and wrapped modulo 65536 (x86's conversion: -5 reads 65531), not clamped at 0."""
 
 
 def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
@@ -240,7 +243,10 @@ def _read_outs(photons: torch.Tensor, response: DetectorResponseConfig, layout: 
         if saturation_adu > OVERLOAD_ADU:
             adu = adu.to(torch.float64)  # float32 would round int32's largest count up, past the int32 range
         overloads = int(torch.count_nonzero(adu[window] > saturation_adu))
+        wrapped = torch.remainder(torch.trunc(adu), 65536.0).where(adu < 0, 0.0) if readout.wraps_negative else None
         adu = adu.clamp_(0.0, saturation_adu)
+        if wrapped is not None:
+            adu = adu + wrapped
         if hot is not None:
             adu = adu.masked_fill_(hot, saturation_adu).masked_fill_(dead, 0.0)
         if layout.roi is None:
