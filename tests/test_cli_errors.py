@@ -56,6 +56,7 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "negative mosaic": (GOOD + ["-mosaic", "-1"], "-mosaic must not be negative"),
         "conflicting interpolation": (GOOD + ["-interpolate", "-nointerpolate"], "conflicting options"),
         "conflicting shapes": (GOOD + ["-round_xtal", "-gauss_xtal"], "conflicting options"),
+        "no pgm with a pgm scale": (GOOD + ["-nopgm", "-pgmscale", "2"], "conflicting options -nopgm and -pgmscale"),
         "bad dtype": (GOOD + ["-dtype", "float16"], "-dtype expects one of float32, float64"),
         "bad pivot": (GOOD + ["-pivot", "sideways"], "-pivot expects one of beam, sample"),
         "divergence cut leaves no source": (GOOD + "-hdivrange 0.5 -hdivstep 0.5 -vdivrange 0.5 -vdivstep 0.5".split(),

@@ -382,3 +382,15 @@ def test_an_smv_header_longer_than_512_bytes_takes_the_next_multiple_of_512(tmp_
         np.testing.assert_array_equal(fabio.open(str(tmp_path / name)).data, pixels)
     _, ints = read_smv(tmp_path / "int.img")
     np.testing.assert_array_equal(ints, np.floor(np.clip(image.astype(np.float64) * 10 + 40, 0, 65535) + 0.5))
+
+
+def test_a_named_pgm_takes_the_given_scale(tmp_path, monkeypatch):
+    """-pgmfile with -pgmscale (nanoBragg's usual pair): the PGM holds the float image times the scale, truncated
+    and clipped at 255, and says the scale."""
+    monkeypatch.chdir(tmp_path)
+    assert main([a for a in SMALL if a != "-nopgm"] + ["-pgmfile", "image.pgm", "-pgmscale", "2.5"]) == 0
+    image = np.fromfile(tmp_path / "float.bin", dtype=np.float32).reshape(40, 40)
+    data = (tmp_path / "image.pgm").read_bytes()
+    assert data.startswith(b"P5\n40 40\n# pixels scaled by 2.5\n255\n")
+    np.testing.assert_array_equal(np.frombuffer(data[-image.size:], np.uint8).reshape(40, 40),
+                                  np.minimum(image * np.float64(2.5), 255).astype(np.uint8))
