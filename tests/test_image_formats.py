@@ -394,3 +394,18 @@ def test_a_named_pgm_takes_the_given_scale(tmp_path, monkeypatch):
     assert data.startswith(b"P5\n40 40\n# pixels scaled by 2.5\n255\n")
     np.testing.assert_array_equal(np.frombuffer(data[-image.size:], np.uint8).reshape(40, 40),
                                   np.minimum(image * np.float64(2.5), 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("physics", ["nanobragg", "corrected"])
+def test_a_negative_pixel_reads_in_the_pgm_as_nanobraggs_cast_makes_it(physics, tmp_path, monkeypatch):
+    """A detector swung past 90° faces away from the sample: ω and the image are negative. nanoBragg casts
+    value·scale to a byte through an int, so -152.4 reads 104 (the C binary's PGM of this command, byte for
+    byte); -physics corrected clips at 0."""
+    monkeypatch.chdir(tmp_path)
+    argv = ("-default_F 100 -cell 100 100 100 90 90 90 -N 2 -detpixels 8 -adxv -twotheta 100 -pgmscale 2000 "
+            f"-nonoise -compile off -floatfile float.bin -pgmfile image.pgm -physics {physics}").split()
+    assert main(argv) == 0
+    values = np.trunc(np.fromfile("float.bin", dtype=np.float32).astype(np.float64) * 2000)
+    assert (values < 0).all()
+    pgm = np.frombuffer((tmp_path / "image.pgm").read_bytes()[-64:], np.uint8)
+    np.testing.assert_array_equal(pgm, values % 256 if physics == "nanobragg" else np.zeros(64))

@@ -153,10 +153,16 @@ def integer_image(image: np.ndarray, setup: Setup, scale: float, adc: float,
 
 
 def pgm_image(image: np.ndarray, setup: Setup, scale: float) -> np.ndarray:
-    """nanoBragg's 8-bit PGM pixels: the image times `scale`, clipped to 0..255, 0 outside the ROI."""
+    """nanoBragg's 8-bit PGM pixels: the image times `scale`, clipped at 255 and truncated, 0 outside the ROI. A
+    negative value (a detector whose normal points back at the sample makes ω negative) is cast as nanoBragg casts
+    it, through a 32-bit int to its low byte (-152.4 reads 104); -physics corrected clips it at 0."""
     inside = roi_mask(setup)
-    values = np.minimum(image.astype(np.float64) * scale, 255.0)
-    return np.where(inside, np.trunc(np.maximum(values, 0.0)), 0).astype(np.uint8)
+    values = np.trunc(np.minimum(image.astype(np.float64) * scale, 255.0))
+    if setup.config.corrected:
+        values = np.maximum(values, 0.0)
+    else:
+        values = np.where(values >= -2.0**31, values, -2.0**31) % 256  # x86: out of int range reads INT_MIN
+    return np.where(inside, values, 0).astype(np.uint8)
 
 
 def smv_fields(geometry: DetectorGeometry, setup: Setup, wavelength_A: float) -> list[tuple[str, str]]:
