@@ -1,8 +1,9 @@
 """nanoBragg's own option matching, reproduced so that the same command line gives the same image.
 
 The C tests every argument against every option by *substring*, in source order, so one argument can set
-several options (`-mosaic_seed` also sets the noise `-seed`, `-twotheta_axis` also sets the two-theta
-angle from its first number, `-misset_seed` also sets misset angles from the three arguments after it).
+several options (`-printout_pixel` also turns on `-printout`, `-twotheta_axis` also sets the two-theta
+angle from its first number, `-misset_seed` also sets misset angles from the three arguments after it; `-mosaic_seed`
+and `-misset_seed` do not hold `-seed`, whose dash they lack, and leave the noise seed alone).
 The result is the C's variables after parsing (`CState`), headers of -img and -mask included.
 """
 
