@@ -41,3 +41,11 @@ def sources_digest() -> str:
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def torch_version_file() -> Path | None:
+    """The installed PyTorch's `torch/version.py`, found without importing torch (None: no PyTorch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    return Path(spec.origin).with_name("version.py") if spec is not None and spec.origin else None

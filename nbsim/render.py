@@ -101,6 +101,10 @@ class Renderer:
         self.mask = None if setup.mask is None else setup.mask[ymin:ymax + 1, xmin:xmax + 1]
         self.background = None
         """The amorphous background's inputs (nbsim.kernel.background), or None without one."""
+        self.background_options = (dataclasses.replace(self.inputs.options, polarization="none")
+                                    if setup.config.beam.no_polarization else self.inputs.options)
+        """The background's kernel options: nbsim's own background keeps -nopolar (only nanoBragg's sub-pixel loop
+        recomputes the polarization under -oversample_polar)."""
         if setup.background_curve is not None and not setup.panels:
             g = setup.geometry
             self.background = background_inputs(
@@ -275,7 +279,7 @@ class Renderer:
         for first in range(start, stop, rows_per_tile):
             rows = torch.arange(first, min(first + rows_per_tile, stop), device=self.device, dtype=self.dtype)
             out[first - start:first - start + len(rows)] += background_rows(rows, self.cols, self.background,
-                                                                            self.inputs.options)
+                                                                            self.background_options)
 
     def _ordered(self, row: int, col: int, ordered: OrderedOptions) -> tuple[torch.Tensor, Trace]:
         rows = torch.tensor([row], device=self.device, dtype=self.dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,11 +20,9 @@ import torch
 from .config import (
     CRYSTAL_SHAPES,
     PHYSICS_MODELS,
-    CrystalConfig,
     DetectorConfig,
     Scalar,
     SimulationConfig,
-    StructureFactorConfig,
     check_spectrum,
     check_values,
     counts_left_to_advice,
@@ -87,10 +86,12 @@ class OversampleAdvice:
     @property
     def recommended(self) -> int:
         """Sub-pixels per side that sample the crystal's finest fringes (at least 1; 1 where the distance after
-        pivots is 0, a beam parallel to the detector, whose infinite ratio nanoBragg's int cast makes negative)."""
-        if self.reciprocal_pixel_m == 0:
-            return 1
-        return max(math.ceil(3.0 * self.crystal_size_m / self.reciprocal_pixel_m), 1)
+        pivots is 0 or nearly, a beam along the detector, whose ratio past int's range nanoBragg's cast makes
+        negative)."""
+        ratio = 3.0 * self.crystal_size_m / self.reciprocal_pixel_m if self.reciprocal_pixel_m != 0 else math.inf
+        if not math.isfinite(ratio) or math.ceil(ratio) >= 2**31:
+            return 1  # nanoBragg's int cast of an out-of-range ceiling is INT_MIN, which it then raises to 1
+        return max(math.ceil(ratio), 1)
 
 
 def oversample_advice(lattice: crystal_mod.Lattice, n_cells: tuple[int, int, int], wavelength_A: Scalar,
@@ -130,16 +131,18 @@ def requested_oversample(detector: DetectorConfig) -> int | None:
     return detector.oversample if detector.oversample and detector.oversample > 0 else None
 
 
-def lookup_of(structure: StructureFactorConfig, crystal: CrystalConfig) -> str:
+def lookup_of(config: SimulationConfig, n_cells: Callable[[], tuple[int, int, int]]) -> str:
     """How structure factors are looked up: "default" without -hkl or -model; with one, "interpolate" where asked or,
-    unless -nointerpolate, automatically where -N, -Na, -Nb or -Nc gives at most two cells along an axis (or
-    leaves it at 1), else "nearest". As in nanoBragg, which decides before a crystal size (-xtalsize ...) sets
-    the counts, the counts given decide, not those a size implies: -xtalsize alone interpolates."""
+    unless -nointerpolate, automatically for a crystal of at most two cells along an axis, else "nearest".
+    nanoBragg counts the cells -N, -Na, -Nb or -Nc give (1 unless given), deciding before a crystal size
+    (-xtalsize ...) sets them, so -xtalsize alone interpolates; -physics corrected counts the crystal's own
+    (`n_cells`, called only there: it may build the lattice)."""
+    structure = config.structure
     if not structure.hkl_file and not structure.model_file:
         return "default"
     interpolate = structure.interpolate
     if interpolate is None:
-        interpolate = min(crystal.n_cells) <= 2
+        interpolate = min(n_cells() if config.corrected else config.crystal.n_cells) <= 2
     return "interpolate" if interpolate else "nearest"
 
 
@@ -268,7 +271,7 @@ def resolve(config: SimulationConfig) -> Setup:
     warnings += structure_factor_warnings(config, p1_table)
     grid = None if p1_table is None else (channel_grids[0] if channel_grids else
                                           build_grid(p1_table.reflections, config.structure.default_F))
-    lookup = lookup_of(config.structure, config.crystal)
+    lookup = lookup_of(config, lambda: n_cells)
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
     if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:
@@ -276,7 +279,8 @@ def resolve(config: SimulationConfig) -> Setup:
     water_m = beam.water_thickness_um * 1e-6
     background = 0.0 if corrected else WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m ** 3 * 1e6 * AVOGADRO / WATER_MW
     if not corrected:
-        warnings += nanobragg_defects(config, first_cells is not None)
+        counted_as_given = lookup != lookup_of(config.with_options(physics="corrected"), lambda: n_cells)
+        warnings += nanobragg_defects(config, first_cells is not None, counted_as_given)
     steps = sources.count * mosaic.count * phi.steps * oversample * oversample
     roi = _roi(config.detector.roi, geometry)
     mask = files.mask
@@ -308,9 +312,18 @@ def _check_channel_memory(grids: list[HKLGrid]) -> None:
                          f"{MAX_CHANNEL_TABLE_ENTRIES} entries: give -energy_bins N to share tables between channels")
 
 
-def nanobragg_defects(config: SimulationConfig, stale_phi: bool) -> list[str]:
+def noise_image_wraps(config: SimulationConfig) -> bool:
+    """Whether the -noisefile's negative ADU (a negative -adc) wrap as nanoBragg's 16-bit cast wraps them (-5
+    reads 65531): only on nanoBragg's own path (its physics, one panel, no readout noise, which nanoBragg has
+    not); elsewhere they are clamped at 0."""
+    return not config.corrected and not config.detector.panels and config.response.readout_noise_adu == 0
+
+
+def nanobragg_defects(config: SimulationConfig, stale_phi: bool, counted_as_given: bool) -> list[str]:
     """One warning naming the known defects of nanoBragg's physics this configuration meets (none: no line),
-    and -physics corrected, which fixes them (docs/physics.md, The physics switch)."""
+    and -physics corrected, which fixes them (docs/physics.md, The physics switch). `stale_phi`: a phi step at 0
+    replays the previous pixel's orientation; `counted_as_given`: the automatic interpolation differs from the
+    one the crystal's own cell counts give."""
     detector, crystal, beam = config.detector, config.crystal, config.beam
     met = []
     if beam.water_thickness_um > 0:
@@ -324,9 +337,11 @@ def nanobragg_defects(config: SimulationConfig, stale_phi: bool) -> list[str]:
         met.append(f"{'/'.join(flags)} multiply the running sum, not each contribution")
     if beam.no_polarization and detector.oversample_polar:
         met.append("-oversample_polar recomputes the polarization that -nopolar turns off")
+    if counted_as_given:
+        met.append("the automatic interpolation counts the cells -N gives, not those of the crystal's size")
     if crystal.misset_random:
         met.append("-misset random draws from a cap of 90 radians, not degrees")
-    if config.response.adc_offset_adu < 0:
+    if config.response.adc_offset_adu < 0 and noise_image_wraps(config):
         met.append("a negative -adc wraps the noise image's negative counts to 65536 less them")
     if not met:
         return []

@@ -137,6 +137,25 @@ def test_a_negative_adc_wraps_the_noise_image_as_nanoBragg_casts_it(physics, wra
     np.testing.assert_array_equal(shifted, expected)
 
 
+def test_readout_noise_below_zero_is_clamped_not_wrapped(tmp_path, monkeypatch):
+    """The wrap is nanoBragg's cast on its own path only: nbsim's readout noise (nanoBragg has none) that takes
+    a pixel below 0 reads 0, not 65535 less it."""
+    monkeypatch.chdir(tmp_path)
+    argv = ("-default_F 100 -cell 60 70 80 90 90 90 -N 3 -lambda 1 -distance 80 -detpixels 12 -pixel 0.4 -seed 7 "
+            "-nopgm -compile off -fluence 1e25 -adc 0 -readout_noise 3 -noisefile noisy.img").split()
+    assert main(argv) == 0
+    noisy = np.fromfile("noisy.img", dtype=np.uint16, offset=512)
+    assert (noisy == 0).any() and noisy.max() < 65000
+
+
+def test_c_unsigned_cast_is_x86s_cast_through_an_int():
+    from nbsim.detector.response import c_unsigned_cast
+
+    values = torch.tensor([-5.7, 65535.9, 70000.0, -1e10, 3e9, float("nan"), 200.2], dtype=torch.float64)
+    assert c_unsigned_cast(values, 16).tolist() == [65531, 65535, 70000 - 65536, 0, 0, 0, 200]
+    assert c_unsigned_cast(values, 8).tolist() == [251, 255, 112, 0, 0, 0, 200]
+
+
 def test_processes_building_at_once_share_one_library(tmp_path):
     """The compiled code is built into the cache by whichever process comes first; processes that build
     at the same time each rename a whole library into place, and all of them load it."""

@@ -118,6 +118,15 @@ def test_nopolar_holds_under_oversample_polar_only_when_corrected():
     assert np.abs(polarized / plain - 1).max() > 0.005  # ½(1 + cos²2θ) at the corners, 2θ ≈ 6.5°
 
 
+def test_nbsim_background_keeps_nopolar_under_oversample_polar():
+    """Only nanoBragg's sub-pixel loop recomputes the polarization that -nopolar turns off; nbsim's own
+    -background, which nanoBragg has not, stays unpolarized under -nopolar whatever -oversample_polar says."""
+    extra = ["-background", "water", "-background_thick", "1", "-distance", "30", "-nopolar"]
+    plain = background_of(extra)
+    np.testing.assert_allclose(background_of([*extra, "-oversample_polar"]), plain, rtol=1e-12)
+    assert np.abs(background_of(extra[:-1]) / plain - 1).max() > 0.005  # polarized without -nopolar
+
+
 def test_corrected_misset_random_uses_degrees():
     argv = CRYSTAL + ["-misset_seed", "5", "-misset", "random"]
     from nbsim.model.crystal import build_lattice
@@ -314,6 +323,20 @@ def test_default_physics_names_each_defect_met_in_one_warning(extra, named):
     config, _ = parse(CRYSTAL + extra)
     defects = [w for w in resolve(config).warnings if "-physics corrected" in w]
     assert len(defects) == 1 and named in defects[0]
+
+
+def test_default_physics_names_the_interpolation_decided_on_the_counts_given(tmp_path):
+    """-N 3 with a crystal size of two cells a side: nanoBragg decides on the 3 given (nearest), -physics
+    corrected on the crystal's 2 (interpolate); the default names the difference, a size that agrees does not."""
+    hkl = tmp_path / "f.hkl"
+    hkl.write_text("".join(f"{h} {k} {l} {10 + h + k + l}\n" for h in range(-4, 5) for k in range(-4, 5)
+                           for l in range(-4, 5)))
+    named = "counts the cells -N gives"
+    for size_mm, differs in (("0.00001", True), ("0.0001", False)):
+        config, _ = parse([*CRYSTAL, "-hkl", str(hkl), "-xtalsize", size_mm])
+        assert any(named in w for w in resolve(config).warnings) is differs
+        corrected = resolve(config.with_options(physics="corrected"))
+        assert corrected.lookup == ("interpolate" if differs else "nearest")
 
 
 CCTBX_F_CALC = """

@@ -179,9 +179,10 @@ def test_sampling_takes_only_its_two_words():
         config_from_args(["-sampling", "fine"])
 
 
-def test_automatic_oversample_is_one_where_the_beam_runs_along_the_detector():
-    """A detector normal across the beam puts the detector at distance 0: nanoBragg's automatic oversample
-    (3·crystal size/0, cast to int) comes out 1, as its log of this geometry says ("auto-selected 1-fold")."""
-    setup = resolve(config_from_args("-default_F 10 -cell 100 100 100 90 90 90 -N 2 -detpixels 8 -fdet_vector 0 0 1 "
-                                     "-sdet_vector 1 0 0 -odet_vector 0 1 0".split()))
-    assert float(setup.geometry.distance_m) == 0 and setup.oversample == 1
+@pytest.mark.parametrize("geometry", ["-fdet_vector 0 0 1 -sdet_vector 1 0 0 -odet_vector 0 1 0", "-twotheta 90"])
+def test_automatic_oversample_is_one_where_the_beam_runs_along_the_detector(geometry):
+    """A detector normal across the beam puts the detector at distance 0 (custom vectors) or 1e-17 m (-twotheta
+    90): nanoBragg's automatic oversample, 3·crystal size/distance cast to int (INT_MIN past its range), comes out
+    1, as its log of these geometries says ("auto-selected 1-fold")."""
+    setup = resolve(config_from_args(f"-default_F 10 -cell 100 100 100 90 90 90 -N 2 -detpixels 8 {geometry}".split()))
+    assert abs(float(setup.geometry.distance_m)) < 1e-12 and setup.oversample == 1

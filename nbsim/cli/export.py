@@ -12,7 +12,6 @@ point's φ.
 
 from __future__ import annotations
 
-import collections
 import datetime
 import json
 import time
@@ -182,6 +181,7 @@ def export_series(store: Path, size: int | None, files: SeriesFiles, options: Co
     noise_seeds = f"noise seed of frame k: {first_seed} + k - 1"
     if files.noise_nxmx is not None or files.noise_cbf_prefix is not None:
         print(f"noise frames drawn with seeds {first_seed} .. {first_seed + frames - 1} ({noise_seeds})")
+
     def frames_written(noise: bool, prefix: Path | None):
         """Each frame's counts (drawn once for both files of a kind), its miniCBF written on the way."""
         for frame in range(frames):
@@ -202,7 +202,8 @@ def export_series(store: Path, size: int | None, files: SeriesFiles, options: Co
             write_nxmx(path, frames_written(noise, prefix), omega_deg, record, started,
                        datetime.datetime.now(datetime.timezone.utc))
         elif prefix is not None:
-            collections.deque(frames_written(noise, prefix), maxlen=0)
+            for _ in frames_written(noise, prefix):
+                pass
         if prefix is not None:
             print(f"wrote {prefix}_00001.cbf .. {prefix}_{frames:05d}.cbf" + (" (with noise)" if noise else ""))
         if path is not None:

@@ -11,7 +11,7 @@ import torch
 
 from ..config import INT32_MAX_COUNT, PanelConfig, shifted_spectrum
 from ..detector import direct_beam_px, distance_along_beam_m
-from ..detector.response import OVERLOAD_ADU
+from ..detector.response import OVERLOAD_ADU, c_unsigned_cast
 from ..errors import NbsimError
 from ..io.detector_images import DetectorModule, ExperimentRecord
 from ..io.images import format_g
@@ -157,11 +157,11 @@ def pgm_image(image: np.ndarray, setup: Setup, scale: float) -> np.ndarray:
     negative value (a detector whose normal points back at the sample makes ω negative) is cast as nanoBragg casts
     it, through a 32-bit int to its low byte (-152.4 reads 104); -physics corrected clips it at 0."""
     inside = roi_mask(setup)
-    values = np.trunc(np.minimum(image.astype(np.float64) * scale, 255.0))
+    values = np.minimum(image.astype(np.float64) * scale, 255.0)
     if setup.config.corrected:
-        values = np.maximum(values, 0.0)
+        values = np.maximum(np.trunc(values), 0.0)
     else:
-        values = np.where(values >= -2.0**31, values, -2.0**31) % 256  # x86: out of int range reads INT_MIN
+        values = c_unsigned_cast(torch.from_numpy(values), 8).numpy()
     return np.where(inside, values, 0).astype(np.uint8)
 
 

@@ -24,7 +24,7 @@ from ..io.structure_files import write_hkl
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
 from ..render import Renderer
-from ..resolve import Setup, resolve
+from ..resolve import Setup, noise_image_wraps, resolve
 from ..vectors import DEGREES_PER_RADIAN
 from .products import (
     ImageStatistics,
@@ -141,7 +141,8 @@ def _noise_images(image: np.ndarray, setup: Setup, run: RunOptions) -> tuple[Det
     where the run writes none."""
     readouts: dict[str, Readout] = {}
     if run.noisefile:
-        readouts["noise"] = Readout(setup.config.response.adc_offset_adu, wraps_negative=not setup.config.corrected)
+        response = setup.config.response
+        readouts["noise"] = Readout(response.adc_offset_adu, wraps_negative=noise_image_wraps(setup.config))
     if run.noise and run.wants_counts:
         readouts["counts"] = Readout(run.counts_pedestal, run.saturation_counts)
     if not readouts:

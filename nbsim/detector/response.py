@@ -122,6 +122,14 @@ class Readout:
     pixels to 16 bits, truncated and wrapped modulo 65536 (x86's conversion: -5 reads 65531), not clamped at 0."""
 
 
+def c_unsigned_cast(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """`values` as nanoBragg's casts to an unsigned `bits`-bit integer leave them on x86: truncated to a 32-bit
+    int (INT_MIN where out of its range, or NaN), then its low `bits` bits (-5 reads 65531 in 16 bits)."""
+    truncated = torch.trunc(values)
+    in_int_range = (truncated >= -2.0**31) & (truncated < 2.0**31)
+    return truncated.where(in_int_range, -2.0**31).remainder(2.0**bits)
+
+
 def detector_image(photons: torch.Tensor, response: DetectorResponseConfig, layout: PixelLayout,
                    saturation_adu: float = OVERLOAD_ADU) -> DetectorImage:
     """The detector image of a noise-free (slow, fast) photon image under `response` (checked first), its
@@ -243,7 +251,7 @@ def _read_outs(photons: torch.Tensor, response: DetectorResponseConfig, layout: 
         if saturation_adu > OVERLOAD_ADU:
             adu = adu.to(torch.float64)  # float32 would round int32's largest count up, past the int32 range
         overloads = int(torch.count_nonzero(adu[window] > saturation_adu))
-        wrapped = torch.remainder(torch.trunc(adu), 65536.0).where(adu < 0, 0.0) if readout.wraps_negative else None
+        wrapped = c_unsigned_cast(adu, 16).where(adu < 0, 0.0) if readout.wraps_negative else None
         adu = adu.clamp_(0.0, saturation_adu)
         if wrapped is not None:
             adu = adu + wrapped

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .inputs import KernelOptions, KernelTensors
+from .inputs import KernelOptions, KernelTensors, Lookup
 from .physics import (
     StepTerms,
     capture_fraction,
@@ -51,7 +51,7 @@ class OrderedOptions:
     sub-step and source that -dmin keeps (nanoBragg's first evaluation in a thread)."""
     interpolation_switch: bool = False
     """Interpolate until the first out-of-range step of the tile's pixel (0, 0), then look up nearest."""
-    lookup: str | None = None
+    lookup: Lookup | None = None
     """The lookup of every step where it is not the options' (None): "nearest" for a pixel after the
     interpolation switch that is rendered here for another reason (a thread's first pixel)."""
     corrected: bool = False

@@ -38,7 +38,7 @@ def structure_of(config: SimulationConfig) -> Structure:
     where a decision needs them: the oversample where it is automatic and every other count is 1."""
     counts = _Counts(config)
     single_step = counts.steps_per_subpixel == 1 and counts.oversample() == 1
-    return Structure(kernel_options(config, lookup_of(config.structure, config.crystal)), single_step=single_step)
+    return Structure(kernel_options(config, lookup_of(config, counts.n_cells)), single_step=single_step)
 
 
 def steps_per_pixel(config: SimulationConfig) -> int:

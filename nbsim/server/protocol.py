@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import socket
@@ -24,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..cache import cache_dir, sources_digest
+from ..cache import cache_dir, sources_digest, torch_version_file
 
 DEFAULT_IDLE_TIMEOUT_S = 1800.0
 HEADER = struct.Struct("!cI")
@@ -69,9 +68,9 @@ def source_digest() -> str:
     worker serves only clients with the same ones."""
     digest = hashlib.sha256(sys.executable.encode())
     digest.update(sources_digest().encode())
-    torch_spec = importlib.util.find_spec("torch")
-    if torch_spec is not None and torch_spec.origin is not None:
-        digest.update(Path(torch_spec.origin).with_name("version.py").read_bytes())
+    version_file = torch_version_file()
+    if version_file is not None:
+        digest.update(version_file.read_bytes())
     return digest.hexdigest()
 
 

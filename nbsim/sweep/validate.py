@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cache import torch_version_file
 from ..errors import NbsimError, did_you_mean
 from .draws import RANDOM_ORIENTATION, Draw, check_draws
 from .fitting import check_fit
@@ -94,13 +95,13 @@ def torch_has_gpu_build() -> bool:
     `cuda` and `hip` that `torch.version` holds: both None in a CPU build) without importing it; True
     where that file cannot be read as such, so that the caller asks PyTorch itself."""
     import ast
-    import importlib.util
 
-    spec = importlib.util.find_spec("torch")
-    folders = list(spec.submodule_search_locations or []) if spec else []
+    version_file = torch_version_file()
     try:
-        tree = ast.parse((Path(folders[0]) / "version.py").read_text())
-    except (IndexError, OSError, SyntaxError, ValueError):
+        tree = ast.parse(version_file.read_text()) if version_file is not None else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    if tree is None:
         return True
     constants = {}
     for node in tree.body:
