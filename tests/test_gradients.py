@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,6 +62,29 @@ def test_gradient_wavelength(base):
 def test_gradient_mosaic_spread(base):
     mosaic = _with(base, "crystal", mosaic_domains=4, mosaic_seed=7)
     _check(lambda spread: _with(mosaic, "crystal", mosaic_spread_deg=spread), 0.5)
+
+
+def test_mosaic_angles_are_the_c_single_precision_products_unless_the_spread_carries_gradients():
+    """nanoBragg rounds spread·fraction to a float (without the rounding a fuzzed -printout_pixel I was off
+    by up to 2e-7); a spread with gradients keeps the smooth product that gradcheck differentiates."""
+    from nbsim.model.crystal import MosaicDomains
+
+    spread_rad = math.radians(1.32)
+
+    def angle_rad(spread: torch.Tensor) -> torch.Tensor:
+        domains = MosaicDomains(axes=np.array([[0.0, 0.0, 1.0]] * 2), angle_fractions=np.array([1.0, 0.3]),
+                                spread_rad=spread)
+        rotation = domains.matrices()[1]
+        return torch.atan2(rotation[1, 0], rotation[0, 0])
+
+    c_angle_rad = float(np.float32(spread_rad) * np.float32(0.3))
+    assert c_angle_rad != pytest.approx(spread_rad * 0.3, rel=1e-9)
+    assert angle_rad(torch.tensor(spread_rad, dtype=torch.float64)).item() == pytest.approx(c_angle_rad, rel=1e-14)
+    smooth = torch.tensor(spread_rad, dtype=torch.float64, requires_grad=True)
+    angle = angle_rad(smooth)
+    angle.backward()
+    assert angle.item() == pytest.approx(spread_rad * 0.3, rel=1e-14)
+    assert smooth.grad.item() == pytest.approx(0.3, rel=1e-12)
 
 
 def test_gradient_flows_to_image_values(base):

@@ -227,12 +227,18 @@ class MosaicDomains:
         return len(self.axes)
 
     def matrices(self) -> torch.Tensor:
-        """Rotation matrices (domains, 3, 3), differentiable in the spread."""
-        if scalar_value(self.spread_rad) <= 0.0:
+        """Rotation matrices (domains, 3, 3), differentiable in the spread. Each angle is the C's,
+        spread·fraction in single precision (nanoBragg passes the spread as a float; the float64 product
+        differs by up to 1e-7, which moved a fuzzed -printout_pixel I by up to 2e-7), unless the spread
+        carries gradients: their finite-difference checks need the smooth float64 product."""
+        spread_value = scalar_value(self.spread_rad)
+        if spread_value <= 0.0:
             return torch.eye(3, dtype=torch.float64).expand(self.count, 3, 3)
+        smooth = isinstance(self.spread_rad, torch.Tensor) and self.spread_rad.requires_grad
         mats = [torch.eye(3, dtype=torch.float64)]
         for axis, fraction in zip(self.axes[1:], self.angle_fractions[1:], strict=True):
-            angle = self.spread_rad * float(fraction)
+            angle = (self.spread_rad * float(fraction) if smooth
+                     else torch.tensor(float(np.float32(spread_value) * np.float32(fraction)), dtype=torch.float64))
             mats.append(_axis_angle_tensor(torch.as_tensor(axis, dtype=torch.float64), angle))
         return torch.stack(mats)
 
