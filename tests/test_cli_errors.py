@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -197,6 +198,25 @@ def test_a_printout_pixel_off_the_detector_is_refused_before_the_render(tmp_path
     captured = capsys.readouterr()
     assert captured.err == "nbsim: error: -printout_pixel 3 8 is outside the 8x8 detector\n"
     assert captured.out == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_printout_pixel_that_nanobragg_skips_gets_a_warning_and_no_trace(tmp_path, monkeypatch, capsys):
+    """nanoBragg renders and traces no pixel outside -roi or zero in -mask, so it prints no trace for one
+    (fuzzed: 6 of 400 traces, all with a -mask); a rendered pixel is traced."""
+    from nbsim.io.images import write_smv
+
+    monkeypatch.chdir(tmp_path)
+    mask = np.ones((8, 8), np.uint16)
+    mask[2, 1] = 0
+    write_smv(tmp_path / "mask.img", mask, [("PIXEL_SIZE", "0.1")])
+    for extra, warning in ((["-roi", "0", "3", "0", "3", "-printout_pixel", "4", "2"], "outside the -roi"),
+                           (["-mask", "mask.img", "-printout_pixel", "1", "2"], "masked"),
+                           (["-mask", "mask.img", "-printout_pixel", "2", "1"], None)):
+        assert main(GOOD + ["-nonoise", *extra]) == 0
+        out = capsys.readouterr().out
+        assert ("hkl= " in out) == (warning is None)
+        if warning:
+            assert f"WARNING: -printout_pixel {extra[-2]} {extra[-1]} is {warning}: not rendered, no trace" in out
 
 
 def test_output_cut_short_ends_quietly():

@@ -289,6 +289,15 @@ def _check_printout_pixel(setup: Setup, fast: int, slow: int) -> None:
 
 
 def _print_trace(renderer: Renderer, setup: Setup, fast: int, slow: int) -> None:
+    """The last step's values of one pixel, as nanoBragg prints them; a pixel it skips (outside -roi, or
+    zero in -mask) gets a warning instead, as the C prints no trace for it."""
+    first_fast, last_fast, first_slow, last_slow = setup.roi
+    if not (first_fast <= fast <= last_fast and first_slow <= slow <= last_slow):
+        print(f"WARNING: -printout_pixel {fast} {slow} is outside the -roi: not rendered, no trace (as in nanoBragg)")
+        return
+    if setup.mask is not None and not setup.mask[slow, fast]:
+        print(f"WARNING: -printout_pixel {fast} {slow} is masked: not rendered, no trace (as in nanoBragg)")
+        return
     value, trace = renderer.trace(slow, fast)
     print(f"{fast:4d} {slow:4d} :")
     print("hkl= {:f} {:f} {:f}  hkl0= {:d} {:d} {:d}".format(*trace.hkl, *trace.hkl0))
