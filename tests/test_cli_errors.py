@@ -104,6 +104,12 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
                                    "mask is 4x4 pixels but the detector is 8x8"),
         "mask not SMV": (GOOD + ["-mask", _write(folder, "mask.txt", "hello")], "not an SMV"),
         "output folder missing": (GOOD + ["-floatfile", str(folder / "nowhere" / "f.bin")], "does not exist"),
+        "amorphous curve file missing": (GOOD + ["-stol", str(folder / "absent.stol")],
+                                         "absent.stol: cannot be read (No such file or directory); nanoBragg stops"),
+        "amorphous curve file blank": (GOOD + ["-Q", _write(folder, "blank.stol", "\n \t\n")], "blank.stol: no data"),
+        "structure factor cache nanoBragg would read": (
+            GOOD + ["-dump", _write(folder, "F.dump", b"0 0 0 0 0 0\n\f")],
+            "without -hkl nanoBragg reads its structure factors from this cache"),
     }
     if not torch.cuda.is_available():
         cases["cuda without a GPU"] = (GOOD + ["-device", "cuda"], "CUDA is not available")
@@ -217,6 +223,17 @@ def test_a_printout_pixel_that_nanobragg_skips_gets_a_warning_and_no_trace(tmp_p
         assert ("hkl= " in out) == (warning is None)
         if warning:
             assert f"WARNING: -printout_pixel {extra[-2]} {extra[-1]} is {warning}: not rendered, no trace" in out
+
+
+def test_a_structure_factor_cache_nanobragg_would_read_unasked_is_warned_about(tmp_path, monkeypatch, capsys):
+    """nanoBragg without -hkl reads ./Fdump.bin, written by an earlier run with -hkl, where it exists;
+    nbsim reads no cache, says so, and renders; with -hkl the cache is neither read nor mentioned."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Fdump.bin").write_bytes(b"0 0 0 0 0 0\n\f")
+    hkl = _write(tmp_path, "small.hkl", SMALL_HKL)
+    for extra, warned in (([], True), (["-hkl", hkl], False)):
+        assert main(GOOD + ["-nonoise", "-nopgm", "-floatfile", "f.bin", "-intfile", "i.img", *extra]) == 0
+        assert ("WARNING: Fdump.bin is here: without -hkl nanoBragg would read" in capsys.readouterr().out) == warned
 
 
 def test_output_cut_short_ends_quietly():

@@ -134,7 +134,9 @@ def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     if config.crystal.cell_A_deg is not None:
         check_cell(config.crystal.cell_A_deg)
     notes = [f"{flag} has no effect on the image (accepted for nanoBragg compatibility)"
-             for flag in NO_EFFECT if flag in given] + physics_notes
+             for flag in NO_EFFECT if flag in given] + physics_notes + _structure_factor_cache_notes(
+                 argv, state.hkl is None and "-model" not in nbsim_options)
+    _check_amorphous_curve_file(argv)
     noise = bool(state.calculate_noise) and (state.noisefile is not None or "-cbffile" in nbsim_options
                                               or "-nxmxfile" in nbsim_options)
     if not state.calculate_noise:
@@ -275,6 +277,36 @@ NXMX_SUFFIXES = (".h5", ".nxs", ".hdf5", ".nx5")
 """The suffixes an NXmx (HDF5) file usually carries, named where a file's suffix says another format."""
 OTHER_FORMAT_SUFFIXES = (".img", ".smv", ".cbf")
 """Suffixes of the SMV and miniCBF files: an NXmx file under one of them would be read as the wrong format."""
+
+
+def _structure_factor_cache_notes(argv: list[str], without_table: bool) -> list[str]:
+    """nanoBragg without -hkl reads its structure factors from its binary cache (-dump FILE, else
+    ./Fdump.bin) where that file exists, and renders them; nbsim reads no cache. Refuse a -dump it would
+    read (its image would not be the C's); warn of a ./Fdump.bin it would read unasked."""
+    named = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "-dump"]
+    cache = named[-1] if named else "Fdump.bin"
+    if not without_table or not os.path.isfile(cache):
+        return []
+    if named:
+        raise NbsimError(f"-dump {cache}: without -hkl nanoBragg reads its structure factors from this cache "
+                         "of a previous run, which nbsim does not read; give that run's -hkl file instead")
+    return [f"{cache} is here: without -hkl nanoBragg would read its structure factors from this cache of a previous "
+            "run; nbsim does not read it (give that run's -hkl file to render them)"]
+
+
+def _check_amorphous_curve_file(argv: list[str]) -> None:
+    """nanoBragg reads the -stol (-4stol, -Q) file, the last one named, and stops without an image where it
+    cannot open it or finds only blank lines in it (it never uses the curve); so does nbsim, in one line."""
+    named = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] in ("-stol", "-4stol", "-Q")]
+    if not named:
+        return
+    try:
+        with open(named[-1], errors="replace") as stream:
+            lines = stream.readlines()
+    except OSError as error:
+        raise NbsimError(f"{named[-1]}: cannot be read ({error.strerror or error}); nanoBragg stops there") from None
+    if all(line.lstrip(" \t,;:!") == "\n" for line in lines):
+        raise NbsimError(f"{named[-1]}: no data (nanoBragg stops at an -stol, -4stol or -Q file of blank lines)")
 
 
 def _check_nxmx_name(flag: str, path: str) -> None:

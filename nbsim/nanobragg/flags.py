@@ -219,7 +219,8 @@ TABLE: tuple[Flag, ...] = (
     Flag(IGNORED, "-stol -4stol -Q", P1, "FILE",
          "F of the background against sin(θ)/λ (not used, as in nanoBragg)", "none"),
     Flag(IGNORED, "-stolout", P1, "FILE", "F against sin(θ)/λ, written by nanoBragg (not by nbsim)", "none"),
-    Flag(IGNORED, "-dump", P1, "FILE", "nanoBragg's binary cache of F (neither written nor read)", "none"),
+    Flag(IGNORED, "-dump", P1, "FILE", "nanoBragg's binary cache of F (nbsim neither writes nor reads it; "
+         "refused without -hkl where it exists, as nanoBragg would read it)", "Fdump.bin"),
     Flag(IGNORED, "-coherent", (), "", "coherent sum (no effect, as in nanoBragg)"),
     Flag(IGNORED, "-printout", (), "", "print every pixel's value (nbsim prints none)"),
     Flag(IGNORED, "-progress -noprogress", (), "", "progress meter (nbsim prints none)"),
