@@ -73,7 +73,8 @@ def _traces(text: str):
 
 @pytest.mark.parametrize("name", case_params())
 def test_pixel_trace_matches_reference(name, in_golden_dir):
-    """Miller indices, F_cell, F_latt, polarization, solid angle and capture fraction of two pixels."""
+    """Miller indices, F_cell, F_latt, I/steps (to the 10 digits printed: mosaic domains need the C's powf and
+    single-precision angles), polarization, solid angle and capture fraction of two pixels."""
     case = load_case(name)
     renderer = Renderer(resolve(nbsim.config_from_args(case.args)), dtype=torch.float64, compile=False)
     for fast, slow, values, hkl, hkl0, f_cell, f_latt, intensity in _traces((case.folder / "trace.txt").read_text()):
@@ -83,6 +84,7 @@ def test_pixel_trace_matches_reference(name, in_golden_dir):
         assert trace.f_cell == pytest.approx(f_cell, rel=1e-5)
         assert abs(trace.f_latt) == pytest.approx(abs(f_latt), rel=1e-5, abs=1e-5)
         assert trace.intensity == pytest.approx(intensity, rel=1e-5)
+        assert trace.intensity / renderer.setup.steps == pytest.approx(values["I/steps"], rel=1e-9)  # 10 digits
         assert trace.polar == pytest.approx(values["polar"], rel=1e-8)
         assert trace.omega == pytest.approx(values["omega"], rel=1e-8)
         assert trace.capture == pytest.approx(values["capfrac"], rel=1e-8)
