@@ -316,3 +316,13 @@ def test_a_command_without_model_flags_is_not_told_to_move_them(tmp_path, capsys
     """`nbsim export` takes no nanoBragg flags: an unknown one is only unknown."""
     assert main(["export", str(tmp_path / "sweep.zarr"), "-N", "3"]) == 2
     assert capsys.readouterr().err.strip() == "nbsim: error: export: unrecognized arguments: -N 3; see nbsim export -h"
+
+
+@pytest.mark.parametrize("extra", ["-MW 30", "-molecular_weight 30", "-molecules 5", "-density 1.2",
+                                   "-sample_density 1.2", "-coherent", "-progress", "-noprogress"])
+def test_flags_nanobragg_ignores_are_accepted_and_change_nothing(extra):
+    """Flags nanoBragg reads and then overwrites or never uses (its -molec substring sets a molecular weight
+    that the cell counts replace) are accepted, as the C accepts them, and leave the configuration as it was."""
+    from nbsim import config_from_args
+
+    assert config_from_args([*GOOD, *extra.split()]) == config_from_args(GOOD)

@@ -214,7 +214,7 @@ TABLE: tuple[Flag, ...] = (
     Flag(RESPONSE, "-defect_seed", I1, "N", "random-number seed of the hot and dead pixels", "1"),
     Flag(IGNORED, "-density -sample_density", N1, "G/CM3",
          "sample density (no effect on the image, as in nanoBragg)", "1"),
-    Flag(IGNORED, "-MW -molecular_weight", N1, "G/MOL",
+    Flag(IGNORED, "-MW -molecular_weight -molecules", N1, "G/MOL",
          "molecular weight (no effect on the image, as in nanoBragg)", "18"),
     Flag(IGNORED, "-stol -4stol -Q", P1, "FILE",
          "F of the background against sin(θ)/λ (not used, as in nanoBragg)", "none"),
