@@ -275,9 +275,17 @@ def resolve(config: SimulationConfig) -> Setup:
     beam = config.beam
     fluence = beam.fluence_photons_per_m2
     if beam.flux_photons_per_s != 0.0 and beam.exposure_s > 0.0:
-        fluence = beam.flux_photons_per_s * beam.exposure_s / (beam.beamsize_mm * 1e-3) ** 2
+        beamsize_m = beam.beamsize_mm * 1e-3
+        beam_area_m2 = beamsize_m * beamsize_m  # not ** 2: a float power raises where this overflows to inf
+        fluence = beam.flux_photons_per_s * beam.exposure_s / beam_area_m2 if beam_area_m2 > 0 else math.inf
+        if not math.isfinite(scalar_value(fluence)):
+            raise NbsimError(f"-flux {beam.flux_photons_per_s:g} over -beamsize {beam.beamsize_mm:g} mm for "
+                             f"-exposure {beam.exposure_s:g} s gives a fluence beyond any number")
     water_m = beam.water_thickness_um * 1e-6
-    background = 0.0 if corrected else WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m ** 3 * 1e6 * AVOGADRO / WATER_MW
+    background = 0.0 if corrected else (WATER_F ** 2 * R_E_SQR_M2 * fluence * water_m * water_m * water_m * 1e6
+                                        * AVOGADRO / WATER_MW)
+    if not math.isfinite(scalar_value(background)):
+        raise NbsimError(f"-water {beam.water_thickness_um:g} um gives a water background beyond any number")
     if not corrected:
         counted_as_given = lookup != lookup_of(config.with_options(physics="corrected"), lambda: n_cells)
         warnings += nanobragg_defects(config, first_cells is not None, counted_as_given)

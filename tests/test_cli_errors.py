@@ -35,6 +35,12 @@ def _smv(folder: Path, name: str, width: int, height: int) -> str:
     return _write(folder, name, payload)
 
 
+def _pdb(cell_length: str, x: str) -> str:
+    """A one-atom PDB model: a cubic cell of `cell_length` Å, its atom at (x, 2, 3) (PDB's fixed columns)."""
+    return (f"CRYST1{cell_length:>9}{cell_length:>9}{cell_length:>9}  90.00  90.00  90.00 P 1\n"
+            f"ATOM      1  CA  ALA A   1    {x:>8}   2.000   3.000  1.00 20.00           C\nEND\n")
+
+
 def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
     """name → (arguments, text the message must contain)."""
     def hkl(name: str, text: str) -> str:
@@ -107,6 +113,13 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "amorphous curve file missing": (GOOD + ["-stol", str(folder / "absent.stol")],
                                          "absent.stol: cannot be read (No such file or directory); nanoBragg stops"),
         "amorphous curve file blank": (GOOD + ["-Q", _write(folder, "blank.stol", "\n \t\n")], "blank.stol: no data"),
+        "model atom at a NaN position": (GOOD + ["-model", _write(folder, "nan.pdb", _pdb("100.000", "     nan"))],
+                                         "nan.pdb: atom CA of residue ALA 1: coordinates, occupancy and B factor "
+                                         "must be finite numbers"),
+        "model cell of zero lengths": (GOOD + ["-model", _write(folder, "flat.pdb", _pdb("  0.000", "   1.000"))],
+                                       "flat.pdb: the model's cell 0 0 0 90 90 90: the lengths must be positive"),
+        "water beyond any number": (GOOD + ["-water", "1e300"], "-water 1e+300 um gives a water background beyond"),
+        "flux on a vanishing beam": (GOOD + ["-flux", "1", "-beamsize", "1e-300"], "gives a fluence beyond any number"),
         "structure factor cache nanoBragg would read": (
             GOOD + ["-dump", _write(folder, "F.dump", b"0 0 0 0 0 0\n\f")],
             "without -hkl nanoBragg reads its structure factors from this cache"),

@@ -10,6 +10,7 @@ series' images do not read it again: a model's |F| to 2 Å takes 2.2 s to comput
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
-from ..config import StructureFactorConfig
-from ..errors import InputFileError
+from ..config import StructureFactorConfig, check_cell
+from ..errors import InputFileError, NbsimError
 from .atomic import atomic_write_text
 from .text import numeric_rows
 
@@ -287,14 +288,27 @@ def _read_structure(path: str | Path) -> tuple[str, Any]:
 
 
 def read_model(path: str | Path) -> AtomicModel:
-    """A PDB or mmCIF model, checked: it has atoms and a unit cell."""
+    """A PDB or mmCIF model, checked: it has atoms, each at a finite position with a finite occupancy and
+    B factor, and a unit cell that exists (a NaN coordinate or a zero-length cell left no reflections)."""
     digest, structure = _read_structure(path)
     atoms = structure[0].count_atom_sites() if len(structure) else 0
     if atoms == 0:
         raise InputFileError(str(path), "the model has no atoms")
     if not structure.cell.is_crystal():
         raise InputFileError(str(path), "the model has no unit cell (a CRYST1 record or _cell values)")
-    return AtomicModel(tuple(float(v) for v in structure.cell.parameters), atoms, digest)
+    cell = tuple(float(v) for v in structure.cell.parameters)
+    try:
+        if not all(math.isfinite(v) and v > 0 for v in cell[:3]):
+            raise NbsimError(f"cell {' '.join(f'{v:g}' for v in cell)}: the lengths must be positive")
+        check_cell(cell)
+    except NbsimError as error:
+        raise InputFileError(str(path), f"the model's {error}") from None
+    for site in structure[0].all():
+        atom = site.atom
+        if not all(map(math.isfinite, (atom.pos.x, atom.pos.y, atom.pos.z, atom.occ, atom.b_iso))):
+            raise InputFileError(str(path), f"atom {atom.name} of residue {site.residue.name} {site.residue.seqid}: "
+                                            "coordinates, occupancy and B factor must be finite numbers")
+    return AtomicModel(cell, atoms, digest)
 
 
 def model_reflections(path: str | Path, d_min_A: float) -> ReflectionTable:
