@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -75,6 +76,16 @@ class SMVHeader:
             return 0.0
         return c_atof(self.text[equals + 1:])
 
+    def pixel_counts(self, path: str | Path) -> tuple[int, int]:
+        """SIZE1 and SIZE2, fast and slow pixels; a one-line error naming the file unless both are finite
+        and at least 1 (a zero or negative size sized a detector of no pixels)."""
+        width, height = self.last_value("SIZE1"), self.last_value("SIZE2")
+        if width is None or height is None or not (1 <= width < math.inf and 1 <= height < math.inf):
+            shown = ", ".join(f"{key}={'none' if value is None else f'{value:g}'}"
+                              for key, value in (("SIZE1", width), ("SIZE2", height)))
+            raise InputFileError(str(path), f"SMV header has no valid SIZE1/SIZE2 ({shown}; each at least 1)")
+        return int(width), int(height)
+
     def byte_order(self) -> str:
         """The header's BYTE_ORDER (the last one), else this machine's."""
         found = re.findall(r"BYTE_ORDER=(\w+)", self.text)
@@ -110,10 +121,7 @@ def read_smv_header(path: Path) -> SMVHeader:
 def read_smv(path: Path) -> tuple[SMVHeader, np.ndarray]:
     """Header and (slow, fast) uint16 pixels of an SMV image."""
     header = read_smv_header(path)
-    width, height = header.last_value("SIZE1"), header.last_value("SIZE2")
-    if not width or not height or width < 1 or height < 1:
-        raise InputFileError(str(path), "SMV header has no valid SIZE1/SIZE2")
-    width, height = int(width), int(height)
+    width, height = header.pixel_counts(path)
     raw = Path(path).read_bytes()[header.size:]
     if len(raw) < 2 * width * height:
         raise InputFileError(str(path), f"truncated: {len(raw)} bytes of pixels, expected {2 * width * height}")

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import NbsimError
 from ..io.text import HC_EV_A, c_atof, c_atoi
 from .flags import NBSIM_ONLY
 
@@ -396,10 +395,7 @@ def _apply_header(state: CState, path: Path, from_mask: bool) -> None:
     from ..io.images import read_smv_header
 
     header = read_smv_header(path)
-    width, height = header.last_value("SIZE1"), header.last_value("SIZE2")
-    if width is None or height is None:
-        raise NbsimError(f"{path}: SMV header has no SIZE1/SIZE2")
-    state.fpixels, state.spixels = int(width), int(height)
+    state.fpixels, state.spixels = header.pixel_counts(path)
     pixel = header.last_value("PIXEL_SIZE")
     if pixel is not None:
         state.pixel_mm = pixel
