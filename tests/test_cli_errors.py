@@ -119,6 +119,8 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "model atom at a NaN position": (GOOD + ["-model", _write(folder, "nan.pdb", _pdb("100.000", "     nan"))],
                                          "nan.pdb: atom CA of residue ALA 1: coordinates, occupancy and B factor "
                                          "must be finite numbers"),
+        "model mmCIF without a data block": (GOOD + ["-model", _write(folder, "blank.cif", "# no data\n")],
+                                             "blank.cif: not a readable model (no data block)"),
         "model cell of zero lengths": (GOOD + ["-model", _write(folder, "flat.pdb", _pdb("  0.000", "   1.000"))],
                                        "flat.pdb: the model's cell 0 0 0 90 90 90: the lengths must be positive"),
         "water beyond any number": (GOOD + ["-water", "1e300"], "-water 1e+300 um gives a water background beyond"),

@@ -280,6 +280,8 @@ def _read_structure(path: str | Path) -> tuple[str, Any]:
             structure = gemmi.read_structure(str(path))
         except (RuntimeError, ValueError) as error:
             raise InputFileError(str(path), f"not a readable model ({str(error).splitlines()[0]})") from None
+        except IndexError:  # gemmi's mmCIF reader on a file without a data block (empty, or comments only)
+            raise InputFileError(str(path), "not a readable model (no data block)") from None
         structure.setup_entities()
         return structure
 
