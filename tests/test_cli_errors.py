@@ -125,6 +125,8 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
                                        "flat.pdb: the model's cell 0 0 0 90 90 90: the lengths must be positive"),
         "water beyond any number": (GOOD + ["-water", "1e300"], "-water 1e+300 um gives a water background beyond"),
         "flux on a vanishing beam": (GOOD + ["-flux", "1", "-beamsize", "1e-300"], "gives a fluence beyond any number"),
+        "detector beyond any memory": (GOOD + ["-nonoise", "-detpixels", "10000000"],
+                                       "out of memory (an array of 400000000000000 bytes): render fewer pixels"),
         "structure factor cache nanoBragg would read": (
             GOOD + ["-dump", _write(folder, "F.dump", b"0 0 0 0 0 0\n\f")],
             "without -hkl nanoBragg reads its structure factors from this cache"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import traceback
 
@@ -111,10 +112,26 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the CLI's last line of defence
         if debug:
             traceback.print_exc()
+        if _out_of_memory(error):
+            print(f"nbsim: error: {_out_of_memory(error)}", file=sys.stderr)
+            return 2
         first_line = (str(error).strip().splitlines() or [""])[0]
         print(f"nbsim: internal error: {type(error).__name__}: {first_line} (rerun with --debug for details)",
               file=sys.stderr)
         return 1
+
+
+def _out_of_memory(error: Exception) -> str:
+    """The message for an allocation that failed, else "": Python's and NumPy's MemoryError, PyTorch's
+    OutOfMemoryError (CUDA) and its CPU allocator's RuntimeError, which has no class of its own. A
+    detector or a sampling too large for the machine is the command's size, not a fault of nbsim."""
+    text = str(error)
+    if not (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text):
+        return ""
+    size = re.search(r"[Tt]ried to allocate ([\d.]+ ?\w+)", text)
+    return (f"out of memory{f' (an array of {size[1]})' if size else ''}: render fewer pixels or steps "
+            "(-detpixels, -roi, -oversample, -mosaic_domains, -phisteps) or on a -device with more memory")
 
 
 def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
