@@ -127,6 +127,8 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
         "flux on a vanishing beam": (GOOD + ["-flux", "1", "-beamsize", "1e-300"], "gives a fluence beyond any number"),
         "detector beyond any memory": (GOOD + ["-nonoise", "-detpixels", "10000000"],
                                        "out of memory (an array of 400000000000000 bytes): render fewer pixels"),
+        "structure factors beyond float range": (GOOD + ["-hkl", hkl("vast_F", "0 0 0 1e40\n")],
+                                                 "non-finite pixel values (beyond float range, or a geometry"),
         "structure factor cache nanoBragg would read": (
             GOOD + ["-dump", _write(folder, "F.dump", b"0 0 0 0 0 0\n\f")],
             "without -hkl nanoBragg reads its structure factors from this cache"),

@@ -67,7 +67,8 @@ def statistics(image: np.ndarray, setup: Setup) -> ImageStatistics:
         total += float(chunk.sum())
         squares += float(torch.dot(chunk, chunk))
     if not math.isfinite(squares):
-        raise NbsimError("the simulation produced non-finite pixel values; check the geometry")
+        raise NbsimError("the simulation produced non-finite pixel values (beyond float range, or a geometry that "
+                         "divides by zero); check the geometry and the sizes of F (-hkl, -default_F) and -fluence")
     candidates = pixels if rendered is None else torch.where(rendered, pixels, -torch.inf)
     slow, fast = _first_maximum(candidates)
     peak = float(candidates[slow, fast]) if values.numel() else 0.0
