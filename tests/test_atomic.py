@@ -47,7 +47,7 @@ def test_a_library_writer_sees_the_real_name_and_a_failure_leaves_nothing(tmp_pa
         temporary.write_text("half")
         raise OSError("disk full")
 
-    with pytest.raises(OSError):
+    with pytest.raises(NbsimError, match="disk full"):
         atomic_write_with(path, fail)
     assert path.read_text() == "image.cbf"
     assert [p.name for p in tmp_path.iterdir()] == ["image.cbf"]

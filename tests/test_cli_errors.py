@@ -133,6 +133,9 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
             GOOD + ["-dump", _write(folder, "F.dump", b"0 0 0 0 0 0\n\f")],
             "without -hkl nanoBragg reads its structure factors from this cache"),
     }
+    if Path("/proc/self").is_dir():  # Linux: a folder that takes no new files, though it passes the writable check
+        cases["output folder that takes no files"] = (GOOD + ["-floatfile", "/proc/nbsim.bin"],
+                                                      "cannot write /proc/nbsim.bin: No such file or directory")
     if not torch.cuda.is_available():
         cases["cuda without a GPU"] = (GOOD + ["-device", "cuda"], "CUDA is not available")
     return cases

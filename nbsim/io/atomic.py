@@ -1,7 +1,8 @@
 """Atomic file writes: the content goes to a temporary file in the destination's folder (inside a temporary
 folder there, so that writers which record the file's name see the real one), which is then
 renamed over the destination (`os.replace`), so a reader sees the old file or the whole new one, never a
-part; when writing fails the temporary file is removed. Used for images, the kernel cache's descriptions
+part; when writing fails the temporary file is removed and the failure (a full disk, a folder that takes
+no files) is a one-line NbsimError naming the destination. Used for images, the kernel cache's descriptions
 and the sweep's JSON records.
 
 What is renamed over is only ever a regular file or a new name. A symbolic link is followed: its target is
@@ -70,6 +71,8 @@ def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
                     os.replace(temporary, destination)
                 shutil.rmtree(folder, ignore_errors=True)
                 folder = None
+        except OSError as error:  # a full disk, a folder that takes no new files (/proc): the user's to fix
+            raise NbsimError(f"cannot write {path}: {error.strerror or error}") from None
         finally:
             if folder is not None:
                 with _termination_deferred():
