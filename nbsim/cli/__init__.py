@@ -17,7 +17,7 @@ import traceback
 
 from ..config import DetectorConfig, SimulationConfig, scalar_value
 from ..errors import NbsimError
-from ..io.paths import check_writable, require_file
+from ..io.paths import check_writable, is_stream, require_file
 from ..nanobragg.arguments import RunOptions, parse
 from ..nanobragg.flags import flag_help
 
@@ -141,12 +141,31 @@ def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
                  run.nxmxfile):
         if path is not None:
             check_writable(path)
+    _refuse_shared_outputs(config, run)
     for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
         if path is not None:
             require_file(path)
     if run.cbffile:
         refuse_tilted_mini_cbf(config.detector)
     return config, run
+
+
+def _refuse_shared_outputs(config: SimulationConfig, run: RunOptions) -> None:
+    """Two outputs named as one file are refused: the later write would replace the earlier whole (nanoBragg
+    writes both, one over the other), leaving a file that reads as one output and nothing of the other. A
+    FIFO or device (/dev/null) takes any number; -intfile and -pgmfile are not written for a -panelfile."""
+    outputs = {"-floatfile": run.floatfile, "-intfile": run.intfile, "-pgmfile": run.pgmfile,
+               "-noisefile": run.noisefile, "-p1_out": run.p1_table_file, "-cbffile": run.cbffile,
+               "-nxmxfile": run.nxmxfile}
+    if config.detector.panels is not None:
+        del outputs["-intfile"], outputs["-pgmfile"]
+    written_by: dict[str, str] = {}
+    for flag, path in outputs.items():
+        if path is None or is_stream(path):
+            continue
+        earlier = written_by.setdefault(os.path.realpath(path), flag)
+        if earlier != flag:
+            raise NbsimError(f"{earlier} and {flag} both write {path}: give each output a file of its own")
 
 
 def refuse_tilted_mini_cbf(detector: DetectorConfig) -> None:
