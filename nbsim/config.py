@@ -432,8 +432,11 @@ def spectrum_channels_problem(spectrum: Sequence[tuple[float, float]]) -> str | 
             return f"channel {index + 1}'s wavelength {wavelength_A:g} A must be positive"
         if not (weight >= 0 and math.isfinite(weight)):
             return f"channel {index + 1}'s weight {weight:g} must not be negative"
-    if not sum(weight for _, weight in spectrum) > 0:
+    total = sum(weight for _, weight in spectrum)
+    if not total > 0:
         return "weights sum to 0 (no weight)"
+    if not (math.isfinite(total) and math.isfinite(len(spectrum) / total)):  # normalised as weight * (n / sum)
+        return f"weights sum to {total:g}, beyond what their normalisation holds: scale them (only ratios count)"
     return None
 
 

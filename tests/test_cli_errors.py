@@ -112,6 +112,9 @@ def _cases(folder: Path) -> dict[str, tuple[list[str], str]]:
                               "none.img: SMV header has no valid SIZE1/SIZE2 (SIZE1=0, SIZE2=0; each at least 1)"),
         "image header of no width": (GOOD + ["-img", _smv(folder, "narrow.img", 0, 8)], "(SIZE1=0, SIZE2=8;"),
         "mask not SMV": (GOOD + ["-mask", _write(folder, "mask.txt", "hello")], "not an SMV"),
+        "spectrum weights too small to normalise": (
+            GOOD + ["-spectrumfile", _write(folder, "faint.txt", "6.2 1e-320\n")],
+            "the spectrum: weights sum to 9.99989e-321, beyond what their normalisation holds"),
         "two outputs in one file": (GOOD + ["-floatfile", "same.img", "-intfile", "./same.img"],
                                     "-floatfile and -intfile both write ./same.img: give each output a file of "
                                     "its own"),
