@@ -357,3 +357,20 @@ def test_flags_nanobragg_ignores_are_accepted_and_change_nothing(extra):
     from nbsim import config_from_args
 
     assert config_from_args([*GOOD, *extra.split()]) == config_from_args(GOOD)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (a device that refuses every write)")
+def test_an_output_that_cannot_be_written_takes_the_run_s_other_outputs_with_it(tmp_path, capsys, monkeypatch):
+    """The noise image goes to a full device after the float, SMV and PGM files are written: the run ends in one
+    line with status 2 and leaves none of them (each would be whole, but the set would read as a finished run);
+    a file already there that the run did not reach stays."""
+    monkeypatch.chdir(tmp_path)
+    Path("kept.hkl").write_text("untouched\n")
+    Path("in.hkl").write_text(SMALL_HKL)
+    argv = [*GOOD, "-hkl", "in.hkl", "-floatfile", "float.bin", "-intfile", "int.img", "-pgmfile", "image.pgm",
+            "-p1_out", "kept.hkl", "-seed", "3", "-noisefile", "/dev/full"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("nbsim: error: cannot write /dev/full") and error.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hkl", "kept.hkl"]
+    assert Path("kept.hkl").read_text() == "untouched\n"

@@ -154,14 +154,9 @@ def _refuse_shared_outputs(config: SimulationConfig, run: RunOptions) -> None:
     """Two outputs named as one file are refused: the later write would replace the earlier whole (nanoBragg
     writes both, one over the other), leaving a file that reads as one output and nothing of the other. A
     FIFO or device (/dev/null) takes any number; -intfile and -pgmfile are not written for a -panelfile."""
-    outputs = {"-floatfile": run.floatfile, "-intfile": run.intfile, "-pgmfile": run.pgmfile,
-               "-noisefile": run.noisefile, "-p1_out": run.p1_table_file, "-cbffile": run.cbffile,
-               "-nxmxfile": run.nxmxfile}
-    if config.detector.panels is not None:
-        del outputs["-intfile"], outputs["-pgmfile"]
     written_by: dict[str, str] = {}
-    for flag, path in outputs.items():
-        if path is None or is_stream(path):
+    for flag, path in run.outputs(config.detector.panels is not None).items():
+        if is_stream(path):
             continue
         earlier = written_by.setdefault(os.path.realpath(path), flag)
         if earlier != flag:

@@ -20,6 +20,7 @@ from ..devices import resolve_device, resolve_dtype
 from ..errors import NbsimError
 from ..io.detector_images import ExperimentRecord, write_mini_cbf, write_nxmx
 from ..io.images import write_float_image, write_pgm, write_smv
+from ..io.paths import removed_on_failure
 from ..io.structure_files import write_hkl
 from ..modes import Compile
 from ..nanobragg.arguments import RunOptions
@@ -67,8 +68,17 @@ def render_command(config: SimulationConfig, run: RunOptions) -> int:
     _report_compile_decision(renderer)
     caveat = "; eager and compiled float32 images differ by up to 1e-4 of the maximum, docs/kernels.md"
     print(f"  kernel: {renderer.kernel_path} ({run.dtype} on {device}{caveat if run.dtype == 'float32' else ''})")
-    if setup.panels is not None:
-        return _write_panels(image, setup, run, started)
+    with removed_on_failure(run.outputs(setup.panels is not None).values()):
+        if setup.panels is not None:
+            return _write_panels(image, setup, run, started)
+        return _write_image(image, renderer, setup, run, started)
+
+
+def _write_image(image: np.ndarray, renderer: Renderer, setup: Setup, run: RunOptions,
+                 started: datetime.datetime) -> int:
+    """A one-panel detector's files, with what nanoBragg prints between them: -floatfile, -intfile, -pgmfile,
+    -noisefile, the -cbffile/-nxmxfile counts and -p1_out."""
+    config = setup.config
     stats = statistics(image, setup)
     wavelength_A = float(config.beam.wavelength_A)
     fields = smv_fields(setup.geometry, setup, wavelength_A)

@@ -3,8 +3,10 @@ line's fast answers use them), and the process's file-creation mask."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputFileError, NbsimError
@@ -61,3 +63,30 @@ def current_umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+@contextlib.contextmanager
+def removed_on_failure(paths: Iterable[str | Path]) -> Iterator[None]:
+    """Remove the files among `paths` that the block wrote (created or replaced) when it fails, so that a run
+    ending in an error leaves none of its outputs beside the ones it could not write: each file is whole, but
+    the set would read as a finished run. Streams (/dev/null, FIFOs) are left alone."""
+    files = [Path(path) for path in paths if not is_stream(path)]
+    before = {path: _identity(path) for path in files}
+    try:
+        yield
+    except BaseException:
+        for path in files:
+            if _identity(path) not in (before[path], None):
+                path.unlink(missing_ok=True)
+        raise
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file replaced or rewritten from the one that was there: device, inode and modification
+    time (None: no file)."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino, status.st_mtime_ns
+

@@ -78,6 +78,15 @@ class RunOptions:
     """The flags the model set, before the command line's own (which override them)."""
     min_photons: float = 1.0
     """-min_photons: an image holding fewer photons in all is reported as empty."""
+
+    def outputs(self, panels: bool) -> dict[str, str]:
+        """The files a run writes, by flag (a multi-panel run, `panels`, writes no -intfile or -pgmfile)."""
+        named = {"-floatfile": self.floatfile, "-intfile": self.intfile, "-pgmfile": self.pgmfile,
+                 "-noisefile": self.noisefile, "-p1_out": self.p1_table_file, "-cbffile": self.cbffile,
+                 "-nxmxfile": self.nxmxfile}
+        if panels:
+            del named["-intfile"], named["-pgmfile"]
+        return {flag: path for flag, path in named.items() if path is not None}
     sensor_attenuation_source: str | None = None
     """Where the sensor's attenuation length comes from (nanoBragg's default, a material at λ, -detector_abs);
     None without a sensor. `nbsim show` prints it."""
