@@ -27,7 +27,7 @@ from .kernel.background import background_inputs, background_rows, pixel_centre_
 from .kernel.build import start_background_build
 from .kernel.cache import KernelCache, KernelLoads
 from .kernel.dispatch import kernel_callable
-from .kernel.inputs import kernel_inputs
+from .kernel.inputs import Lookup, kernel_inputs
 from .kernel.ordered import OrderedOptions, Trace, render_ordered
 from .kernel.physics import PixelTerms, pixel_frame
 from .kernel.policy import PROBE_PIXEL_STEPS, CompileDecision, plan_compile
@@ -181,7 +181,7 @@ class Renderer:
             image.zero_()
         region = image[ymin:ymax + 1, xmin:xmax + 1]
         lookup = self.inputs.options.lookup
-        switch = self._interpolation_switch() if lookup == "interpolate" else None
+        switch = self._interpolation_switch()
         self._render_rows(ymin, ymax + 1, "nearest" if switch is not None else lookup, region)
         if switch is not None:
             interpolated_until, trigger = switch
@@ -236,7 +236,7 @@ class Renderer:
         panel's pixel with `renderer.panels[i].trace`."""
         if self.panels:
             raise NbsimError("a multi-panel renderer traces a pixel of one panel: use renderer.panels[i].trace")
-        switch = self._interpolation_switch() if self.inputs.options.lookup == "interpolate" else None
+        switch = self._interpolation_switch()
         ordered = self._loop_ordered_pixels(switch).get(
             (row, col), OrderedOptions(lookup=self._lookup_at(row, col, switch), **self._ordered_flags()))
         return self._ordered(row, col, ordered)
@@ -255,7 +255,7 @@ class Renderer:
                 fixed[row, col] = dataclasses.replace(base, first_evaluation=self.inputs.first_evaluation)
         return {pixel: dataclasses.replace(ordered, **self._ordered_flags()) for pixel, ordered in fixed.items()}
 
-    def _lookup_at(self, row: int, col: int, switch) -> str | None:
+    def _lookup_at(self, row: int, col: int, switch) -> Lookup | None:
         """The lookup of a pixel's steps other than the switching one's: "interpolate" before the switch in
         its reference thread, "nearest" after it; None (the options') without a switch."""
         if switch is None:
@@ -352,9 +352,11 @@ class Renderer:
     def _interpolation_switch(self):
         """Where nanoBragg stops interpolating, modelling its threads as advancing in step.
 
-        Returns None when no step leaves the grid; otherwise, per thread, (first row, number of
-        pixels still interpolated) and the pixel whose step triggers the switch.
+        Returns None when the lookup does not interpolate or no step leaves the grid; otherwise, per thread,
+        (first row, number of pixels still interpolated) and the pixel whose step triggers the switch.
         """
+        if self.inputs.options.lookup != "interpolate":
+            return None
         _, _, ymin, ymax = self.setup.roi
         kernel = kernel_callable(OUT_OF_RANGE_STAGES, self.inputs.options, self.mode, self.cache, self.loads)
         flags = torch.empty((ymax + 1 - ymin, len(self.cols)), dtype=torch.bool, device=self.device)

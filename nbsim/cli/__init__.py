@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the CLI's last line of defence
         if debug:
             traceback.print_exc()
-        if _out_of_memory(error):
-            print(f"nbsim: error: {_out_of_memory(error)}", file=sys.stderr)
+        out_of_memory = _out_of_memory(error)
+        if out_of_memory:
+            print(f"nbsim: error: {out_of_memory}", file=sys.stderr)
             return 2
         first_line = (str(error).strip().splitlines() or [""])[0]
         print(f"nbsim: internal error: {type(error).__name__}: {first_line} (rerun with --debug for details)",
@@ -137,10 +138,8 @@ def _out_of_memory(error: Exception) -> str:
 def checked_arguments(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
     """The configuration and output options, once every check that needs no rendering has passed."""
     config, run = parse(argv)
-    for path in (run.floatfile, run.intfile, run.pgmfile, run.noisefile, run.p1_table_file, run.cbffile,
-                 run.nxmxfile):
-        if path is not None:
-            check_writable(path)
+    for path in run.outputs(panels=False).values():
+        check_writable(path)
     _refuse_shared_outputs(config, run)
     for path in (config.structure.hkl_file, config.structure.model_file, config.detector.mask_file):
         if path is not None:

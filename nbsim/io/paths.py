@@ -89,4 +89,3 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return status.st_dev, status.st_ino, status.st_mtime_ns
-

@@ -78,15 +78,6 @@ class RunOptions:
     """The flags the model set, before the command line's own (which override them)."""
     min_photons: float = 1.0
     """-min_photons: an image holding fewer photons in all is reported as empty."""
-
-    def outputs(self, panels: bool) -> dict[str, str]:
-        """The files a run writes, by flag (a multi-panel run, `panels`, writes no -intfile or -pgmfile)."""
-        named = {"-floatfile": self.floatfile, "-intfile": self.intfile, "-pgmfile": self.pgmfile,
-                 "-noisefile": self.noisefile, "-p1_out": self.p1_table_file, "-cbffile": self.cbffile,
-                 "-nxmxfile": self.nxmxfile}
-        if panels:
-            del named["-intfile"], named["-pgmfile"]
-        return {flag: path for flag, path in named.items() if path is not None}
     sensor_attenuation_source: str | None = None
     """Where the sensor's attenuation length comes from (nanoBragg's default, a material at λ, -detector_abs);
     None without a sensor. `nbsim show` prints it."""
@@ -100,6 +91,15 @@ class RunOptions:
     def wants_counts(self) -> bool:
         """Whether a file for processing software (-cbffile, -nxmxfile) is asked for."""
         return bool(self.cbffile or self.nxmxfile)
+
+    def outputs(self, panels: bool) -> dict[str, str]:
+        """The files a run writes, by flag (a multi-panel run, `panels`, writes no -intfile or -pgmfile)."""
+        named = {"-floatfile": self.floatfile, "-intfile": self.intfile, "-pgmfile": self.pgmfile,
+                 "-noisefile": self.noisefile, "-p1_out": self.p1_table_file, "-cbffile": self.cbffile,
+                 "-nxmxfile": self.nxmxfile}
+        if panels:
+            del named["-intfile"], named["-pgmfile"]
+        return {flag: path for flag, path in named.items() if path is not None}
 
 
 def parse(argv: list[str]) -> tuple[SimulationConfig, RunOptions]:
@@ -288,11 +288,16 @@ OTHER_FORMAT_SUFFIXES = (".img", ".smv", ".cbf")
 """Suffixes of the SMV and miniCBF files: an NXmx file under one of them would be read as the wrong format."""
 
 
+def _values_of(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """The value after each of `flags` on the command line, in order (the C takes the last)."""
+    return [argv[i + 1] for i in range(len(argv) - 1) if argv[i] in flags]
+
+
 def _structure_factor_cache_notes(argv: list[str], without_table: bool) -> list[str]:
     """nanoBragg without -hkl reads its structure factors from its binary cache (-dump FILE, else
     ./Fdump.bin) where that file exists, and renders them; nbsim reads no cache. Refuse a -dump it would
     read (its image would not be the C's); warn of a ./Fdump.bin it would read unasked."""
-    named = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "-dump"]
+    named = _values_of(argv, ("-dump",))
     cache = named[-1] if named else "Fdump.bin"
     if not without_table or not os.path.isfile(cache):
         return []
@@ -306,7 +311,7 @@ def _structure_factor_cache_notes(argv: list[str], without_table: bool) -> list[
 def _check_amorphous_curve_file(argv: list[str]) -> None:
     """nanoBragg reads the -stol (-4stol, -Q) file, the last one named, and stops without an image where it
     cannot open it or finds only blank lines in it (it never uses the curve); so does nbsim, in one line."""
-    named = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] in ("-stol", "-4stol", "-Q")]
+    named = _values_of(argv, ("-stol", "-4stol", "-Q"))
     if not named:
         return
     try:
